@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Reorder a JSONL dataset so every packed training sequence holds as many topic clusters as possible.
+
+Stages: index the input -> token counts and shallow embeddings (cached, incremental) ->
+optional PCA -> MiniBatchKMeans -> stratified greedy order -> window diversity before/after ->
+curated JSONL, metadata, labels/order arrays and plots. See README.md for every flag and file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from diversity_order.cli import run_main, setup_logging
+from diversity_order.curate import CurateConfig, curate
+from diversity_order.ordering import WITHIN_CLUSTER_SORTS
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
+    p.add_argument("--output", required=True, type=Path, help="curated JSONL to write (caches and metadata go beside it)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="local Hugging Face model folder (tokenizer + safetensors with the input-embedding table); "
+                        "with --load-embeddings only the tokenizer is needed, and only for records whose token "
+                        "counts are not cached")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--gpu", type=int, default=0, help="GPU index used when the device is CUDA (default: 0)")
+    p.add_argument("--embed-batch-size", type=int, default=1024,
+                   help="documents tokenized and pooled together (default: 1024)")
+    p.add_argument("--n-clusters", type=int, default=30, help="number of k-means clusters (default: 30)")
+    p.add_argument("--seq-len", type=int, default=131072, help="training sequence length in tokens (default: 131072)")
+    p.add_argument("--text-field", default="text", help="JSON field holding the document text (default: text)")
+    p.add_argument("--stats-only", action="store_true", help="compute and report everything but do not write the curated JSONL")
+    p.add_argument("--calibrate-k", action="store_true",
+                   help="sweep k = 5..100, report silhouette scores and a recommended k, then exit")
+    p.add_argument("--calibrate-k-samples", type=int, default=10000,
+                   help="rows sampled for the silhouette during --calibrate-k (0 = all; default: 10000)")
+    p.add_argument("--no-plot", action="store_true", help="skip ordering_comparison.png and cluster_cloud.png")
+    p.add_argument("--within-cluster-sort", default="original", choices=WITHIN_CLUSTER_SORTS,
+                   help="order of documents inside each cluster's pool (default: original)")
+    p.add_argument("--seed", type=int, default=42, help="random seed for k-means, PCA, sampling and UMAP (default: 42)")
+    p.add_argument("--load-embeddings", type=Path, default=None,
+                   help="precomputed N x D embeddings (.npy, input order), e.g. from extract_deep_embeddings.py")
+    p.add_argument("--pca-components", type=int, default=0,
+                   help="reduce embeddings with PCA before clustering (0 = off; 50-100 suits deep embeddings)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.verbose)
+    config = CurateConfig(
+        input=args.input, output=args.output, model_dir=args.model_dir, device=args.device, gpu=args.gpu,
+        embed_batch_size=args.embed_batch_size, n_clusters=args.n_clusters, seq_len=args.seq_len,
+        text_field=args.text_field, stats_only=args.stats_only, calibrate_k=args.calibrate_k,
+        calibrate_k_samples=args.calibrate_k_samples, no_plot=args.no_plot,
+        within_cluster_sort=args.within_cluster_sort, seed=args.seed, load_embeddings=args.load_embeddings,
+        pca_components=args.pca_components, progress=not args.no_progress,
+    )
+    curate(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,69 @@
+"""What the four scripts share: logging set-up, stage timing, device choice, error handling."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from typing import Callable, Iterator
+
+from .errors import UserError
+
+log = logging.getLogger("diversity_order")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+class StageTimer:
+    """Times named stages, logs each one's wall time and keeps them for the metadata."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        log.info("%s ...", name)
+        started = time.perf_counter()
+        yield
+        elapsed = time.perf_counter() - started
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
+        log.info("%s done in %.1f s", name, elapsed)
+
+
+def resolve_device(device: str, gpu: int):
+    """'auto' -> cuda:GPU when CUDA is available, else cpu; 'cuda' uses --gpu's index."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = f"cuda:{gpu}"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"--gpu {index}: only {torch.cuda.device_count()} GPU(s) visible")
+    elif device != "cpu":
+        raise UserError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+    return torch.device(device)
+
+
+def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run a script's main; user errors become one line on stderr and exit code 2."""
+    try:
+        return main(argv) or 0
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: files already written are complete; nothing half-written was kept", file=sys.stderr)
+        return 130

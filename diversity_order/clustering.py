@@ -1,0 +1,181 @@
+"""Clustering: k-means labels, optional PCA, and k calibration by cosine silhouette.
+
+k-means is scikit-learn's MiniBatchKMeans with the reference's settings, so given the same
+embeddings, k and seed, the labels are the reference's. The silhouette used to calibrate k
+is computed blockwise with BLAS (memory O(block * n), not an n x n matrix); it equals
+``sklearn.metrics.silhouette_score(..., metric="cosine")`` on the same sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_K_VALUES = (5, 10, 15, 20, 25, 30, 40, 50, 75, 100)
+# The recommended k is the highest whose silhouette is at least this share of the peak.
+CALIBRATION_TOLERANCE = 0.95
+
+
+def make_kmeans(n_clusters: int, seed: int):
+    from sklearn.cluster import MiniBatchKMeans
+
+    return MiniBatchKMeans(n_clusters=n_clusters, random_state=seed, batch_size=4096, n_init=3)
+
+
+def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = 42) -> np.ndarray:
+    """Cluster ids in [0, n_clusters) for every row (the reference's MiniBatchKMeans)."""
+    labels = make_kmeans(n_clusters, seed).fit_predict(embeddings)
+    return labels.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class PCAInfo:
+    n_components: int
+    explained_variance: float
+    original_dim: int
+
+    def as_dict(self) -> dict:
+        return {
+            "n_components": self.n_components,
+            "explained_variance": self.explained_variance,
+            "original_dim": self.original_dim,
+        }
+
+
+def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = 42) -> tuple[np.ndarray, PCAInfo | None]:
+    """PCA to min(n_components, N-1, D) dimensions, then each row back to unit length.
+
+    Returns the input unchanged and None when no component can be kept (N == 1).
+    """
+    from sklearn.decomposition import PCA
+
+    n_rows, dim = embeddings.shape
+    kept = min(n_components, n_rows - 1, dim)
+    if kept < 1:
+        log.warning("PCA skipped: %d document(s) leave no component to keep", n_rows)
+        return embeddings, None
+    pca = PCA(n_components=kept, random_state=seed)
+    reduced = pca.fit_transform(embeddings)
+    norms = np.linalg.norm(reduced, axis=1, keepdims=True)
+    reduced = (reduced / np.maximum(norms, 1e-8)).astype(np.float32)
+    info = PCAInfo(kept, round(float(pca.explained_variance_ratio_.sum()), 4), dim)
+    return reduced, info
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+
+
+class CosineSilhouette:
+    """Silhouette (cosine distance) of several labelings of one fixed sample of rows.
+
+    The sample and its normalised rows are prepared once; the distance matrix is kept in
+    memory when it is small enough (so a k sweep computes it once), else recomputed blockwise.
+    """
+
+    def __init__(self, embeddings: np.ndarray, sample_size: int | None, seed: int = 42,
+                 block_rows: int = 2048, keep_matrix_bytes: int = 1 << 30):
+        from sklearn.utils import check_random_state
+
+        n = embeddings.shape[0]
+        if sample_size is not None:
+            # The same rows sklearn's silhouette_score(sample_size=..., random_state=seed) takes.
+            self.rows = check_random_state(seed).permutation(n)[:sample_size]
+        else:
+            self.rows = np.arange(n)
+        self.unit = _unit_rows(np.asarray(embeddings[self.rows], dtype=np.float32))
+        self.block_rows = block_rows
+        m = self.rows.size
+        self._matrix = self._distances(0, m) if m * m * 4 <= keep_matrix_bytes else None
+
+    def _distances(self, lo: int, hi: int) -> np.ndarray:
+        dist = 1.0 - self.unit[lo:hi] @ self.unit.T
+        np.clip(dist, 0.0, 2.0, out=dist)
+        # A row's distance to itself is exactly 0 (as sklearn sets it).
+        idx = np.arange(lo, hi)
+        dist[idx - lo, idx] = 0.0
+        return dist
+
+    def score(self, labels: np.ndarray) -> float | None:
+        """Mean silhouette over the sample for ``labels`` (all rows); None if < 2 clusters."""
+        sample_labels = np.asarray(labels)[self.rows]
+        _, encoded = np.unique(sample_labels, return_inverse=True)
+        n_labels = int(encoded.max()) + 1
+        m = encoded.size
+        if not 2 <= n_labels <= m - 1:
+            return None
+        sizes = np.bincount(encoded, minlength=n_labels).astype(np.float64)
+        onehot = np.zeros((m, n_labels), dtype=np.float64)
+        onehot[np.arange(m), encoded] = 1.0
+        values = np.empty(m, dtype=np.float64)
+        for lo in range(0, m, self.block_rows):
+            hi = min(lo + self.block_rows, m)
+            block = self._matrix[lo:hi] if self._matrix is not None else self._distances(lo, hi)
+            sums = block.astype(np.float64) @ onehot  # per-cluster distance sums
+            own = encoded[lo:hi]
+            local = np.arange(hi - lo)
+            own_size = sizes[own]
+            intra = sums[local, own] / np.maximum(own_size - 1, 1)
+            sums[local, own] = np.inf
+            inter = (sums / sizes).min(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                s = (inter - intra) / np.maximum(intra, inter)
+            s[own_size == 1] = 0.0
+            values[lo:hi] = np.nan_to_num(s)
+        return float(values.mean())
+
+
+@dataclass(frozen=True)
+class CalibrationRow:
+    k: int
+    silhouette: float | None
+    size_min: int
+    size_median: float
+    size_max: int
+
+    def as_dict(self) -> dict:
+        rounded = None if self.silhouette is None else round(self.silhouette, 4)
+        return {"k": self.k, "silhouette": rounded, "size_min": self.size_min,
+                "size_median": self.size_median, "size_max": self.size_max}
+
+
+def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = 42,
+                k_values=CALIBRATION_K_VALUES, progress: bool = True) -> tuple[list[CalibrationRow], int | None]:
+    """Sweep k: k-means on all rows, silhouette on a sample (0 = all rows).
+
+    k >= N is skipped. Returns the table and the recommended k: the highest k whose
+    silhouette is at least 95% of the peak (the peak's own k when every score is negative).
+    """
+    n = embeddings.shape[0]
+    candidates = [k for k in k_values if k < n]
+    silhouette = CosineSilhouette(embeddings, sample_size if sample_size else None, seed)
+    rows = []
+    for k in _maybe_tqdm(candidates, "Calibrating k", progress):
+        labels = kmeans_labels(embeddings, k, seed)
+        score = silhouette.score(labels)
+        sizes = np.bincount(labels, minlength=k)
+        rows.append(CalibrationRow(k, score,
+                                   int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
+    return rows, recommend_k(rows)
+
+
+def recommend_k(rows: list[CalibrationRow]) -> int | None:
+    scored = [r for r in rows if r.silhouette is not None]
+    if not scored:
+        return None
+    peak = max(scored, key=lambda r: r.silhouette)
+    good = [r.k for r in scored if r.silhouette >= CALIBRATION_TOLERANCE * peak.silhouette]
+    return max(good) if good else peak.k
+
+
+def _maybe_tqdm(items, desc: str, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, leave=False)

@@ -1,0 +1,217 @@
+"""JSONL records: a byte-offset index of the input, text batches read from it, and the output writer.
+
+Texts are never all held in memory. One validating pass records where every record's line
+starts and ends and a 64-bit fingerprint of its text; later stages read just the rows they
+need, and the curated file is written by copying byte ranges of the input in the new order, so
+every record is reproduced byte for byte (and newline-terminated, even the input's last line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .atomic import atomic_open
+from .errors import UserError
+
+# Bytes read per block when streaming texts; the block holds whole lines only.
+_READ_BLOCK_BYTES = 16 << 20
+
+
+def text_fingerprint(text: str) -> int:
+    """64-bit fingerprint of a document's text: identical text, identical fingerprint."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass
+class RecordIndex:
+    """Where each record of a JSONL file lies, by input position (blank lines are not records)."""
+
+    path: Path
+    text_field: str
+    starts: np.ndarray  # int64, byte offset of the record's first byte
+    ends: np.ndarray  # int64, byte offset just past the record (its newline excluded)
+    line_numbers: np.ndarray  # int64, 1-based line number in the file, for messages
+    fingerprints: np.ndarray  # uint64, text_fingerprint of the text field
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    @property
+    def total_bytes(self) -> int:
+        return int((self.ends - self.starts).sum())
+
+
+def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
+    """Decode and validate one line; raise a UserError naming the file and line."""
+    where = f"{path}:{line_number}"
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where}: invalid UTF-8 (byte {exc.start} of the line)") from None
+    try:
+        record = json.loads(decoded)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
+    if text_field not in record:
+        keys = ", ".join(sorted(record)[:10]) or "none"
+        raise UserError(
+            f"{where}: no field '{text_field}' (this record has keys: {keys}); "
+            f"choose the text field with --text-field"
+        )
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise UserError(
+            f"{where}: field '{text_field}' is a JSON {type(text).__name__}, expected a string"
+        )
+    return text
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """Yield (line number, start offset, content without the newline) for every line."""
+    offset = 0
+    with open(path, "rb") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            length = len(line)
+            content = line[:-1] if line.endswith(b"\n") else line
+            yield line_number, offset, content
+            offset += length
+
+
+def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True) -> RecordIndex:
+    """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: input file not found")
+    size = path.stat().st_size
+    starts: list[int] = []
+    ends: list[int] = []
+    line_numbers: list[int] = []
+    fingerprints: list[int] = []
+    bar = _progress_bar(size, f"Indexing {path.name}", progress)
+    done = 0
+    for line_number, start, content in _iter_lines(path):
+        if content.strip():
+            text = _record_text(content, path, line_number, text_field)
+            starts.append(start)
+            ends.append(start + len(content))
+            line_numbers.append(line_number)
+            fingerprints.append(text_fingerprint(text))
+        if bar is not None and start - done > (8 << 20):
+            bar.update(start - done)
+            done = start
+    if bar is not None:
+        bar.update(size - done)
+        bar.close()
+    if not starts:
+        raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
+    return RecordIndex(
+        path=path,
+        text_field=text_field,
+        starts=np.asarray(starts, dtype=np.int64),
+        ends=np.asarray(ends, dtype=np.int64),
+        line_numbers=np.asarray(line_numbers, dtype=np.int64),
+        fingerprints=np.asarray(fingerprints, dtype=np.uint64),
+    )
+
+
+def batch_bounds(sizes: np.ndarray, max_batch_bytes: int, max_batch_rows: int) -> np.ndarray:
+    """Cut points splitting consecutive items into batches of at most ``max_batch_rows`` items
+    and about ``max_batch_bytes`` bytes (a single bigger item makes a batch of its own)."""
+    bounds = [0]
+    total = 0
+    for i, size in enumerate(sizes.tolist()):
+        if i > bounds[-1] and (total + size > max_batch_bytes or i - bounds[-1] >= max_batch_rows):
+            bounds.append(i)
+            total = 0
+        total += size
+    bounds.append(int(sizes.size))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def iter_text_batches(
+    index: RecordIndex, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
+    max_batch_rows: int = 1 << 30,
+) -> Iterator[tuple[np.ndarray, list[str]]]:
+    """Yield (row positions, texts) for ``rows`` (default all), in increasing row order.
+
+    Each batch is read with one contiguous read when its rows lie close together in the
+    file, else record by record.
+    """
+    rows = np.arange(len(index), dtype=np.int64) if rows is None else np.sort(np.asarray(rows, dtype=np.int64))
+    if rows.size == 0:
+        return
+    sizes = index.ends[rows] - index.starts[rows]
+    bounds = batch_bounds(sizes, max_batch_bytes, max_batch_rows)
+    with open(index.path, "rb") as handle:
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            batch = rows[lo:hi]
+            first, last = index.starts[batch[0]], index.ends[batch[-1]]
+            texts = []
+            if last - first <= 2 * int(sizes[lo:hi].sum()) + (1 << 16):
+                handle.seek(first)
+                block = handle.read(last - first)
+                for row in batch:
+                    raw = block[index.starts[row] - first : index.ends[row] - first]
+                    texts.append(_record_text(raw, index.path, int(index.line_numbers[row]), index.text_field))
+            else:
+                for row in batch:
+                    handle.seek(index.starts[row])
+                    raw = handle.read(index.ends[row] - index.starts[row])
+                    texts.append(_record_text(raw, index.path, int(index.line_numbers[row]), index.text_field))
+            yield batch, texts
+
+
+def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str) -> int:
+    """Write the input records in ``order`` to ``output`` atomically; return bytes written.
+
+    Each record is copied byte for byte from the input and followed by exactly one newline.
+    """
+    output = Path(output)
+    order = np.asarray(order, dtype=np.int64)
+    if order.shape[0] != len(index) or not np.array_equal(np.sort(order), np.arange(len(index))):
+        raise ValueError("order must be a permutation of the record positions")
+    written = 0
+    with open(index.path, "rb") as source, atomic_open(output, "wb") as sink:
+        with mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            starts, ends = index.starts[order], index.ends[order]
+            chunk: list[bytes] = []
+            chunk_bytes = 0
+            for start, end in zip(starts.tolist(), ends.tolist()):
+                chunk.append(data[start:end])
+                chunk.append(b"\n")
+                chunk_bytes += end - start + 1
+                if chunk_bytes >= _READ_BLOCK_BYTES:
+                    sink.write(b"".join(chunk))
+                    written += chunk_bytes
+                    chunk, chunk_bytes = [], 0
+            sink.write(b"".join(chunk))
+            written += chunk_bytes
+    return written
+
+
+def check_output_path(input_path: Path, output_path: Path) -> None:
+    """Refuse to overwrite the input with its own reordering (it is read while writing)."""
+    same = os.path.abspath(input_path) == os.path.abspath(output_path)
+    if not same and output_path.exists():
+        same = os.path.samefile(input_path, output_path)
+    if same:
+        raise UserError(f"--output {output_path} is the input file; choose another output path")
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
