@@ -152,8 +152,6 @@ class _ModelParts:
 
             self._table = load_embedding_table(self.require_dir("to embed the documents (or pass --load-embeddings FILE)"),
                                                device=self.device, dtype=torch.float32)
-            log.info("Embedding table %s %s (%s) from %s", self._table.tensor_name,
-                     tuple(self._table.weight.shape), self._table.source_dtype, self._table.file.name)
         return self._table
 
 

@@ -1,0 +1,249 @@
+"""The whole curate pipeline on the tiny model: outputs, faithfulness, incremental caches, errors."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+import curate_dataset
+from conftest import topical_records, write_jsonl
+from diversity_order import embed
+from diversity_order.cli import run_main
+from diversity_order.diversity import summarize_windows, window_diversity
+from diversity_order.ordering import OrderingOptions, stratified_order
+from reference_impl import ref_stratified_order, ref_summary, ref_window_diversity
+
+
+def curate(*args):
+    return run_main(curate_dataset.main, [str(a) for a in args] + ["--no-progress"])
+
+
+@pytest.fixture()
+def embed_spy(monkeypatch):
+    """Records which rows each tokenization pass was asked for."""
+    calls = []
+    real = embed.embed_and_count
+
+    def spy(index, rows, tokenizer, table, **kwargs):
+        calls.append((sorted(np.asarray(rows).tolist()), table is not None))
+        return real(index, rows, tokenizer, table, **kwargs)
+
+    monkeypatch.setattr(embed, "embed_and_count", spy)
+    return calls
+
+
+def test_curate_end_to_end(tmp_path, tiny_model_dir, topical_jsonl, caplog):
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "out" / "data_curated.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir,
+                  "--n-clusters", 6, "--seq-len", 1000, "--no-plot") == 0
+    # Every record exactly once, byte for byte, newline-terminated.
+    in_lines = topical_jsonl.read_bytes().splitlines()
+    out_bytes = out.read_bytes()
+    assert out_bytes.endswith(b"\n")
+    assert sorted(out_bytes.splitlines()) == sorted(in_lines)
+    meta = json.loads((tmp_path / "out" / "data_curated_meta.json").read_text())
+    for key in ["input", "output", "input_count", "final_count", "n_clusters", "ordering", "sequence_length",
+                "total_tokens", "n_training_sequences", "embedding_method", "load_embeddings_path", "pca",
+                "token_window_diversity", "similarity_stats", "cluster_sizes"]:
+        assert key in meta, key
+    assert meta["ordering"] == "stratified_greedy"
+    assert meta["embedding_method"] == "base_model_embed_tokens_mean_pool"
+    assert meta["input_count"] == meta["final_count"] == 240
+    sizes = list(meta["cluster_sizes"].values())
+    assert sizes == sorted(sizes, reverse=True) and sum(sizes) == 240
+    # Saved labels/order are the ones the output was written with, and match the plain loops.
+    labels = np.load(tmp_path / "out" / "data_curated_labels.npy")
+    order = np.load(tmp_path / "out" / "data_curated_order.npy")
+    counts = np.load(tmp_path / "data_token_counts.npy")
+    assert out_bytes.splitlines() == [in_lines[i] for i in order]
+    assert order.tolist() == ref_stratified_order(labels.tolist(), counts.tolist(), 6)
+    curated = ref_summary(ref_window_diversity(labels[order].tolist(), counts[order].tolist(), 1000))
+    original = ref_summary(ref_window_diversity(labels.tolist(), counts.tolist(), 1000))
+    assert meta["token_window_diversity"] == {"original": original, "curated": curated}
+    assert curated["mean"] > original["mean"] * 2  # topic-grouped input: the reorder must clearly help
+    assert "input order mean" in caplog.text and "curated mean" in caplog.text
+    # Caches are plain .npy in input order.
+    emb = np.load(tmp_path / "out" / "data_curated_embeddings.npy")
+    assert emb.shape == (240, 32) and emb.dtype == np.float32
+
+
+@pytest.mark.parametrize("sort", ["original", "length-asc", "length-desc", "length-riffle"])
+def test_within_cluster_sort_reaches_the_output(tmp_path, tiny_model_dir, topical_jsonl, sort):
+    out = tmp_path / "o.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--within-cluster-sort", sort, "--no-plot", "--seq-len", 500) == 0
+    labels, order = np.load(tmp_path / "o_labels.npy"), np.load(tmp_path / "o_order.npy")
+    counts = np.load(tmp_path / "data_token_counts.npy")
+    assert order.tolist() == ref_stratified_order(labels.tolist(), counts.tolist(), 5, sort)
+
+
+def test_incremental_runs_recompute_only_what_changed(tmp_path, tiny_model_dir, embed_spy, caplog):
+    caplog.set_level(logging.INFO)
+    records = topical_records(per_topic=10)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "d_cur.jsonl"
+    args = ["--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 4, "--no-plot"]
+    assert curate(*args) == 0
+    assert embed_spy == [(list(range(60)), True)]
+    first = np.load(tmp_path / "d_cur_embeddings.npy")
+
+    # Append 3 records: only those are tokenized and embedded.
+    extra = topical_records(per_topic=1, seed=5)[:3]
+    write_jsonl(src, records + extra)
+    embed_spy.clear()
+    assert curate(*args) == 0
+    assert embed_spy == [([60, 61, 62], True)]
+    assert "Embedding 3 new or changed record(s) of 63" in caplog.text
+    second = np.load(tmp_path / "d_cur_embeddings.npy")
+    np.testing.assert_array_equal(second[:60], first)
+
+    # Edit one record, remove another, reorder the rest: only the edited one is recomputed.
+    edited = list(reversed(records[1:] + extra))
+    edited[5] = dict(edited[5], text=edited[5]["text"] + " supernova")
+    write_jsonl(src, edited)
+    embed_spy.clear()
+    assert curate(*args) == 0
+    assert embed_spy == [([5], True)]
+    third = np.load(tmp_path / "d_cur_embeddings.npy")
+    assert third.shape[0] == 62
+    # The reused rows are the same vectors, moved to their records' new positions.
+    moved = list(reversed(list(range(1, 63))))
+    for new_pos, old_pos in enumerate(moved):
+        if new_pos != 5:
+            np.testing.assert_array_equal(third[new_pos], second[old_pos])
+
+    # Another text field: everything is recomputed (and a clear message says why).
+    write_jsonl(src, [dict(r, body=r["text"]) for r in edited])
+    embed_spy.clear()
+    assert curate(*args, "--text-field", "body") == 0
+    assert embed_spy == [(list(range(62)), True)]
+    assert "different text_field" in caplog.text
+
+
+def test_another_model_invalidates_the_caches(tmp_path, tiny_model_dir, embed_spy, caplog):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    caplog.set_level(logging.INFO)
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
+    out = tmp_path / "d_cur.jsonl"
+    assert curate("--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot") == 0
+    other = tmp_path / "other_model"
+    shutil.copytree(tiny_model_dir, other)
+    weights = load_file(other / "model.safetensors")
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] * 2 + 1
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    embed_spy.clear()
+    assert curate("--input", src, "--output", out, "--model-dir", other, "--n-clusters", 3, "--no-plot") == 0
+    assert embed_spy == [(list(range(30)), True)]
+    assert "different table" in caplog.text
+
+
+def test_load_embeddings_without_model_dir_uses_cached_counts(tmp_path, tiny_model_dir, topical_jsonl):
+    out = tmp_path / "a.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--no-plot") == 0
+    rng = np.random.default_rng(0)
+    deep = rng.normal(size=(240, 64)).astype(np.float32)
+    deep[7] = np.nan  # a document skipped by deep extraction
+    np.save(tmp_path / "deep.npy", deep)
+    out2 = tmp_path / "b.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out2, "--load-embeddings", tmp_path / "deep.npy",
+                  "--pca-components", 16, "--n-clusters", 6, "--no-plot") == 0
+    meta = json.loads((tmp_path / "b_meta.json").read_text())
+    assert meta["embedding_method"] == "external_precomputed"
+    assert meta["pca"]["n_components"] == 16 and meta["pca"]["original_dim"] == 64
+    assert sorted(out2.read_bytes().splitlines()) == sorted(topical_jsonl.read_bytes().splitlines())
+
+
+def test_load_embeddings_without_counts_or_model_says_what_is_missing(tmp_path, topical_jsonl, capsys):
+    np.save(tmp_path / "deep.npy", np.ones((240, 8), np.float32))
+    code = curate("--input", topical_jsonl, "--output", tmp_path / "b.jsonl", "--load-embeddings",
+                  tmp_path / "deep.npy", "--no-plot")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert "--model-dir is required to count tokens: 240 of 240 records have no cached count" in err
+
+
+def test_stats_only_writes_everything_but_the_curated_file(tmp_path, tiny_model_dir, topical_jsonl):
+    out = tmp_path / "s.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--stats-only", "--no-plot") == 0
+    assert not out.exists()
+    assert (tmp_path / "s_meta.json").exists() and (tmp_path / "s_order.npy").exists()
+
+
+def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO)
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=4))  # 24 docs: k in 5..20
+    out = tmp_path / "c.jsonl"
+    assert curate("--input", src, "--output", out, "--model-dir", tiny_model_dir, "--calibrate-k",
+                  "--calibrate-k-samples", 0) == 0
+    assert not out.exists()
+    table = json.loads((tmp_path / "c_calibration.json").read_text())
+    assert [r["k"] for r in table["rows"]] == [5, 10, 15, 20]
+    assert table["recommended_k"] in (5, 10, 15, 20)
+    assert f"Recommended k = {table['recommended_k']}" in caplog.text
+
+
+def run_error(capsys, *args):
+    code = curate(*args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_user_errors_are_one_line(tmp_path, tiny_model_dir, topical_jsonl, capsys):
+    out = tmp_path / "o.jsonl"
+    base = ["--input", topical_jsonl, "--output", out, "--no-plot"]
+    assert "--model-dir is required to embed" in run_error(capsys, *base)
+    assert "--model-dir " in run_error(capsys, *base, "--model-dir", tmp_path / "missing")
+    empty_model = tmp_path / "empty_model"
+    empty_model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (empty_model / name).write_bytes((tiny_model_dir / name).read_bytes())
+    assert str(empty_model) in run_error(capsys, *base, "--model-dir", empty_model)
+    assert "larger than the number of records (240)" in run_error(capsys, *base, "--model-dir", tiny_model_dir,
+                                                                   "--n-clusters", 241)
+    assert "is the input file" in run_error(capsys, "--input", topical_jsonl, "--output", topical_jsonl,
+                                            "--model-dir", tiny_model_dir)
+    np.save(tmp_path / "rows.npy", np.ones((239, 8), np.float32))
+    assert "239 rows, but the input has 240 records" in run_error(
+        capsys, *base, "--load-embeddings", tmp_path / "rows.npy", "--model-dir", tiny_model_dir)
+    np.save(tmp_path / "flat.npy", np.ones(240, np.float32))
+    assert "expected a 2-D N x D matrix" in run_error(
+        capsys, *base, "--load-embeddings", tmp_path / "flat.npy", "--model-dir", tiny_model_dir)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": "b"\n')
+    assert f"{bad}:2: not valid JSON" in run_error(capsys, "--input", bad, "--output", out,
+                                                   "--model-dir", tiny_model_dir)
+    assert "--seq-len 0" in run_error(capsys, *base, "--model-dir", tiny_model_dir, "--seq-len", 0)
+
+
+def test_single_document_and_single_cluster(tmp_path, tiny_model_dir):
+    src = write_jsonl(tmp_path / "one.jsonl", [{"text": "galaxy"}], trailing_newline=False)
+    out = tmp_path / "one_cur.jsonl"
+    assert curate("--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 1) == 0
+    assert out.read_bytes() == src.read_bytes() + b"\n"
+    meta = json.loads((tmp_path / "one_cur_meta.json").read_text())
+    assert meta["token_window_diversity"]["curated"]["mean"] == 1.0
+    assert meta["similarity_stats"]["n_pairs"] == 0
+
+
+def test_order_is_stratified_order_of_saved_arrays(tmp_path, tiny_model_dir):
+    records = topical_records(per_topic=15, long_every=5)  # some documents longer than --seq-len
+    src = write_jsonl(tmp_path / "d.jsonl", records + [{"text": ""}])  # and an empty one
+    out = tmp_path / "x.jsonl"
+    assert curate("--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--seq-len", 300, "--no-plot") == 0
+    labels, order = np.load(tmp_path / "x_labels.npy"), np.load(tmp_path / "x_order.npy")
+    counts = np.load(tmp_path / "d_token_counts.npy")
+    assert counts[-1] == 0 and counts.max() > 300
+    assert np.array_equal(order, stratified_order(labels, counts, 6, OrderingOptions()))
+    meta = json.loads((tmp_path / "x_meta.json").read_text())
+    assert meta["empty_documents"] == 1
+    assert meta["token_window_diversity"]["curated"] == summarize_windows(window_diversity(labels, counts, 300, order))

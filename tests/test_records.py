@@ -1,0 +1,133 @@
+"""JSONL indexing, validation messages, byte-exact output, atomic writes and row caches."""
+
+import json
+
+import numpy as np
+import pytest
+
+from diversity_order import caches
+from diversity_order.atomic import atomic_open, save_npy
+from diversity_order.errors import UserError
+from diversity_order.records import batch_bounds, check_output_path, iter_text_batches, scan_jsonl, write_reordered
+
+
+def raw_lines(path):
+    return [line for line in path.read_bytes().split(b"\n") if line.strip()]
+
+
+def test_output_reproduces_every_record_byte_for_byte(tmp_path):
+    src = tmp_path / "in.jsonl"
+    records = [
+        b'{"text": "caf\\u00e9 \xc3\xa9", "n": 1}',
+        b'   ',  # blank line: not a record
+        b'{"text": "windows line end"}\r',
+        b'{"text": "dup"}',
+        b'{"text": "dup"}',
+        b'{"text": "", "empty": true}',
+        b'{"text": "last line has no newline", "x": [1, 2, {"y": null}]}',
+    ]
+    src.write_bytes(b"\n".join(records))
+    index = scan_jsonl(src, progress=False)
+    assert len(index) == 6
+    order = np.array([5, 3, 0, 4, 2, 1])
+    out = tmp_path / "out.jsonl"
+    write_reordered(index, order, out)
+    data = out.read_bytes()
+    assert data.endswith(b"\n") and data.count(b"\n") == 6
+    written = data.split(b"\n")[:-1]
+    originals = [r for r in records if r.strip()]
+    assert written == [originals[i] for i in order]
+
+
+def test_scan_fingerprints_depend_on_text_only(tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "same", "id": 1}\n{"id": 2, "text": "same"}\n{"text": "other"}\n')
+    fp = scan_jsonl(src, progress=False).fingerprints
+    assert fp[0] == fp[1] != fp[2]
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b'{"text": "ok"}\n{"text": broken}\n', r"in\.jsonl:2: not valid JSON"),
+    (b'{"text": "ok"}\n\n{"body": "x", "id": 3}\n', r"in\.jsonl:3: no field 'text' \(this record has keys: body, id\)"),
+    (b'{"text": 12}\n', r"in\.jsonl:1: field 'text' is a JSON int, expected a string"),
+    (b'["text"]\n', r"in\.jsonl:1: expected a JSON object"),
+    (b'{"text": "ok"}\n{"text": "\xff\xfe"}\n', r"in\.jsonl:2: invalid UTF-8"),
+    (b"", r"in\.jsonl: no records"),
+    (b"\n  \n", r"in\.jsonl: no records"),
+])
+def test_bad_input_names_file_and_line(tmp_path, content, expected):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    with pytest.raises(UserError, match=expected):
+        scan_jsonl(src, progress=False)
+
+
+def test_missing_input_file(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        scan_jsonl(tmp_path / "nope.jsonl", progress=False)
+
+
+def test_output_equal_to_input_is_refused(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "x"}\n')
+    with pytest.raises(UserError, match="is the input file"):
+        check_output_path(src, tmp_path / "." / "in.jsonl")
+
+
+def test_text_batches_cover_requested_rows_in_order(tmp_path):
+    src = tmp_path / "in.jsonl"
+    texts = [f"document {i} " * (i % 7 + 1) for i in range(50)]
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    index = scan_jsonl(src, progress=False)
+    rows = np.array([49, 3, 4, 5, 20, 0])
+    seen = []
+    for batch_rows, batch_texts in iter_text_batches(index, rows, max_batch_bytes=64, max_batch_rows=2):
+        assert len(batch_rows) <= 2
+        seen += list(zip(batch_rows.tolist(), batch_texts))
+    assert seen == [(r, texts[r]) for r in sorted(rows.tolist())]
+
+
+def test_batch_bounds():
+    sizes = np.array([5, 5, 50, 1, 1, 1, 1])
+    assert batch_bounds(sizes, 10, 3).tolist() == [0, 2, 3, 6, 7]
+
+
+def test_atomic_write_interrupted_leaves_old_file(tmp_path):
+    target = tmp_path / "file.bin"
+    target.write_bytes(b"old complete content")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_open(target, "wb") as handle:
+            handle.write(b"new partial")
+            raise KeyboardInterrupt
+    assert target.read_bytes() == b"old complete content"
+    assert list(tmp_path.iterdir()) == [target]  # no temp file left behind
+
+
+def test_cache_reuses_rows_by_fingerprint_wherever_they_moved(tmp_path):
+    path = tmp_path / "x_embeddings.npy"
+    key = {"model": "a", "text_field": "text"}
+    fps = np.array([11, 22, 33, 44], dtype=np.uint64)
+    data = np.arange(8, dtype=np.float32).reshape(4, 2)
+    caches.store(path, key, fps, data)
+    assert np.load(path).tolist() == data.tolist()  # plain .npy
+    # Reordered, one edited (99), one removed (22), one appended (55).
+    found = caches.lookup(path, key, np.array([44, 11, 99, 33, 55], dtype=np.uint64))
+    assert found.hit.tolist() == [True, True, False, True, False]
+    assert found.data[[0, 1, 3]].tolist() == [data[3].tolist(), data[0].tolist(), data[2].tolist()]
+    assert found.missing_rows.tolist() == [2, 4]
+    other = caches.lookup(path, {"model": "b", "text_field": "text"}, fps)
+    assert not other.hit.any() and "different model" in other.reason
+    assert caches.lookup(path, {"model": "b", "text_field": "text"}, fps, accept_any_key=True).hit.all()
+
+
+def test_cache_without_marker_or_with_inconsistent_files_is_not_trusted(tmp_path):
+    path = tmp_path / "c.npy"
+    fps = np.array([1, 2, 3], dtype=np.uint64)
+    caches.store(path, {"k": 1}, fps, np.ones((3, 2), np.float32))
+    # A crash after the data was rewritten with fewer rows but before the marker was updated.
+    save_npy(path, np.ones((2, 2), np.float32))
+    assert not caches.lookup(path, {"k": 1}, fps).hit.any()
+    # A reference-style cache (no fingerprints, no marker) is recomputed, not trusted.
+    caches.sidecar_paths(path)[1].unlink()
+    found = caches.lookup(path, {"k": 1}, fps)
+    assert not found.hit.any() and "no fingerprints" in found.reason
