@@ -1,0 +1,317 @@
+"""Finding and reading only the input-embedding table of tiny random checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import safetensors
+import torch
+import transformers as tf
+from safetensors.torch import save_file
+
+from diversity_order import embedding_table as et
+from diversity_order.embedding_table import EmbeddingTable, find_embedding_tensor_name, load_embedding_table
+from diversity_order.errors import UserError
+
+VOCAB = 160
+HIDDEN = 16
+_ATTN = dict(hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+
+# One tiny config per architecture family; all build with from_config on transformers 5.x.
+CONFIGS = {
+    "llama": lambda: tf.LlamaConfig(num_key_value_heads=1, **_ATTN),
+    "mistral": lambda: tf.MistralConfig(num_key_value_heads=1, **_ATTN),
+    "qwen2": lambda: tf.Qwen2Config(num_key_value_heads=1, **_ATTN),
+    "qwen3": lambda: tf.Qwen3Config(num_key_value_heads=1, head_dim=8, **_ATTN),
+    "gemma": lambda: tf.GemmaConfig(num_key_value_heads=1, head_dim=8, **_ATTN),
+    "gemma2": lambda: tf.Gemma2Config(num_key_value_heads=1, head_dim=8, **_ATTN),
+    "gpt2": lambda: tf.GPT2Config(n_embd=HIDDEN, n_layer=1, n_head=2, n_positions=64),
+    "gpt_neox": lambda: tf.GPTNeoXConfig(**_ATTN),
+    "phi": lambda: tf.PhiConfig(**_ATTN),
+    "phi3": lambda: tf.Phi3Config(pad_token_id=0, **_ATTN),
+    "opt": lambda: tf.OPTConfig(
+        hidden_size=HIDDEN, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+        word_embed_proj_dim=HIDDEN, max_position_embeddings=64,
+    ),
+    "falcon": lambda: tf.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=2),
+    "bloom": lambda: tf.BloomConfig(hidden_size=HIDDEN, n_layer=1, n_head=2),
+    "gptj": lambda: tf.GPTJConfig(n_embd=HIDDEN, n_layer=1, n_head=2, rotary_dim=4, n_positions=64),
+    "bert": lambda: tf.BertConfig(max_position_embeddings=64, **_ATTN),
+    "t5": lambda: tf.T5Config(d_model=HIDDEN, d_ff=32, d_kv=8, num_layers=1, num_heads=2),
+}
+
+
+def make_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB):
+    config = CONFIGS[arch]()
+    config.vocab_size = vocab
+    # Keep special ids inside the tiny vocabulary (defaults like 50256 only cause warnings).
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        if getattr(config, attr, None) is not None:
+            setattr(config, attr, 0)
+    torch.manual_seed(seed)
+    try:
+        model = tf.AutoModelForCausalLM.from_config(config)
+    except ValueError:  # T5 has no causal-LM class
+        model = tf.AutoModel.from_config(config)
+    return model.eval()
+
+
+def save(model, path, **kwargs):
+    model.save_pretrained(str(path), safe_serialization=True, **kwargs)
+    return path
+
+
+def write_checkpoint(path, tensors: dict[str, torch.Tensor], config: dict | None):
+    """A hand-made checkpoint: given tensors in model.safetensors, and config.json if given."""
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+class GetTensorSpy:
+    """Counts get_tensor calls made through safetensors.safe_open handles."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[str, str]] = []
+        real = safetensors.safe_open
+        spy = self
+
+        class Handle:
+            def __init__(self, filename, *args, **kwargs):
+                self._filename = str(filename)
+                self._handle = real(filename, *args, **kwargs)
+
+            def __enter__(self):
+                self._inner = self._handle.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self._handle.__exit__(*exc)
+
+            def get_tensor(self, name):
+                spy.calls.append((os.path.basename(self._filename), name))
+                return self._inner.get_tensor(name)
+
+            def __getattr__(self, attr):
+                return getattr(self._inner, attr)
+
+        monkeypatch.setattr(safetensors, "safe_open", Handle)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    model = make_model("llama", seed=1)
+    path = save(model, tmp_path_factory.mktemp("llama"))
+    return path, model.get_input_embeddings().weight.detach().clone()
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_every_architecture_loads_its_input_embeddings(arch, tmp_path, monkeypatch):
+    model = make_model(arch)
+    save(model, tmp_path)
+    # The name must come from the architecture, not from the list of conventional names.
+    monkeypatch.setattr(et, "_match_known_names", lambda *a: pytest.fail("fell back to conventional names"))
+    table = load_embedding_table(tmp_path)
+    expected = model.get_input_embeddings().weight.detach()
+    assert isinstance(table, EmbeddingTable)
+    assert table.weight.dtype == torch.float32 and table.weight.device.type == "cpu"
+    assert torch.equal(table.weight, expected.float())
+    assert (table.vocab_size, table.dim) == (VOCAB, HIDDEN)
+    assert table.source_dtype == "torch.float32"
+    assert table.file == tmp_path / "model.safetensors"
+    assert len(table.fingerprint) == 16 and int(table.fingerprint, 16) >= 0
+
+
+def test_only_one_tensor_is_read(llama_dir, monkeypatch):
+    path, expected = llama_dir
+    spy = GetTensorSpy(monkeypatch)
+    table = load_embedding_table(path)
+    assert spy.calls == [("model.safetensors", "model.embed_tokens.weight")]
+    assert torch.equal(table.weight, expected)
+
+
+def test_sharded_checkpoint(tmp_path, monkeypatch):
+    model = make_model("llama", seed=2)
+    save(model, tmp_path, max_shard_size="4KB")
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(shards) > 2
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    spy = GetTensorSpy(monkeypatch)
+    table = load_embedding_table(tmp_path)
+    assert table.tensor_name == "model.embed_tokens.weight"
+    assert table.file == tmp_path / weight_map["model.embed_tokens.weight"]
+    assert spy.calls == [(table.file.name, "model.embed_tokens.weight")]
+    assert torch.equal(table.weight, model.get_input_embeddings().weight.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_tables(dtype, tmp_path):
+    model = make_model("qwen2", seed=3).to(dtype)
+    save(model, tmp_path)
+    saved = model.get_input_embeddings().weight.detach()
+    table = load_embedding_table(tmp_path)
+    assert table.source_dtype == str(dtype)
+    assert table.weight.dtype == torch.float32
+    assert torch.equal(table.weight, saved.float())
+    native = load_embedding_table(tmp_path, dtype=dtype)
+    assert native.weight.dtype == dtype and torch.equal(native.weight, saved)
+    # The fingerprint describes the checkpoint, not the dtype asked for.
+    assert native.fingerprint == table.fingerprint
+
+
+def test_checkpoint_saved_from_the_base_model_without_prefix(tmp_path):
+    model = make_model("llama", seed=4)
+    model.model.save_pretrained(str(tmp_path))  # LlamaModel: keys lack "model."
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert find_embedding_tensor_name(tmp_path) == ("embed_tokens.weight", tmp_path / "model.safetensors")
+    assert torch.equal(load_embedding_table(tmp_path).weight, model.get_input_embeddings().weight.detach())
+
+
+def test_nested_prefix_and_shape_check(tmp_path):
+    model = make_model("llama", seed=5)
+    state = {f"language_model.{k}": v for k, v in model.state_dict().items()}
+    # A same-named table of another shape (say a vision tower's) must not be picked.
+    state["vision_tower.model.embed_tokens.weight"] = torch.randn(7, HIDDEN)
+    config = json.loads(model.config.to_json_string())
+    write_checkpoint(tmp_path, state, config)
+    name, _ = find_embedding_tensor_name(tmp_path)
+    assert name == "language_model.model.embed_tokens.weight"
+    assert torch.equal(load_embedding_table(tmp_path).weight, model.get_input_embeddings().weight.detach())
+
+
+def test_tied_table_stored_only_under_lm_head(tmp_path):
+    model = make_model("gpt2", seed=6)  # wte and lm_head share one parameter
+    weight = model.get_input_embeddings().weight.detach()
+    state = {k: v for k, v in model.state_dict().items() if k != "transformer.wte.weight"}
+    state["lm_head.weight"] = weight.clone()
+    write_checkpoint(tmp_path, state, json.loads(model.config.to_json_string()))
+    name, _ = find_embedding_tensor_name(tmp_path)
+    assert name == "lm_head.weight"
+    assert torch.equal(load_embedding_table(tmp_path).weight, weight)
+
+
+def test_unknown_model_type_uses_conventional_names(tmp_path):
+    torch.manual_seed(7)
+    embed = torch.randn(VOCAB, HIDDEN)
+    tensors = {
+        "backbone.tok_embeddings.weight": embed,
+        "backbone.pos_embedding.weight": torch.randn(64, HIDDEN),
+        "backbone.layers.0.mixer.weight": torch.randn(HIDDEN, HIDDEN),
+        # Right name, wrong row count for this config's vocabulary: skipped.
+        "draft.embed_tokens.weight": torch.randn(VOCAB // 2, HIDDEN),
+    }
+    write_checkpoint(tmp_path, tensors, {"model_type": "no-such-arch", "vocab_size": VOCAB, "hidden_size": HIDDEN})
+    table = load_embedding_table(tmp_path)
+    assert table.tensor_name == "backbone.tok_embeddings.weight"
+    assert torch.equal(table.weight, embed)
+
+
+def test_remote_code_config_is_not_run(tmp_path):
+    torch.manual_seed(8)
+    embed = torch.randn(VOCAB, HIDDEN)
+    config = {"model_type": "my-remote-lm", "auto_map": {"AutoConfig": "configuration_x.XConfig"}, "vocab_size": VOCAB}
+    write_checkpoint(tmp_path, {"transformer.wte.weight": embed}, config)
+    assert find_embedding_tensor_name(tmp_path)[0] == "transformer.wte.weight"
+
+
+def test_no_config_json_falls_back_to_names_with_a_warning(tmp_path, caplog):
+    embed = torch.randn(VOCAB, HIDDEN)
+    write_checkpoint(tmp_path, {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN)}, None)
+    with caplog.at_level(logging.WARNING, logger="diversity_order.embedding_table"):
+        table = load_embedding_table(tmp_path)
+    assert table.tensor_name == "model.embed_tokens.weight" and torch.equal(table.weight, embed)
+    assert "no config.json" in caplog.text
+
+
+# --- errors: a UserError whose one-line message names the folder ----------------------------
+
+
+def _assert_user_error(path, *words):
+    with pytest.raises(UserError) as info:
+        load_embedding_table(path)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    for word in words:
+        assert word in message
+    return message
+
+
+def test_error_missing_folder(tmp_path):
+    _assert_user_error(tmp_path / "nope", "not found")
+
+
+def test_error_path_is_a_file(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    _assert_user_error(tmp_path / "model.safetensors", "folder")
+
+
+def test_error_no_safetensors(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    _assert_user_error(tmp_path, "no .safetensors")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not really")
+    _assert_user_error(tmp_path, "pytorch_model.bin", "not supported", "save_pretrained")
+
+
+def test_error_no_embedding_like_tensor(tmp_path):
+    tensors = {"encoder.layer.0.dense.weight": torch.randn(HIDDEN, HIDDEN), "encoder.norm.weight": torch.ones(HIDDEN)}
+    write_checkpoint(tmp_path, tensors, {"model_type": "no-such-arch", "vocab_size": VOCAB})
+    _assert_user_error(tmp_path, "no input-embedding table", "encoder.layer.0.dense.weight")
+
+
+def test_error_known_architecture_without_its_table(llama_dir, tmp_path):
+    # A real Llama config over a checkpoint holding no table of the configured shape.
+    shutil.copy(llama_dir[0] / "config.json", tmp_path / "config.json")
+    save_file({"model.embed_tokens.weight": torch.randn(VOCAB + 1, HIDDEN)}, str(tmp_path / "model.safetensors"))
+    _assert_user_error(tmp_path, f"{VOCAB} rows", "model.embed_tokens.weight [161, 16]")
+
+
+def test_error_index_points_to_missing_shard(tmp_path):
+    model = make_model("llama", seed=9)
+    save(model, tmp_path, max_shard_size="4KB")
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    missing = weight_map["model.embed_tokens.weight"]
+    (tmp_path / missing).unlink()
+    _assert_user_error(tmp_path, missing, "missing")
+
+
+def test_error_corrupt_safetensors(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\x00garbage")
+    _assert_user_error(tmp_path, "model.safetensors")
+
+
+# --- fingerprint ---------------------------------------------------------------------------
+
+
+def test_fingerprint_identifies_the_table(llama_dir, tmp_path):
+    path, _ = llama_dir
+    first = load_embedding_table(path).fingerprint
+    assert load_embedding_table(path).fingerprint == first
+    copy = shutil.copytree(path, tmp_path / "copy")
+    assert load_embedding_table(copy).fingerprint == first
+    other = save(make_model("llama", seed=123), tmp_path / "other")
+    assert load_embedding_table(other).fingerprint != first
+
+
+def test_fingerprint_of_a_large_vocabulary_samples_rows(tmp_path):
+    # 10,000 rows > 4096: the hash covers a strided subset (rows 0, 3, 6, ...) and the last row.
+    torch.manual_seed(10)
+    embed = torch.randn(10_000, 8).to(torch.bfloat16)
+    config = {"model_type": "no-such-arch", "vocab_size": 10_000}
+    base = load_embedding_table(write_checkpoint(tmp_path / "a", {"wte.weight": embed}, config)).fingerprint
+    changed = embed.clone()
+    changed[0, 0] += 1
+    assert load_embedding_table(write_checkpoint(tmp_path / "b", {"wte.weight": changed}, config)).fingerprint != base
+    changed = embed.clone()
+    changed[-1, 0] += 1
+    assert load_embedding_table(write_checkpoint(tmp_path / "c", {"wte.weight": changed}, config)).fingerprint != base

@@ -1,0 +1,125 @@
+"""A curate run SIGKILLed in the middle of writing any file leaves nothing a later run trusts.
+
+The child process is the real script; only its atomic writer is wrapped so that, while writing
+the chosen file, it writes part of it, signals the test and waits to be killed. That makes
+"killed mid-write" deterministic instead of a race.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import topical_records, write_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent("""
+    import contextlib, os, sys, time
+    from pathlib import Path
+    import diversity_order.atomic as atomic
+    import diversity_order.records as records
+    import diversity_order.plots as plots
+    real = atomic.atomic_open
+    target, marker = sys.argv[1], sys.argv[2]
+
+    @contextlib.contextmanager
+    def stalling_open(path, mode="wb"):
+        with real(path, mode) as handle:
+            if Path(path).name == target:
+                handle.write(b"partial" if "b" in mode else "partial")
+                handle.flush()
+                Path(marker).touch()
+                time.sleep(600)
+            yield handle
+
+    atomic.atomic_open = records.atomic_open = plots.atomic_open = stalling_open
+    import curate_dataset
+    from diversity_order.cli import run_main
+    sys.exit(run_main(curate_dataset.main, sys.argv[3:]))
+""")
+
+
+def run_killed_while_writing(target: str, args: list, tmp_path: Path) -> None:
+    marker = tmp_path / "writing.marker"
+    marker.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, target, str(marker), *map(str, args)],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not marker.exists():
+        if child.poll() is not None:
+            pytest.fail(f"child ended before writing {target}: {child.stderr.read().decode()[-2000:]}")
+        if time.time() > deadline:
+            child.kill()
+            pytest.fail(f"child never wrote {target}")
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+
+def run_clean(args: list) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "curate_dataset.py", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+# In the order the pipeline writes them: caches, curated data, metadata.
+TARGETS = ["d_token_counts.npy", "d_cur_embeddings.npy", "d_cur.jsonl", "d_cur_meta.json"]
+
+
+def test_kill_mid_write_then_rerun_equals_uninterrupted_run(tmp_path, tiny_model_dir):
+    records = topical_records(per_topic=20)
+    grown = records + topical_records(per_topic=2, seed=9)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "d_cur.jsonl"
+    args = ["--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot",
+            "--no-progress"]
+
+    # A first complete run; then data is appended and each following run is killed while
+    # writing one of the files (every kill happens further along the pipeline).
+    run_clean(args)
+    write_jsonl(src, grown)
+    for target in TARGETS:
+        before = (tmp_path / target).read_bytes()
+        run_killed_while_writing(target, args, tmp_path)
+        # The file being written still holds its previous complete version.
+        assert (tmp_path / target).read_bytes() == before, target
+        for path in tmp_path.glob("*.cache.json"):
+            meta = json.loads(path.read_text())
+            data = np.load(path.with_name(path.name.replace(".cache.json", ".npy")), mmap_mode="r")
+            fps = np.load(path.with_name(path.name.replace(".cache.json", ".fingerprints.npy")))
+            assert data.shape[0] == fps.shape[0] == meta["rows"], path.name
+
+    # Rerunning completes, and the result equals an uninterrupted run in a fresh folder.
+    run_clean(args)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    fresh_src = write_jsonl(fresh / "d.jsonl", grown)
+    run_clean(["--input", fresh_src, "--output", fresh / "d_cur.jsonl", "--model-dir", tiny_model_dir,
+               "--n-clusters", 6, "--no-plot", "--no-progress"])
+    assert out.read_bytes() == (fresh / "d_cur.jsonl").read_bytes()
+    assert np.array_equal(np.load(tmp_path / "d_cur_embeddings.npy"), np.load(fresh / "d_cur_embeddings.npy"))
+    assert np.array_equal(np.load(tmp_path / "d_token_counts.npy"), np.load(fresh / "d_token_counts.npy"))
+    assert len(out.read_bytes().splitlines()) == len(grown)
+
+
+def test_script_exits_2_with_one_line_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"txt": "oops"}\n')
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "curate_dataset.py", "--input", str(bad), "--output",
+                           str(tmp_path / "o.jsonl"), "--no-progress"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {bad}:2: no field 'text' (this record has keys: txt); choose the text field with --text-field"]
+    assert "Traceback" not in done.stderr
