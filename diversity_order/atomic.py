@@ -17,6 +17,15 @@ from typing import IO, Iterator
 import numpy as np
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
     """Open a temp file beside ``path``; on a clean exit rename it over ``path``."""
@@ -24,6 +33,8 @@ def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates 0600 files; give the result the permissions a plain open() would.
+        os.chmod(tmp_name, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()

@@ -131,3 +131,14 @@ def test_cache_without_marker_or_with_inconsistent_files_is_not_trusted(tmp_path
     caches.sidecar_paths(path)[1].unlink()
     found = caches.lookup(path, {"k": 1}, fps)
     assert not found.hit.any() and "no fingerprints" in found.reason
+
+
+def test_atomic_files_get_ordinary_permissions(tmp_path):
+    import os
+
+    target = tmp_path / "perm.bin"
+    with atomic_open(target) as handle:
+        handle.write(b"x")
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x")
+    assert os.stat(target).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
