@@ -27,6 +27,7 @@ class StageTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.peak_rss_mb: dict[str, float] = {}
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -35,7 +36,16 @@ class StageTimer:
         yield
         elapsed = time.perf_counter() - started
         self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
-        log.info("%s done in %.1f s", name, elapsed)
+        self.peak_rss_mb[name] = peak_rss_mb()
+        log.info("%s done in %.1f s (peak memory so far %.0f MB)", name, elapsed, self.peak_rss_mb[name])
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux reports KB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
 
 
 def resolve_device(device: str, gpu: int):

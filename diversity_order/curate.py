@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import caches, clustering, diversity, ordering, plots, records
+from . import caches, clustering, distributed, diversity, ordering, plots, records
 from .atomic import save_json, save_npy
 from .cli import StageTimer, resolve_device
 from .errors import UserError
@@ -164,10 +164,38 @@ def _embedding_key(tokenizer_fp: str, table, text_field: str) -> dict:
             "tensor": table.tensor_name, "dim": table.dim, "text_field": text_field}
 
 
+def _tokenize_rows(ctx: distributed.DistContext, config: CurateConfig, index: records.RecordIndex,
+                   rows: np.ndarray, tokenizer, table):
+    """Tokenize (and embed, with a table) ``rows``; under torchrun each rank takes a share by
+    bytes and rank 0 gets everything back in row order. Other ranks get (None, None)."""
+    from . import embed
+
+    share = distributed.my_share(ctx, rows, index.ends[rows] - index.starts[rows])
+    if ctx.active:
+        log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
+    vectors, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=config.embed_batch_size,
+                                                   progress=config.progress and ctx.is_main)
+    if table is not None:
+        log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s%s)", stats.documents,
+                 f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9),
+                 " on this rank" if ctx.active else "")
+    if not ctx.active:
+        return vectors, counts
+    device = table.device if table is not None and table.device.type == "cuda" else None
+    all_counts = distributed.gather_to_main(ctx, counts, device)
+    all_vectors = distributed.gather_to_main(ctx, vectors, device) if table is not None else None
+    if not ctx.is_main:
+        return None, None
+    return (np.concatenate(all_vectors) if all_vectors is not None else None), np.concatenate(all_counts)
+
+
 def compute_counts_and_embeddings(config: CurateConfig, index: records.RecordIndex, paths: dict, model: _ModelParts,
-                                  need_embeddings: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Token counts (always) and shallow embeddings (when asked), reusing valid cached rows."""
-    from .embed import embed_and_count
+                                  need_embeddings: bool, ctx: distributed.DistContext = distributed.DistContext()
+                                  ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Token counts (always) and shallow embeddings (when asked), reusing valid cached rows.
+
+    Under torchrun, only rank 0 gets the arrays (and writes the caches); other ranks get None.
+    """
 
     fps = index.fingerprints
     have_model = config.model_dir is not None
@@ -198,18 +226,18 @@ def compute_counts_and_embeddings(config: CurateConfig, index: records.RecordInd
     if embed_rows.size:
         log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
                  embed_rows.size, len(index))
-        vectors, new_counts, stats = embed_and_count(index, embed_rows, tokenizer, model.table().weight,
-                                                     batch_docs=config.embed_batch_size, progress=config.progress)
-        embeddings[embed_rows] = vectors
-        counts[embed_rows] = new_counts
+        vectors, new_counts = _tokenize_rows(ctx, config, index, embed_rows, tokenizer, model.table().weight)
         count_rows = np.setdiff1d(count_rows, embed_rows)
-        log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s)", stats.documents,
-                 f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9))
+        if ctx.is_main:
+            embeddings[embed_rows] = vectors
+            counts[embed_rows] = new_counts
     if count_rows.size:
         log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
-        _, new_counts, _ = embed_and_count(index, count_rows, tokenizer, None,
-                                           batch_docs=config.embed_batch_size, progress=config.progress)
-        counts[count_rows] = new_counts
+        _, new_counts = _tokenize_rows(ctx, config, index, count_rows, tokenizer, None)
+        if ctx.is_main:
+            counts[count_rows] = new_counts
+    if not ctx.is_main:
+        return None, None
     if not counts_found.hit.all():
         key = count_key if tokenizer else caches.read_cache_key(paths["token_counts"])
         caches.store(paths["token_counts"], key, fps, counts)
@@ -230,11 +258,24 @@ def _log_calibration(rows, recommended) -> None:
                  "use --n-clusters %d", recommended, recommended)
 
 
-def curate(config: CurateConfig) -> CurateResult:
+def curate(config: CurateConfig) -> CurateResult | None:
+    """Run the pipeline; under torchrun, ranks other than 0 return None after embedding."""
     config.validate()
+    device = resolve_device(config.device, config.gpu)
+    ctx = distributed.init_from_env(device.type == "cuda")
+    if ctx.active and device.type == "cuda":
+        device = resolve_device(f"cuda:{ctx.local_rank}", ctx.local_rank)
+    if not ctx.is_main:
+        logging.getLogger("diversity_order").setLevel(logging.WARNING)
+    try:
+        return _curate(config, device, ctx)
+    finally:
+        distributed.shutdown(ctx)
+
+
+def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> CurateResult | None:
     timer = StageTimer()
     paths = output_paths(config)
-    device = resolve_device(config.device, config.gpu)
 
     with timer.stage("Indexing input"):
         index = records.scan_jsonl(config.input, config.text_field, progress=config.progress)
@@ -248,12 +289,14 @@ def curate(config: CurateConfig) -> CurateResult:
     with timer.stage("Token counts and embeddings"):
         if config.load_embeddings is not None:
             embeddings = load_external_embeddings(config.load_embeddings, n)
-            counts, _ = compute_counts_and_embeddings(config, index, paths, model, need_embeddings=False)
+            counts, _ = compute_counts_and_embeddings(config, index, paths, model, False, ctx)
             method = EXTERNAL_METHOD
         else:
             model.require_dir("to embed the documents (or pass --load-embeddings FILE)")
-            counts, embeddings = compute_counts_and_embeddings(config, index, paths, model, need_embeddings=True)
+            counts, embeddings = compute_counts_and_embeddings(config, index, paths, model, True, ctx)
             method = SHALLOW_METHOD
+    if not ctx.is_main:
+        return None  # rank 0 clusters, orders and writes; the other ranks' work is done
     empty = int((counts == 0).sum())
 
     pca_info = None
@@ -331,6 +374,7 @@ def curate(config: CurateConfig) -> CurateResult:
         "labels_file": str(paths["labels"]),
         "order_file": str(paths["order"]),
         "timings_seconds": timer.seconds,
+        "peak_rss_mb": timer.peak_rss_mb,
     }
     save_json(paths["meta"], meta)
     log.info("Metadata: %s", paths["meta"])

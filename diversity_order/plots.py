@@ -101,7 +101,8 @@ def umap_projection(embeddings: np.ndarray, seed: int = 42, progress: bool = Tru
     n, dim = embeddings.shape
     components = min(50, dim, max(n - 1, 1))
     reduced = PCA(n_components=components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
-    reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed)
+    # random_state makes UMAP single-threaded anyway; saying n_jobs=1 silences its warning.
+    reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed, n_jobs=1)
     if n <= UMAP_FIT_SAMPLE:
         return reducer.fit_transform(reduced).astype(np.float32)
     sample = np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False))
