@@ -61,11 +61,12 @@ class CurateConfig:
 
 
 def output_stem(output: Path) -> Path:
-    """``dir/name.jsonl`` -> ``dir/name``: the prefix of every file written beside the output."""
+    """``dir/name.jsonl[.gz|.zst]`` -> ``dir/name``: the prefix of the files written beside it."""
     name = output.name
-    for suffix in (".jsonl", ".json", ".ndjson"):
-        if name.endswith(suffix):
-            return output.with_name(name[: -len(suffix)])
+    for compressed in ("", *records.COMPRESSED_SUFFIXES):
+        for suffix in (".jsonl", ".json", ".ndjson"):
+            if name.endswith(suffix + compressed):
+                return output.with_name(name[: -len(suffix + compressed)])
     return output
 
 

@@ -8,6 +8,7 @@ every record is reproduced byte for byte (and newline-terminated, even the input
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -23,6 +24,36 @@ from .errors import UserError
 
 # Bytes read per block when streaming texts; the block holds whole lines only.
 _READ_BLOCK_BYTES = 16 << 20
+
+
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+def is_compressed(path: Path) -> bool:
+    return path.suffix in COMPRESSED_SUFFIXES
+
+
+def open_binary(path: Path):
+    """A binary reader of ``path``'s content: .gz and .zst are decompressed as a stream.
+
+    Compressed streams can only seek forward cheaply, so callers read them in ascending
+    offset order (offsets are positions in the decompressed content).
+    """
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if path.suffix == ".zst":
+        return _zstandard(path).ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return open(path, "rb")
+
+
+def _zstandard(path: Path):
+    try:
+        import zstandard
+    except ImportError:
+        raise UserError(f"{path}: reading or writing .zst needs the zstandard package (pip install zstandard)") from None
+    return zstandard
 
 
 def text_fingerprint(text: str) -> int:
@@ -79,8 +110,10 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
 
 def _iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
     """Yield (line number, start offset, content without the newline) for every line."""
+    import io
+
     offset = 0
-    with open(path, "rb") as handle:
+    with open_binary(path) as raw, io.BufferedReader(raw, buffer_size=1 << 20) as handle:
         for line_number, line in enumerate(handle, start=1):
             length = len(line)
             content = line[:-1] if line.endswith(b"\n") else line
@@ -93,7 +126,8 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: input file not found")
-    size = path.stat().st_size
+    # The bar counts decompressed bytes; for compressed input the total is unknown.
+    size = None if is_compressed(path) else path.stat().st_size
     starts: list[int] = []
     ends: list[int] = []
     line_numbers: list[int] = []
@@ -111,7 +145,6 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
             bar.update(start - done)
             done = start
     if bar is not None:
-        bar.update(size - done)
         bar.close()
     if not starts:
         raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
@@ -153,7 +186,7 @@ def iter_text_batches(
         return
     sizes = index.ends[rows] - index.starts[rows]
     bounds = batch_bounds(sizes, max_batch_bytes, max_batch_rows)
-    with open(index.path, "rb") as handle:
+    with open_binary(index.path) as handle:  # rows ascend, so compressed input only seeks forward
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             batch = rows[lo:hi]
             first, last = index.starts[batch[0]], index.ends[batch[-1]]
@@ -172,32 +205,81 @@ def iter_text_batches(
             yield batch, texts
 
 
-def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str) -> int:
+def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str, max_pass_bytes: int = 1 << 30) -> int:
     """Write the input records in ``order`` to ``output`` atomically; return bytes written.
 
     Each record is copied byte for byte from the input and followed by exactly one newline.
+    Plain input is copied through a memory map. Compressed input cannot be read at random,
+    so the output is assembled in pieces of at most ``max_pass_bytes``, one forward pass over
+    the input per piece. An output named ``.gz`` or ``.zst`` is compressed.
     """
     output = Path(output)
     order = np.asarray(order, dtype=np.int64)
     if order.shape[0] != len(index) or not np.array_equal(np.sort(order), np.arange(len(index))):
         raise ValueError("order must be a permutation of the record positions")
+    pieces = _record_pieces(index, order, max_pass_bytes)
     written = 0
-    with open(index.path, "rb") as source, atomic_open(output, "wb") as sink:
-        with mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            starts, ends = index.starts[order], index.ends[order]
-            chunk: list[bytes] = []
-            chunk_bytes = 0
-            for start, end in zip(starts.tolist(), ends.tolist()):
-                chunk.append(data[start:end])
-                chunk.append(b"\n")
-                chunk_bytes += end - start + 1
-                if chunk_bytes >= _READ_BLOCK_BYTES:
-                    sink.write(b"".join(chunk))
-                    written += chunk_bytes
-                    chunk, chunk_bytes = [], 0
-            sink.write(b"".join(chunk))
-            written += chunk_bytes
+    with atomic_open(output, "wb") as target, _compressing(output, target) as sink:
+        buffer = _OutputBuffer(sink)
+        for piece in pieces:
+            for record in piece:
+                buffer.add(record)
+        written = buffer.close()
     return written
+
+
+class _OutputBuffer:
+    """Joins records into big writes, one newline after each record."""
+
+    def __init__(self, sink) -> None:
+        self.sink, self.parts, self.pending, self.total = sink, [], 0, 0
+
+    def add(self, record: bytes) -> None:
+        self.parts += (record, b"\n")
+        self.pending += len(record) + 1
+        if self.pending >= _READ_BLOCK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        self.sink.write(b"".join(self.parts))
+        self.total += self.pending
+        self.parts, self.pending = [], 0
+
+    def close(self) -> int:
+        self.flush()
+        return self.total
+
+
+def _record_pieces(index: RecordIndex, order: np.ndarray, max_pass_bytes: int):
+    """Yield, piece by piece, iterables of the records' bytes in output order."""
+    starts, ends = index.starts[order], index.ends[order]
+    if not is_compressed(index.path):
+        with open(index.path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield (data[a:b] for a, b in zip(starts.tolist(), ends.tolist()))
+        return
+    bounds = batch_bounds(ends - starts, max_pass_bytes, 1 << 62)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        wanted = np.argsort(starts[lo:hi], kind="stable")  # read in file order, emit in output order
+        records: list[bytes] = [b""] * int(hi - lo)
+        with open_binary(index.path) as source:
+            for j in wanted.tolist():
+                source.seek(int(starts[lo + j]))
+                records[j] = source.read(int(ends[lo + j] - starts[lo + j]))
+        yield records
+
+
+@contextlib.contextmanager
+def _compressing(output: Path, handle):
+    if output.suffix == ".gz":
+        import gzip
+
+        with gzip.GzipFile(fileobj=handle, mode="wb", filename="", mtime=0) as sink:
+            yield sink
+    elif output.suffix == ".zst":
+        with _zstandard(output).ZstdCompressor().stream_writer(handle, closefd=False) as sink:
+            yield sink
+    else:
+        yield handle
 
 
 def check_output_path(input_path: Path, output_path: Path) -> None:

@@ -247,3 +247,17 @@ def test_order_is_stratified_order_of_saved_arrays(tmp_path, tiny_model_dir):
     meta = json.loads((tmp_path / "x_meta.json").read_text())
     assert meta["empty_documents"] == 1
     assert meta["token_window_diversity"]["curated"] == summarize_windows(window_diversity(labels, counts, 300, order))
+
+
+def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, topical_jsonl):
+    import gzip
+
+    packed = tmp_path / "packed" / "data.jsonl.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(topical_jsonl.read_bytes()))
+    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot"]
+    assert curate("--input", topical_jsonl, "--output", tmp_path / "plain_cur.jsonl", *common) == 0
+    assert curate("--input", packed, "--output", tmp_path / "packed" / "cur.jsonl.gz", *common) == 0
+    assert (tmp_path / "packed" / "data_token_counts.npy").exists()
+    assert (tmp_path / "packed" / "cur_meta.json").exists()
+    assert gzip.decompress((tmp_path / "packed" / "cur.jsonl.gz").read_bytes()) == (tmp_path / "plain_cur.jsonl").read_bytes()

@@ -142,3 +142,33 @@ def test_atomic_files_get_ordinary_permissions(tmp_path):
     plain = tmp_path / "plain.bin"
     plain.write_bytes(b"x")
     assert os.stat(target).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+@pytest.mark.parametrize("out_suffix", ["", ".gz", ".zst"])
+def test_compressed_input_and_output_give_the_same_records(tmp_path, suffix, out_suffix):
+    import gzip
+
+    import zstandard
+
+    lines = [json.dumps({"text": f"doc {i} " + "é" * (i % 5), "i": i}).encode() for i in range(300)]
+    plain = tmp_path / "in.jsonl"
+    plain.write_bytes(b"\n".join(lines))  # no final newline
+    packed = tmp_path / f"in.jsonl{suffix}"
+    data = plain.read_bytes()
+    packed.write_bytes(gzip.compress(data) if suffix == ".gz" else zstandard.ZstdCompressor().compress(data))
+    index = scan_jsonl(packed, progress=False)
+    plain_index = scan_jsonl(plain, progress=False)
+    assert np.array_equal(index.fingerprints, plain_index.fingerprints)
+    assert [t for _, batch in iter_text_batches(index, np.array([299, 7, 150])) for t in batch] == [
+        json.loads(lines[i])["text"] for i in (7, 150, 299)]
+    order = np.random.default_rng(0).permutation(300)
+    out = tmp_path / f"out.jsonl{out_suffix}"
+    # A small pass budget forces several forward passes over the compressed input.
+    write_reordered(index, order, out, max_pass_bytes=4096)
+    raw = out.read_bytes()
+    if out_suffix == ".gz":
+        raw = gzip.decompress(raw)
+    elif out_suffix == ".zst":
+        raw = zstandard.ZstdDecompressor().stream_reader(raw).read()
+    assert raw == b"".join(lines[i] + b"\n" for i in order)
