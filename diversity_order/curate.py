@@ -166,16 +166,19 @@ def _embedding_key(tokenizer_fp: str, table, text_field: str) -> dict:
 
 
 def _tokenize_rows(ctx: distributed.DistContext, config: CurateConfig, index: records.RecordIndex,
-                   rows: np.ndarray, tokenizer, table):
+                   rows: np.ndarray, tokenizer, table, out: np.ndarray | None = None):
     """Tokenize (and embed, with a table) ``rows``; under torchrun each rank takes a share by
-    bytes and rank 0 gets everything back in row order. Other ranks get (None, None)."""
+    bytes and rank 0 gets everything back in row order. Other ranks get (None, None).
+
+    In a single process the vectors are written straight into ``out[rows]``."""
     from . import embed
 
     share = distributed.my_share(ctx, rows, index.ends[rows] - index.starts[rows])
     if ctx.active:
         log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     vectors, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=config.embed_batch_size,
-                                                   progress=config.progress and ctx.is_main)
+                                                   progress=config.progress and ctx.is_main,
+                                                   out=None if ctx.active else out)
     if table is not None:
         log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s%s)", stats.documents,
                  f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9),
@@ -227,10 +230,12 @@ def compute_counts_and_embeddings(config: CurateConfig, index: records.RecordInd
     if embed_rows.size:
         log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
                  embed_rows.size, len(index))
-        vectors, new_counts = _tokenize_rows(ctx, config, index, embed_rows, tokenizer, model.table().weight)
+        vectors, new_counts = _tokenize_rows(ctx, config, index, embed_rows, tokenizer, model.table().weight,
+                                             out=embeddings)
         count_rows = np.setdiff1d(count_rows, embed_rows)
         if ctx.is_main:
-            embeddings[embed_rows] = vectors
+            if vectors is not embeddings:
+                embeddings[embed_rows] = vectors
             counts[embed_rows] = new_counts
     if count_rows.size:
         log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))

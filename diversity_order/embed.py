@@ -58,14 +58,22 @@ def embed_and_count(
     batch_docs: int = 1024,
     batch_bytes: int = 4 << 20,
     progress: bool = True,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray, TokenizeStats]:
     """Tokenize ``rows`` once; return (embeddings or None without a table, token counts, stats).
 
-    Results are in the order of ``rows`` sorted ascending.
+    Results are in the order of ``rows`` sorted ascending; with ``out`` (an N x D array for
+    all records) the vectors are written into ``out[rows]`` instead, and ``out`` is returned,
+    so the caller's array is not held twice.
     """
     rows = np.sort(np.asarray(rows, dtype=np.int64))
     counts = np.zeros(rows.size, dtype=np.int64)
-    vectors = None if table is None else np.zeros((rows.size, table.shape[1]), dtype=np.float32)
+    if table is None:
+        vectors = None
+    elif out is not None:
+        vectors = out
+    else:
+        vectors = np.zeros((rows.size, table.shape[1]), dtype=np.float32)
     stats = TokenizeStats(empty_rows=[])
     started = time.perf_counter()
     bar = _bar(rows.size, "Embedding" if table is not None else "Counting tokens", progress)
@@ -75,7 +83,11 @@ def embed_and_count(
         n = len(texts)
         counts[done : done + n] = lengths
         if vectors is not None:
-            vectors[done : done + n] = mean_pool_normalized(table, flat, lengths)
+            pooled = mean_pool_normalized(table, flat, lengths)
+            if out is not None:
+                out[batch_rows] = pooled
+            else:
+                vectors[done : done + n] = pooled
         stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
         stats.tokens += int(lengths.sum())
         done += n

@@ -8,6 +8,7 @@ every record is reproduced byte for byte (and newline-terminated, even the input
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
 import json
@@ -128,10 +129,9 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
         raise UserError(f"{path}: input file not found")
     # The bar counts decompressed bytes; for compressed input the total is unknown.
     size = None if is_compressed(path) else path.stat().st_size
-    starts: list[int] = []
-    ends: list[int] = []
-    line_numbers: list[int] = []
-    fingerprints: list[int] = []
+    # Compact typed arrays: 32 bytes per record, not ~120 as Python int lists would take.
+    starts, ends = array.array("q"), array.array("q")
+    line_numbers, fingerprints = array.array("q"), array.array("Q")
     bar = _progress_bar(size, f"Indexing {path.name}", progress)
     done = 0
     for line_number, start, content in _iter_lines(path):
@@ -151,10 +151,10 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
     return RecordIndex(
         path=path,
         text_field=text_field,
-        starts=np.asarray(starts, dtype=np.int64),
-        ends=np.asarray(ends, dtype=np.int64),
-        line_numbers=np.asarray(line_numbers, dtype=np.int64),
-        fingerprints=np.asarray(fingerprints, dtype=np.uint64),
+        starts=np.frombuffer(starts, dtype=np.int64).copy(),
+        ends=np.frombuffer(ends, dtype=np.int64).copy(),
+        line_numbers=np.frombuffer(line_numbers, dtype=np.int64).copy(),
+        fingerprints=np.frombuffer(fingerprints, dtype=np.uint64).copy(),
     )
 
 
