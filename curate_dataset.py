@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from diversity_order.cli import run_main, setup_logging
+from diversity_order.clustering import CLUSTER_BACKENDS
 from diversity_order.curate import CurateConfig, curate
 from diversity_order.ordering import WITHIN_CLUSTER_SORTS
 
@@ -45,6 +46,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="precomputed N x D embeddings (.npy, input order), e.g. from extract_deep_embeddings.py")
     p.add_argument("--pca-components", type=int, default=0,
                    help="reduce embeddings with PCA before clustering (0 = off; 50-100 suits deep embeddings)")
+    p.add_argument("--cluster-backend", default="sklearn", choices=CLUSTER_BACKENDS,
+                   help="k-means implementation: sklearn (MiniBatchKMeans, the reference's labels; default), "
+                        "faiss (needs faiss-cpu/faiss-gpu) or torch (GPU when the device is CUDA)")
+    p.add_argument("--cluster-fit-sample", type=int, default=0,
+                   help="fit k-means on this many random rows and assign the rest to the nearest centre "
+                        "(0 = fit on all rows; default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p.parse_args(argv)
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         text_field=args.text_field, stats_only=args.stats_only, calibrate_k=args.calibrate_k,
         calibrate_k_samples=args.calibrate_k_samples, no_plot=args.no_plot,
         within_cluster_sort=args.within_cluster_sort, seed=args.seed, load_embeddings=args.load_embeddings,
-        pca_components=args.pca_components, progress=not args.no_progress,
+        pca_components=args.pca_components, cluster_backend=args.cluster_backend,
+        cluster_fit_sample=args.cluster_fit_sample, progress=not args.no_progress,
     )
     curate(config)
     return 0

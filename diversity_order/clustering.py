@@ -20,16 +20,142 @@ CALIBRATION_K_VALUES = (5, 10, 15, 20, 25, 30, 40, 50, 75, 100)
 CALIBRATION_TOLERANCE = 0.95
 
 
+CLUSTER_BACKENDS = ("sklearn", "faiss", "torch")
+# Rows assigned to their nearest centre per batch (bounds memory at batch x k distances).
+ASSIGN_BATCH_ROWS = 65536
+
+
 def make_kmeans(n_clusters: int, seed: int):
     from sklearn.cluster import MiniBatchKMeans
 
     return MiniBatchKMeans(n_clusters=n_clusters, random_state=seed, batch_size=4096, n_init=3)
 
 
-def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = 42) -> np.ndarray:
-    """Cluster ids in [0, n_clusters) for every row (the reference's MiniBatchKMeans)."""
-    labels = make_kmeans(n_clusters, seed).fit_predict(embeddings)
-    return labels.astype(np.int64)
+def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = 42, backend: str = "sklearn",
+                  fit_sample: int = 0, device=None) -> np.ndarray:
+    """Cluster ids in [0, n_clusters) for every row.
+
+    ``sklearn`` (default) is the reference's MiniBatchKMeans, fitted on all rows: the same
+    labels as the reference. ``faiss`` and ``torch`` are faster Lloyd k-means (torch runs on
+    ``device``, a GPU when given). ``fit_sample`` > 0 fits the centres on that many seeded
+    random rows and assigns every row to its nearest centre in batches.
+    """
+    if backend not in CLUSTER_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(CLUSTER_BACKENDS)}")
+    n = embeddings.shape[0]
+    sample = None
+    if 0 < fit_sample < n:
+        sample = np.sort(np.random.RandomState(seed).choice(n, fit_sample, replace=False))
+    fit_rows = embeddings if sample is None else embeddings[sample]
+    if backend == "sklearn":
+        model = make_kmeans(n_clusters, seed)
+        if sample is None:
+            return model.fit_predict(embeddings).astype(np.int64)
+        centres = model.fit(fit_rows).cluster_centers_
+    elif backend == "faiss":
+        centres = _faiss_centres(fit_rows, n_clusters, seed)
+    else:
+        centres = _torch_centres(fit_rows, n_clusters, seed, device)
+    return assign_to_centres(embeddings, centres, device)
+
+
+def assign_to_centres(embeddings: np.ndarray, centres: np.ndarray, device=None) -> np.ndarray:
+    """Index of the nearest centre (squared Euclidean) for every row, in batches."""
+    import torch
+
+    device = device or torch.device("cpu")
+    c = torch.as_tensor(np.asarray(centres, dtype=np.float32), device=device)
+    c_sq = (c * c).sum(1)
+    labels = np.empty(embeddings.shape[0], dtype=np.int64)
+    for lo in range(0, embeddings.shape[0], ASSIGN_BATCH_ROWS):
+        x = torch.as_tensor(np.asarray(embeddings[lo : lo + ASSIGN_BATCH_ROWS], dtype=np.float32), device=device)
+        labels[lo : lo + x.shape[0]] = (c_sq - 2 * x @ c.T).argmin(1).cpu().numpy()
+    return labels
+
+
+def inertia(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int) -> float:
+    """Sum of squared distances to the cluster means (lower is a tighter clustering)."""
+    x = np.asarray(embeddings, dtype=np.float64)
+    sums = np.zeros((n_clusters, x.shape[1]))
+    np.add.at(sums, labels, x)
+    sizes = np.bincount(labels, minlength=n_clusters)
+    means = sums / np.maximum(sizes, 1)[:, None]
+    return float(((x - means[labels]) ** 2).sum())
+
+
+def _faiss_centres(x: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
+    try:
+        import faiss
+    except ImportError:
+        from .errors import UserError
+
+        raise UserError("--cluster-backend faiss needs faiss (pip install faiss-cpu, or faiss-gpu with a GPU)") from None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+    # Three restarts, like n_init=3; faiss keeps the best. Train on every given row.
+    kmeans = faiss.Kmeans(x.shape[1], n_clusters, niter=25, nredo=3, seed=seed, gpu=gpu,
+                          max_points_per_centroid=max(256, -(-x.shape[0] // n_clusters)), verbose=False)
+    kmeans.train(x)
+    return kmeans.centroids
+
+
+def _torch_centres(x: np.ndarray, n_clusters: int, seed: int, device=None, n_init: int = 3,
+                   iterations: int = 50, tolerance: float = 1e-4) -> np.ndarray:
+    """Lloyd's k-means, k-means++ seeding, ``n_init`` restarts keeping the lowest inertia;
+    batched matrix products, on the GPU when ``device`` is one."""
+    import torch
+
+    device = device or torch.device("cpu")
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    data = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    n = data.shape[0]
+    best, best_inertia = None, float("inf")
+    for _ in range(n_init):
+        centres = _kmeans_plus_plus(data, n_clusters, generator, device)
+        for _ in range(iterations):
+            sums = torch.zeros_like(centres)
+            sizes = torch.zeros(n_clusters, device=device)
+            total = 0.0
+            c_sq = (centres * centres).sum(1)
+            for lo in range(0, n, ASSIGN_BATCH_ROWS):
+                batch = data[lo : lo + ASSIGN_BATCH_ROWS].to(device)
+                distances = c_sq - 2 * batch @ centres.T
+                nearest = distances.argmin(1)
+                total += float((distances.gather(1, nearest[:, None]).sum() + (batch * batch).sum()).item())
+                sums.index_add_(0, nearest, batch)
+                sizes += torch.bincount(nearest, minlength=n_clusters)
+            # An empty cluster keeps its old centre.
+            updated = torch.where(sizes[:, None] > 0, sums / sizes.clamp(min=1)[:, None], centres)
+            shift = ((updated - centres) ** 2).sum().item()
+            centres = updated
+            if shift <= tolerance**2:  # centres moved less than ~1e-4 in total: converged
+                break
+        if total < best_inertia:
+            best, best_inertia = centres, total
+    return best.cpu().numpy()
+
+
+def _kmeans_plus_plus(data, n_clusters: int, generator, device):
+    """k-means++ seeding on at most 20k rows: each new centre drawn by squared distance."""
+    import torch
+
+    rows = data[torch.randperm(data.shape[0], generator=generator)[: min(data.shape[0], 20000)]].to(device)
+    centres = rows[int(torch.randint(rows.shape[0], (1,), generator=generator).item())][None]
+    closest = ((rows - centres[0]) ** 2).sum(1)
+    trials = 2 + int(np.log(n_clusters))  # greedy k-means++, as scikit-learn does
+    for _ in range(1, n_clusters):
+        weights = closest.clamp(min=0).double().cpu()
+        if weights.sum() <= 0:
+            candidates = torch.zeros(1, dtype=torch.int64)
+        else:
+            candidates = torch.multinomial(weights / weights.sum(), trials, replacement=True, generator=generator)
+        # Keep the candidate that lowers the total squared distance most.
+        options = torch.minimum(closest[None], torch.cdist(rows[candidates.to(device)], rows) ** 2)
+        best = int(options.sum(1).argmin().item())
+        centres = torch.cat([centres, rows[candidates[best]][None]])
+        closest = options[best]
+    return centres
+
 
 
 @dataclass(frozen=True)

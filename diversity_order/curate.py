@@ -42,6 +42,8 @@ class CurateConfig:
     seed: int = 42
     load_embeddings: Path | None = None
     pca_components: int = 0
+    cluster_backend: str = "sklearn"
+    cluster_fit_sample: int = 0
     progress: bool = True
 
     def validate(self) -> None:
@@ -51,6 +53,9 @@ class CurateConfig:
             (self.embed_batch_size >= 1, f"--embed-batch-size {self.embed_batch_size}: must be at least 1"),
             (self.calibrate_k_samples >= 0, f"--calibrate-k-samples {self.calibrate_k_samples}: must be 0 (all) or more"),
             (self.pca_components >= 0, f"--pca-components {self.pca_components}: must be 0 (off) or more"),
+            (self.cluster_fit_sample >= 0, f"--cluster-fit-sample {self.cluster_fit_sample}: must be 0 (all) or more"),
+            (self.cluster_backend in clustering.CLUSTER_BACKENDS,
+             f"--cluster-backend {self.cluster_backend}: choose one of {', '.join(clustering.CLUSTER_BACKENDS)}"),
             (self.within_cluster_sort in ordering.WITHIN_CLUSTER_SORTS,
              f"--within-cluster-sort {self.within_cluster_sort}: choose one of {', '.join(ordering.WITHIN_CLUSTER_SORTS)}"),
         ]
@@ -326,8 +331,11 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         return CurateResult({}, np.zeros(0, np.int64), np.zeros(0, np.int64), counts, embeddings, paths,
                             calibration=rows, recommended_k=recommended, timings=timer.seconds)
 
-    with timer.stage(f"Clustering (MiniBatchKMeans, k={config.n_clusters})"):
-        labels = clustering.kmeans_labels(embeddings, config.n_clusters, config.seed)
+    backend_name = {"sklearn": "MiniBatchKMeans", "faiss": "faiss k-means", "torch": "torch k-means"}[config.cluster_backend]
+    fitted_on = f", fitted on {config.cluster_fit_sample:,} rows" if 0 < config.cluster_fit_sample < n else ""
+    with timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
+        labels = clustering.kmeans_labels(embeddings, config.n_clusters, config.seed, config.cluster_backend,
+                                          config.cluster_fit_sample, device)
     with timer.stage("Ordering (stratified greedy)"):
         options = ordering.OrderingOptions(config.within_cluster_sort, config.seed)
         order = ordering.stratified_order(labels, counts, config.n_clusters, options)
@@ -372,6 +380,7 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         "model_dir": str(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
         "pca": pca_info.as_dict() if pca_info else None,
+        "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample},
         "token_window_diversity": {"original": summary_before, "curated": summary_after},
         "similarity_stats": similarity,
         "cluster_sizes": {str(k): int(sizes[k]) for k in by_size},

@@ -83,3 +83,42 @@ def test_recommend_highest_k_within_five_percent_of_peak():
     assert recommend_k(rows) == 20  # 0.296 >= 0.95 * 0.31 = 0.2945; 0.29 is not
     negative = [CalibrationRow(k, s, 1, 1, 1) for k, s in [(5, -0.1), (10, -0.05)]]
     assert recommend_k(negative) == 10
+
+
+def test_assign_to_centres_equals_brute_force():
+    from diversity_order.clustering import assign_to_centres
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 8)).astype(np.float32)
+    c = rng.normal(size=(7, 8)).astype(np.float32)
+    expected = [int(np.argmin([((row - centre) ** 2).sum() for centre in c])) for row in x]
+    assert assign_to_centres(x, c).tolist() == expected
+
+
+@pytest.mark.parametrize("backend", ["sklearn", "faiss", "torch"])
+@pytest.mark.parametrize("fit_sample", [0, 300])
+def test_backends_find_the_blobs_with_similar_inertia(backend, fit_sample):
+    from sklearn.metrics import adjusted_rand_score
+
+    from diversity_order.clustering import inertia
+
+    if backend == "faiss":
+        pytest.importorskip("faiss")
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(6, 16)) * 3
+    truth = rng.integers(0, 6, 2000)
+    x = (centres[truth] + rng.normal(size=(2000, 16))).astype(np.float32)
+    labels = kmeans_labels(x, 6, seed=0, backend=backend, fit_sample=fit_sample)
+    assert labels.shape == (2000,) and labels.min() >= 0 and labels.max() < 6
+    assert adjusted_rand_score(truth, labels) > 0.95
+    reference = inertia(x, kmeans_labels(x, 6, seed=0), 6)
+    assert inertia(x, labels, 6) <= reference * 1.05
+
+
+def test_fit_sample_with_sklearn_assigns_to_centres_fitted_on_the_sample():
+    from diversity_order.clustering import assign_to_centres, make_kmeans
+
+    x = blobs(n=500)
+    rows = np.sort(np.random.RandomState(3).choice(500, 100, replace=False))
+    centres = make_kmeans(5, 3).fit(x[rows]).cluster_centers_
+    assert np.array_equal(kmeans_labels(x, 5, seed=3, fit_sample=100), assign_to_centres(x, centres))
