@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="order of documents inside each cluster's pool (default: original)")
     p.add_argument("--seed", type=int, default=42, help="random seed for k-means, PCA, sampling and UMAP (default: 42)")
     p.add_argument("--load-embeddings", type=Path, default=None,
-                   help="precomputed N x D embeddings (.npy, input order), e.g. from extract_deep_embeddings.py")
+                   help="precomputed N x D embeddings (.npy, input order), e.g. deep embeddings of the same records")
     p.add_argument("--pca-components", type=int, default=0,
                    help="reduce embeddings with PCA before clustering (0 = off; 50-100 suits deep embeddings)")
     p.add_argument("--cluster-backend", default="sklearn", choices=CLUSTER_BACKENDS,

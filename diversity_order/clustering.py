@@ -304,4 +304,4 @@ def _maybe_tqdm(items, desc: str, enabled: bool):
         return items
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc=desc, leave=False)
+    return tqdm(items, desc=desc, leave=False, disable=None)  # None: no bar when stderr is not a terminal

@@ -258,10 +258,10 @@ def compute_counts_and_embeddings(config: CurateConfig, index: records.RecordInd
 
 
 def _log_calibration(rows, recommended) -> None:
-    log.info("%5s  %10s  %8s  %8s  %8s", "k", "silhouette", "min", "median", "max")
+    log.info("%5s  %10s  %26s", "k", "silhouette", "cluster size min/median/max")
     for row in rows:
         score = "n/a" if row.silhouette is None else f"{row.silhouette:.4f}"
-        log.info("%5d  %10s  %8d  %8g  %8d", row.k, score, row.size_min, row.size_median, row.size_max)
+        log.info("%5d  %10s  %26s", row.k, score, f"{row.size_min} / {row.size_median:g} / {row.size_max}")
     if recommended is None:
         log.info("No k could be scored (too few documents or clusters)")
     else:
@@ -288,6 +288,12 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     timer = StageTimer()
     paths = output_paths(config)
 
+    model = _ModelParts(config.model_dir, device)
+    if config.load_embeddings is None:
+        # Fail before the long work: the folder must exist and hold an embedding table.
+        model.table()
+    elif config.model_dir is not None:
+        model.require_dir("")
     with timer.stage("Indexing input"):
         index = records.scan_jsonl(config.input, config.text_field, progress=config.progress)
     n = len(index)
@@ -296,14 +302,12 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         raise UserError(f"--n-clusters {config.n_clusters}: larger than the number of records ({n}); "
                         f"choose at most {n}")
 
-    model = _ModelParts(config.model_dir, device)
     with timer.stage("Token counts and embeddings"):
         if config.load_embeddings is not None:
             embeddings = load_external_embeddings(config.load_embeddings, n)
             counts, _ = compute_counts_and_embeddings(config, index, paths, model, False, ctx)
             method = EXTERNAL_METHOD
         else:
-            model.require_dir("to embed the documents (or pass --load-embeddings FILE)")
             counts, embeddings = compute_counts_and_embeddings(config, index, paths, model, True, ctx)
             method = SHALLOW_METHOD
     if not ctx.is_main:
@@ -324,7 +328,8 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         with timer.stage(f"Calibrating k (silhouette on {'all' if samples == 0 else min(samples, n)} rows)"):
             rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress)
         _log_calibration(rows, recommended)
-        save_json(paths["calibration"], {"input": str(config.input), "samples": samples, "seed": config.seed,
+        used = n if samples == 0 else min(samples, n)
+        save_json(paths["calibration"], {"input": str(config.input), "samples": used, "seed": config.seed,
                                          "pca": pca_info.as_dict() if pca_info else None,
                                          "rows": [r.as_dict() for r in rows], "recommended_k": recommended})
         log.info("Calibration table written to %s", paths["calibration"])
@@ -350,12 +355,17 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         with timer.stage(f"Writing {config.output}"):
             written = records.write_reordered(index, order, config.output)
         log.info("Wrote %d records (%.1f MB) to %s", n, written / 1e6, config.output)
+    elif config.output.exists():
+        log.warning("--stats-only: %s was not written; the file there is from an earlier run and does not "
+                    "follow this run's %s", config.output, paths["order"].name)
+    else:
+        log.info("--stats-only: the curated JSONL was not written")
     save_npy(paths["labels"], labels)
     save_npy(paths["order"], order)
 
     if not config.no_plot:
         with timer.stage("Plots"):
-            plots.plot_ordering_comparison(paths["ordering_plot"], labels, order, config.n_clusters, before, after,
+            plots.plot_ordering_comparison(paths["ordering_plot"], labels, counts, order, config.n_clusters, before, after,
                                            summary_before, summary_after, config.seq_len)
             projection = _projection_or_none(paths["umap"], embeddings, index.fingerprints, config.seed)
             plots.plot_cluster_cloud(paths["cloud_plot"], labels, config.n_clusters, projection)
@@ -410,7 +420,7 @@ def _projection_or_none(path: Path, embeddings: np.ndarray, fingerprints: np.nda
 
 def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:
     gain = (after["mean"] / before["mean"] - 1) * 100 if before["mean"] else float("nan")
-    log.info("Unique clusters per %s-token window (of K=%d): input order mean %.2f (min %d, std %.2f) -> "
-             "curated mean %.2f (min %d, std %.2f), %+.0f%% over %d windows",
+    log.info("Unique clusters per %s-token window (of K=%d): input order mean %.2f (min %d, std %.2f, %d windows) "
+             "-> curated mean %.2f (min %d, std %.2f, %d windows): %+.0f%%",
              f"{config.seq_len:,}", config.n_clusters, before["mean"], before["min"], before["std"],
-             after["mean"], after["min"], after["std"], gain, after["n_sequences"])
+             before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)

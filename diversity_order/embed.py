@@ -78,6 +78,7 @@ def embed_and_count(
     started = time.perf_counter()
     bar = _bar(rows.size, "Embedding" if table is not None else "Counting tokens", progress)
     done = 0
+    last_log = started
     for batch_rows, texts in iter_text_batches(index, rows, batch_bytes, batch_docs):
         flat, lengths = tokenizer.encode_batch(texts)
         n = len(texts)
@@ -94,6 +95,11 @@ def embed_and_count(
         if bar is not None:
             bar.update(n)
             bar.set_postfix(tokens=f"{stats.tokens:,}")
+            if bar.disable and time.perf_counter() - last_log > 30:  # no bar in a log file: a line instead
+                last_log = time.perf_counter()
+                rate = done / (last_log - started)
+                log.info("%s: %d of %d documents, %s tokens, ETA %.0f s", bar.desc, done, rows.size,
+                         f"{stats.tokens:,}", (rows.size - done) / max(rate, 1e-9))
     if bar is not None:
         bar.close()
     stats.documents = done
@@ -111,4 +117,4 @@ def _bar(total: int, desc: str, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="doc", leave=False)
+    return tqdm(total=total, desc=desc, unit="doc", leave=False, disable=None)  # None: no bar when stderr is not a terminal

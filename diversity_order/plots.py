@@ -22,10 +22,22 @@ UMAP_FIT_SAMPLE = 20000
 
 
 def cluster_colors(n_clusters: int) -> np.ndarray:
-    """RGBA per cluster: matplotlib's tab20 resampled to K colours, as the reference."""
+    """RGBA per cluster, all distinct up to 60 clusters.
+
+    The reference resamples ``tab20`` to K colours, which repeats colours past K = 20 (at
+    the default K = 30, ten pairs of clusters look the same). Up to 20 clusters this is tab20
+    as in the reference; up to 60, tab20 + tab20b + tab20c; beyond, a shuffled sweep of turbo.
+    """
     import matplotlib
 
-    return matplotlib.colormaps["tab20"].resampled(max(n_clusters, 1))(np.arange(max(n_clusters, 1)))
+    k = max(n_clusters, 1)
+    if k <= 20:
+        return matplotlib.colormaps["tab20"].resampled(k)(np.arange(k))
+    if k <= 60:
+        palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
+        return palette[:k]
+    shuffled = np.random.RandomState(0).permutation(k)
+    return matplotlib.colormaps["turbo"](shuffled / max(k - 1, 1))
 
 
 def _pyplot():
@@ -42,43 +54,49 @@ def _save(fig, path: Path, dpi: int = 120) -> None:
         fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
 
 
-def _colour_strip(labels_in_order: np.ndarray, colors: np.ndarray, width: int = 4000) -> np.ndarray:
-    """An RGBA strip, one column per document (or per bucket of documents past ``width``)."""
-    n = labels_in_order.size
-    if n > width:
-        # Show the document at the start of each bucket: still exact for long runs of a cluster.
-        labels_in_order = labels_in_order[np.linspace(0, n - 1, width).astype(np.int64)]
-    return colors[labels_in_order][np.newaxis, :, :]
+def _colour_strip(labels_in_order: np.ndarray, counts_in_order: np.ndarray, colors: np.ndarray,
+                  width: int = 4000) -> np.ndarray:
+    """An RGBA strip along the token axis: column j shows the document at that token position,
+    so the strip lines up with the per-window chart below it."""
+    ends = np.cumsum(counts_in_order, dtype=np.int64)
+    total = int(ends[-1]) if ends.size else 0
+    if total == 0:
+        return colors[labels_in_order[:1]][np.newaxis, :, :] if labels_in_order.size else np.ones((1, 1, 4))
+    positions = (np.arange(width) + 0.5) * total / width
+    doc = np.minimum(np.searchsorted(ends, positions, side="right"), labels_in_order.size - 1)
+    return colors[labels_in_order[doc]][np.newaxis, :, :]
 
 
-def plot_ordering_comparison(path: Path, labels: np.ndarray, order: np.ndarray, n_clusters: int,
-                             diversity_before: np.ndarray, diversity_after: np.ndarray,
+def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray,
+                             n_clusters: int, diversity_before: np.ndarray, diversity_after: np.ndarray,
                              summary_before: dict, summary_after: dict, seq_len: int) -> None:
     plt = _pyplot()
     colors = cluster_colors(n_clusters)
-    fig, axes = plt.subplots(3, 1, figsize=(14, 8), gridspec_kw={"height_ratios": [1, 1, 3]})
+    fig, axes = plt.subplots(3, 1, figsize=(14, 8), gridspec_kw={"height_ratios": [1, 1, 3]}, sharex=True)
+    total_windows = float(token_counts.sum()) / seq_len
 
     def title(name: str, s: dict) -> str:
         return f"{name}: mean diversity {s['mean']:.2f}, min {s['min']}, std {s['std']:.2f} ({s['n_sequences']:,} windows)"
 
-    for ax, labels_in_order, text in (
-        (axes[0], labels, title("Input order", summary_before)),
-        (axes[1], labels[order], title("Curated order", summary_after)),
+    for ax, order_here, text in (
+        (axes[0], np.arange(labels.size), title("Input order", summary_before)),
+        (axes[1], order, title("Curated order", summary_after)),
     ):
-        ax.imshow(_colour_strip(labels_in_order, colors), aspect="auto", interpolation="nearest")
+        strip = _colour_strip(labels[order_here], token_counts[order_here], colors)
+        ax.imshow(strip, aspect="auto", interpolation="nearest", extent=(0, total_windows, 0, 1))
         ax.set_yticks([])
-        ax.set_xticks([])
         ax.set_title(text, fontsize=10)
     ax = axes[2]
-    ax.plot(np.arange(1, diversity_before.size + 1), diversity_before, lw=1, color="tab:red", label="input order")
-    ax.plot(np.arange(1, diversity_after.size + 1), diversity_after, lw=1, color="tab:blue", label="curated order")
+    ax.plot(np.arange(diversity_before.size) + 0.5, diversity_before, lw=1, color="tab:red", label="input order")
+    ax.plot(np.arange(diversity_after.size) + 0.5, diversity_after, lw=1, color="tab:blue", label="curated order")
     ax.axhline(n_clusters, ls="--", color="grey", lw=1, label=f"K = {n_clusters}")
-    ax.set_xlabel(f"training sequence ({seq_len:,} tokens each)")
+    ax.set_xlabel(f"position in the data, in training sequences of {seq_len:,} tokens")
     ax.set_ylabel("unique clusters in sequence")
     ax.set_ylim(0, n_clusters * 1.08 + 0.5)
+    ax.set_xlim(0, max(total_windows, diversity_before.size, diversity_after.size))
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
-    fig.suptitle(f"Documents coloured by cluster (K = {n_clusters}), in input and curated order")
+    fig.suptitle(f"Documents coloured by cluster (K = {n_clusters}) along the token stream, input vs curated order")
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -120,6 +138,9 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
     if found.hit.all():
         log.info("2-D projection reused from %s", path.name)
         return found.data
+    log.info("Computing the 2-D projection (PCA -> UMAP) for cluster_cloud.png: %s; --no-plot skips it",
+             "no cached projection" if found.data is None and "no cache" in found.reason
+             else "the embeddings changed since it was cached")
     projection = umap_projection(embeddings, seed)
     caches.store(path, key, fingerprints, projection)
     return projection
@@ -140,10 +161,15 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
     else:
         fig, ax = plt.subplots(figsize=(12, 10))
         n = labels.size
-        point = float(np.clip(20000 / max(n, 1), 0.2, 8))
-        ax.scatter(projection[:, 0], projection[:, 1], c=colors[labels], s=point, lw=0, alpha=0.7, rasterized=True)
+        point = float(np.clip(60000 / max(n, 1), 0.5, 20))
+        ax.scatter(projection[:, 0], projection[:, 1], c=colors[labels], s=point, lw=0, alpha=0.8, rasterized=True)
+        # Frame the bulk of the points: a few far outliers would otherwise squeeze the picture.
+        lo, hi = np.percentile(projection, [0.5, 99.5], axis=0)
+        pad = (hi - lo) * 0.05
+        ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
+        ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
         for k in np.flatnonzero(sizes):
-            centre = np.median(projection[labels == k], axis=0)
+            centre = np.clip(np.median(projection[labels == k], axis=0), lo, hi)
             ax.annotate(f"c{k} ({sizes[k]})", centre, fontsize=8, ha="center", va="center",
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
         ax.set_xticks([])

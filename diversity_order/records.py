@@ -92,7 +92,7 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
     try:
         record = json.loads(decoded)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise UserError(f"{where}: not valid JSON ({exc.msg}; column {exc.colno})") from None
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
     if text_field not in record:
@@ -296,4 +296,4 @@ def _progress_bar(total: int, desc: str, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)  # None: no bar when stderr is not a terminal

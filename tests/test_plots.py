@@ -1,0 +1,38 @@
+"""Plots: distinct colours, token-aligned strips, and both figures written as real PNGs."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from diversity_order.diversity import summarize_windows, window_diversity
+from diversity_order.plots import _colour_strip, cluster_colors, plot_cluster_cloud, plot_ordering_comparison
+
+
+@pytest.mark.parametrize("k", [1, 6, 20, 30, 60])
+def test_cluster_colours_are_distinct_up_to_sixty(k):
+    colours = cluster_colors(k)
+    assert colours.shape == (k, 4)
+    assert len({tuple(np.round(c, 4)) for c in colours}) == k
+
+
+def test_colour_strip_follows_tokens_not_documents():
+    colours = np.eye(4)
+    # One long document of cluster 1, then three short ones of cluster 2: the strip is 3/4 cluster 1.
+    strip = _colour_strip(np.array([1, 2, 2, 2]), np.array([300, 33, 33, 34]), colours, width=400)
+    chosen = strip[0].argmax(axis=1)
+    assert (chosen == 1).sum() == 300 and (chosen == 2).sum() == 100
+
+
+def test_plots_are_written(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(5), 40)
+    counts = rng.integers(1, 500, 200)
+    order = rng.permutation(200)
+    before, after = window_diversity(labels, counts, 2000), window_diversity(labels, counts, 2000, order)
+    plot_ordering_comparison(tmp_path / "o.png", labels, counts, order, 5, before, after,
+                             summarize_windows(before), summarize_windows(after), 2000)
+    plot_cluster_cloud(tmp_path / "bars.png", labels, 5, None)
+    plot_cluster_cloud(tmp_path / "cloud.png", labels, 5, rng.normal(size=(200, 2)))
+    for name in ("o.png", "bars.png", "cloud.png"):
+        with Image.open(tmp_path / name) as image:
+            assert image.format == "PNG" and image.width > 600
