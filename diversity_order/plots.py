@@ -17,8 +17,8 @@ from .atomic import atomic_open
 
 log = logging.getLogger(__name__)
 
-# UMAP is fitted on at most this many rows; the rest are placed with ``transform``.
-UMAP_FIT_SAMPLE = 20000
+# UMAP is fitted on at most this many rows; the rest are placed among their nearest neighbours.
+UMAP_FIT_SAMPLE = 10000
 
 
 def cluster_colors(n_clusters: int) -> np.ndarray:
@@ -111,10 +111,40 @@ def embeddings_key(embeddings: np.ndarray) -> str:
     return digest.hexdigest()
 
 
+def _enable_umap_jit_cache() -> None:
+    """Let numba cache umap's and pynndescent's compiled functions on disk.
+
+    They are compiled without ``cache=True``, so every new process spent ~40 s compiling
+    before its first projection (on the 2-core CI machine); with the cache a later process
+    starts in ~10 s. ``Dispatcher.enable_caching`` is numba's public switch for this; the
+    cache is invalidated by numba when the library's source changes.
+    """
+    import sys
+    import warnings
+
+    from numba.core.dispatcher import Dispatcher
+
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("umap", "pynndescent")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Dispatcher) and not getattr(value, "_cache_enabled_by_us", False):
+                try:
+                    value.enable_caching()
+                    value._cache_enabled_by_us = True
+                except Exception:  # e.g. no writable cache folder: compile as before
+                    return
+    # Functions numba cannot cache (closures) warn once each; that is expected here.
+    warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
+    warnings.filterwarnings("ignore", category=Warning, module="numba.*")
+
+
 def umap_projection(embeddings: np.ndarray, seed: int = 42, progress: bool = True) -> np.ndarray:
     """PCA(50) -> UMAP(2, n_neighbors=15, min_dist=0.1), fitted on a sample for big inputs."""
     import umap
     from sklearn.decomposition import PCA
+
+    _enable_umap_jit_cache()
 
     n, dim = embeddings.shape
     components = min(50, dim, max(n - 1, 1))
@@ -123,11 +153,27 @@ def umap_projection(embeddings: np.ndarray, seed: int = 42, progress: bool = Tru
     reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed, n_jobs=1)
     if n <= UMAP_FIT_SAMPLE:
         return reducer.fit_transform(reduced).astype(np.float32)
+    # Big inputs: UMAP on a seeded sample; every other point goes to the distance-weighted mean
+    # of its nearest sample points' positions (batched BLAS, seconds for millions of points,
+    # where UMAP's own transform would take minutes).
     sample = np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False))
-    reducer.fit(reduced[sample])
-    out = np.empty((n, 2), dtype=np.float32)
-    for lo in range(0, n, 100_000):
-        out[lo : lo + 100_000] = reducer.transform(reduced[lo : lo + 100_000])
+    anchors = np.asarray(reduced[sample], dtype=np.float32)
+    anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
+    return place_by_neighbours(np.asarray(reduced, dtype=np.float32), anchors, anchor_xy)
+
+
+def place_by_neighbours(points: np.ndarray, anchors: np.ndarray, anchor_xy: np.ndarray, k: int = 10,
+                        batch: int = 8192) -> np.ndarray:
+    """2-D position of each point: inverse-distance-weighted mean of its k nearest anchors' positions."""
+    k = min(k, anchors.shape[0])
+    anchor_sq = (anchors * anchors).sum(1)
+    out = np.empty((points.shape[0], 2), dtype=np.float32)
+    for lo in range(0, points.shape[0], batch):
+        chunk = points[lo : lo + batch]
+        dist_sq = np.maximum(anchor_sq[None, :] - 2 * chunk @ anchors.T + (chunk * chunk).sum(1)[:, None], 0)
+        nearest = np.argpartition(dist_sq, k - 1, axis=1)[:, :k]
+        weights = 1.0 / (np.sqrt(np.take_along_axis(dist_sq, nearest, axis=1)) + 1e-6)
+        out[lo : lo + batch] = (anchor_xy[nearest] * weights[:, :, None]).sum(1) / weights.sum(1, keepdims=True)
     return out
 
 

@@ -36,3 +36,26 @@ def test_plots_are_written(tmp_path):
     for name in ("o.png", "bars.png", "cloud.png"):
         with Image.open(tmp_path / name) as image:
             assert image.format == "PNG" and image.width > 600
+
+
+def test_place_by_neighbours_puts_anchor_copies_on_their_anchors():
+    from diversity_order.plots import place_by_neighbours
+
+    rng = np.random.default_rng(0)
+    anchors = rng.normal(size=(50, 8)).astype(np.float32)
+    xy = rng.normal(size=(50, 2)).astype(np.float32)
+    placed = place_by_neighbours(anchors[[3, 17]], anchors, xy, k=5)
+    np.testing.assert_allclose(placed, xy[[3, 17]], atol=2e-2)  # a point on an anchor gets its position
+
+
+def test_big_inputs_use_a_sample_and_neighbour_placement(monkeypatch):
+    from diversity_order import plots
+
+    monkeypatch.setattr(plots, "UMAP_FIT_SAMPLE", 60)
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(loc, 0.05, size=(100, 6)) for loc in (-3, 3)]).astype(np.float32)
+    xy = plots.umap_projection(x, seed=0)
+    assert xy.shape == (200, 2) and np.isfinite(xy).all()
+    # The two far-apart groups stay apart in the picture.
+    gap = np.linalg.norm(xy[:100].mean(0) - xy[100:].mean(0))
+    assert gap > 3 * max(xy[:100].std(0).max(), xy[100:].std(0).max())
