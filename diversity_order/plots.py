@@ -163,7 +163,7 @@ def umap_projection(embeddings: np.ndarray, seed: int = 42, progress: bool = Tru
 
 
 def place_by_neighbours(points: np.ndarray, anchors: np.ndarray, anchor_xy: np.ndarray, k: int = 10,
-                        batch: int = 8192) -> np.ndarray:
+                        batch: int = 2048) -> np.ndarray:
     """2-D position of each point: inverse-distance-weighted mean of its k nearest anchors' positions."""
     k = min(k, anchors.shape[0])
     anchor_sq = (anchors * anchors).sum(1)
