@@ -291,7 +291,8 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     model = _ModelParts(config.model_dir, device)
     if config.load_embeddings is None:
         # Fail before the long work: the folder must exist and hold an embedding table.
-        model.table()
+        with timer.stage("Loading the embedding table"):
+            model.table()
     elif config.model_dir is not None:
         model.require_dir("")
     with timer.stage("Indexing input"):

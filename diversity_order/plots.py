@@ -148,18 +148,24 @@ def umap_projection(embeddings: np.ndarray, seed: int = 42, progress: bool = Tru
 
     n, dim = embeddings.shape
     components = min(50, dim, max(n - 1, 1))
-    reduced = PCA(n_components=components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
     # random_state makes UMAP single-threaded anyway; saying n_jobs=1 silences its warning.
     reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed, n_jobs=1)
     if n <= UMAP_FIT_SAMPLE:
+        reduced = PCA(components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
         return reducer.fit_transform(reduced).astype(np.float32)
-    # Big inputs: UMAP on a seeded sample; every other point goes to the distance-weighted mean
-    # of its nearest sample points' positions (batched BLAS, seconds for millions of points,
-    # where UMAP's own transform would take minutes).
+    # Big inputs: PCA and UMAP are fitted on a seeded sample; every other point is projected
+    # with that PCA and placed at the distance-weighted mean of its nearest sample points'
+    # positions, batch by batch (BLAS; seconds per million points, where UMAP's own transform
+    # takes minutes and a PCA of every row would hold another copy of the embeddings).
     sample = np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False))
-    anchors = np.asarray(reduced[sample], dtype=np.float32)
+    pca = PCA(components, random_state=seed).fit(embeddings[sample]) if components < dim else None
+    project = (lambda rows: pca.transform(rows).astype(np.float32)) if pca else (lambda rows: np.asarray(rows, np.float32))
+    anchors = project(embeddings[sample])
     anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
-    return place_by_neighbours(np.asarray(reduced, dtype=np.float32), anchors, anchor_xy)
+    out = np.empty((n, 2), dtype=np.float32)
+    for lo in range(0, n, 100_000):
+        out[lo : lo + 100_000] = place_by_neighbours(project(embeddings[lo : lo + 100_000]), anchors, anchor_xy)
+    return out
 
 
 def place_by_neighbours(points: np.ndarray, anchors: np.ndarray, anchor_xy: np.ndarray, k: int = 10,
