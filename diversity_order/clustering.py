@@ -205,7 +205,7 @@ class CosineSilhouette:
     """
 
     def __init__(self, embeddings: np.ndarray, sample_size: int | None, seed: int = 42,
-                 block_rows: int = 2048, keep_matrix_bytes: int = 1 << 30):
+                 block_rows: int = 2048, keep_matrix_bytes: int = 1 << 30, device=None):
         from sklearn.utils import check_random_state
 
         n = embeddings.shape[0]
@@ -217,7 +217,27 @@ class CosineSilhouette:
         self.unit = _unit_rows(np.asarray(embeddings[self.rows], dtype=np.float32))
         self.block_rows = block_rows
         m = self.rows.size
-        self._matrix = self._distances(0, m) if m * m * 4 <= keep_matrix_bytes else None
+        self._torch_unit = None
+        if device is not None and getattr(device, "type", str(device)) != "cpu":
+            import torch  # on a GPU the blocks and the per-cluster sums are computed there
+
+            self._torch_unit = torch.as_tensor(self.unit, device=device)
+            self._matrix = None
+        else:
+            self._matrix = self._distances(0, m) if m * m * 4 <= keep_matrix_bytes else None
+
+    def _cluster_sums(self, lo: int, hi: int, onehot: np.ndarray) -> np.ndarray:
+        """Sum of distances from rows lo..hi to each cluster's members: (hi - lo) x K, float64."""
+        if self._torch_unit is not None:
+            import torch
+
+            unit = self._torch_unit
+            dist = (1.0 - unit[lo:hi] @ unit.T).clamp_(0.0, 2.0)
+            idx = torch.arange(lo, hi, device=unit.device)
+            dist[idx - lo, idx] = 0.0
+            return (dist.double() @ torch.as_tensor(onehot, device=unit.device)).cpu().numpy()
+        block = self._matrix[lo:hi] if self._matrix is not None else self._distances(lo, hi)
+        return block.astype(np.float64) @ onehot
 
     def _distances(self, lo: int, hi: int) -> np.ndarray:
         dist = 1.0 - self.unit[lo:hi] @ self.unit.T
@@ -241,8 +261,7 @@ class CosineSilhouette:
         values = np.empty(m, dtype=np.float64)
         for lo in range(0, m, self.block_rows):
             hi = min(lo + self.block_rows, m)
-            block = self._matrix[lo:hi] if self._matrix is not None else self._distances(lo, hi)
-            sums = block.astype(np.float64) @ onehot  # per-cluster distance sums
+            sums = self._cluster_sums(lo, hi, onehot)
             own = encoded[lo:hi]
             local = np.arange(hi - lo)
             own_size = sizes[own]
@@ -271,7 +290,8 @@ class CalibrationRow:
 
 
 def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = 42,
-                k_values=CALIBRATION_K_VALUES, progress: bool = True) -> tuple[list[CalibrationRow], int | None]:
+                k_values=CALIBRATION_K_VALUES, progress: bool = True,
+                device=None) -> tuple[list[CalibrationRow], int | None]:
     """Sweep k: k-means on all rows, silhouette on a sample (0 = all rows).
 
     k >= N is skipped. Returns the table and the recommended k: the highest k whose
@@ -279,7 +299,7 @@ def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = 42
     """
     n = embeddings.shape[0]
     candidates = [k for k in k_values if k < n]
-    silhouette = CosineSilhouette(embeddings, sample_size if sample_size else None, seed)
+    silhouette = CosineSilhouette(embeddings, sample_size if sample_size else None, seed, device=device)
     rows = []
     for k in _maybe_tqdm(candidates, "Calibrating k", progress):
         labels = kmeans_labels(embeddings, k, seed)

@@ -327,7 +327,8 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         # Unlike the reference, calibrate on what will be clustered: after PCA when it is on.
         samples = config.calibrate_k_samples
         with timer.stage(f"Calibrating k (silhouette on {'all' if samples == 0 else min(samples, n)} rows)"):
-            rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress)
+            rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress,
+                                                       device=device)
         _log_calibration(rows, recommended)
         used = n if samples == 0 else min(samples, n)
         save_json(paths["calibration"], {"input": str(config.input), "samples": used, "seed": config.seed,

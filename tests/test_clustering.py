@@ -122,3 +122,15 @@ def test_fit_sample_with_sklearn_assigns_to_centres_fitted_on_the_sample():
     rows = np.sort(np.random.RandomState(3).choice(500, 100, replace=False))
     centres = make_kmeans(5, 3).fit(x[rows]).cluster_centers_
     assert np.array_equal(kmeans_labels(x, 5, seed=3, fit_sample=100), assign_to_centres(x, centres))
+
+
+def test_silhouette_torch_path_equals_numpy_path():
+    import torch
+
+    x = blobs(n=300)
+    labels = kmeans_labels(x, 6, seed=0)
+    numpy_score = CosineSilhouette(x, None, block_rows=50).score(labels)
+    # The torch path is taken on a GPU; here it is forced onto CPU tensors to check its arithmetic.
+    scorer = CosineSilhouette(x, None, block_rows=50)
+    scorer._torch_unit, scorer._matrix = torch.as_tensor(scorer.unit), None
+    assert scorer.score(labels) == pytest.approx(numpy_score, abs=1e-6)

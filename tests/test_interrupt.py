@@ -112,12 +112,13 @@ def test_kill_mid_write_then_rerun_equals_uninterrupted_run(tmp_path, tiny_model
     assert len(out.read_bytes().splitlines()) == len(grown)
 
 
-def test_script_exits_2_with_one_line_and_no_traceback(tmp_path):
+def test_script_exits_2_with_one_line_and_no_traceback(tmp_path, tiny_model_dir):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"txt": "oops"}\n')
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "curate_dataset.py", "--input", str(bad), "--output",
-                           str(tmp_path / "o.jsonl"), "--no-progress"], cwd=ROOT, env=env,
+                           str(tmp_path / "o.jsonl"), "--model-dir", str(tiny_model_dir), "--no-progress"],
+                          cwd=ROOT, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
