@@ -88,11 +88,3 @@ def store(data_path: Path, key: dict, fingerprints: np.ndarray, data: np.ndarray
     save_npy(fp_path, fingerprints.astype(np.uint64))
     save_json(meta_path, {"key": key, "rows": int(data.shape[0]), "dtype": str(data.dtype),
                           "shape": list(data.shape)})
-
-
-def read_cache_key(data_path: Path) -> dict | None:
-    _, meta_path = sidecar_paths(data_path)
-    try:
-        return json.loads(meta_path.read_text()).get("key")
-    except (OSError, ValueError):
-        return None

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .errors import UserError
 

@@ -199,12 +199,13 @@ def _tokenize_rows(ctx: distributed.DistContext, config: CurateConfig, index: re
 
 
 def compute_counts_and_embeddings(config: CurateConfig, index: records.RecordIndex, paths: dict, model: _ModelParts,
-                                  need_embeddings: bool, ctx: distributed.DistContext = distributed.DistContext()
+                                  need_embeddings: bool, ctx: distributed.DistContext | None = None
                                   ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Token counts (always) and shallow embeddings (when asked), reusing valid cached rows.
 
     Under torchrun, only rank 0 gets the arrays (and writes the caches); other ranks get None.
     """
+    ctx = ctx or distributed.DistContext()
 
     fps = index.fingerprints
     have_model = config.model_dir is not None
@@ -249,9 +250,8 @@ def compute_counts_and_embeddings(config: CurateConfig, index: records.RecordInd
             counts[count_rows] = new_counts
     if not ctx.is_main:
         return None, None
-    if not counts_found.hit.all():
-        key = count_key if tokenizer else caches.read_cache_key(paths["token_counts"])
-        caches.store(paths["token_counts"], key, fps, counts)
+    if not counts_found.hit.all():  # only reachable with a tokenizer (else missing rows raised above)
+        caches.store(paths["token_counts"], count_key, fps, counts)
     if need_embeddings and not emb_found.hit.all():
         caches.store(paths["embeddings"], emb_key, fps, embeddings)
     return counts, embeddings

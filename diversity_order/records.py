@@ -14,9 +14,9 @@ import hashlib
 import json
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -296,4 +296,5 @@ def _progress_bar(total: int, desc: str, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)  # None: no bar when stderr is not a terminal
+    # disable=None: no bar when stderr is not a terminal (log files stay readable).
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)

@@ -47,9 +47,9 @@ def write_jsonl(path, records, trailing_newline=True):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Llama: a BPE tokenizer trained on topic text and random weights, saved as safetensors."""
+    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    import torch
 
     folder = tmp_path_factory.mktemp("tiny_model")
     texts = [r["text"] for r in topical_records(per_topic=20, seed=99)]

@@ -5,8 +5,14 @@ import pytest
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics import silhouette_score
 
-from diversity_order.clustering import (CalibrationRow, CosineSilhouette, calibrate_k, kmeans_labels, recommend_k,
-                                        reduce_with_pca)
+from diversity_order.clustering import (
+    CalibrationRow,
+    CosineSilhouette,
+    calibrate_k,
+    kmeans_labels,
+    recommend_k,
+    reduce_with_pca,
+)
 from reference_impl import ref_calibration, ref_pca
 
 

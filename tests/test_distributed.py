@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
