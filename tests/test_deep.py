@@ -1,0 +1,420 @@
+"""Deep embeddings (extract_deep_embeddings.py / diversity_order.deep) on a tiny random Llama."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import topical_records, write_jsonl
+from diversity_order import deep
+from diversity_order.cli import run_main
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import extract_deep_embeddings  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("deep_data")
+    records = topical_records(per_topic=6, seed=3, long_every=4)
+    records.insert(5, {"text": "", "topic": "empty", "id": "empty"})
+    return write_jsonl(folder / "data.jsonl", records), records
+
+
+def _config(data_path, output, model_dir, **kw):
+    kw.setdefault("progress", False)
+    kw.setdefault("dtype", "float32")
+    kw.setdefault("device", "cpu")
+    kw.setdefault("token_budget", 2048)
+    kw.setdefault("batch_size", 8)
+    return deep.DeepConfig(input=data_path, output=output, model_dir=model_dir, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(data, tiny_model_dir):
+    """One document at a time through the plain HF model: mean of last_hidden_state, normalised."""
+    from transformers import AutoModel, AutoTokenizer
+
+    _, records = data
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = AutoModel.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    rows = []
+    with torch.inference_mode():
+        for record in records:
+            # Truncated to the model's context, the default --max-seq-len (one record is longer).
+            ids = tok.encode(record["text"], add_special_tokens=False)[: model.config.max_position_embeddings]
+            if not ids:
+                rows.append(np.zeros(model.config.hidden_size, dtype=np.float32))
+                continue
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
+            rows.append(torch.nn.functional.normalize(hidden.mean(0), dim=0).numpy())
+    return np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def baseline(data, tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("deep_base") / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline_bs2(data, tiny_model_dir, tmp_path_factory):
+    """An uninterrupted run with the settings the resume tests use (byte equality needs the
+    same batches: a different batch shape changes float rounding in the last bits)."""
+    out = tmp_path_factory.mktemp("deep_base2") / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2))
+    return out
+
+
+def _cosines(a, b):
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def _check_against_reference(emb, reference, skip=()):
+    assert emb.dtype == np.float32 and emb.shape == reference.shape
+    nonzero = np.linalg.norm(reference, axis=1) > 0
+    keep = nonzero.copy()
+    keep[list(skip)] = False
+    assert (_cosines(emb[keep], reference[keep]) > 0.9999).all()
+    np.testing.assert_allclose(np.linalg.norm(emb[keep], axis=1), 1.0, atol=1e-5)
+    assert (emb[~nonzero] == 0).all()  # the empty document: zero vector
+
+
+def test_batched_matches_one_at_a_time(baseline, reference):
+    emb = np.load(baseline)
+    _check_against_reference(emb, reference)
+    assert not deep.skipped_path(baseline).exists()
+    assert not list(baseline.parent.glob("*.partial*"))
+
+
+def test_reverse_and_batch_size_do_not_change_results(data, tiny_model_dir, baseline, tmp_path):
+    out = tmp_path / "rev.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir, reverse=True, batch_size=3))
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
+
+
+def _oom_when(predicate):
+    def forward(model, input_ids, attention_mask):
+        if predicate(input_ids, attention_mask):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB (injected)")
+        return deep.default_forward(model, input_ids, attention_mask)
+    return forward
+
+
+def test_oom_on_big_batches_still_computes_every_row(data, tiny_model_dir, reference, tmp_path):
+    out = tmp_path / "emb.npy"
+    calls = []
+    forward = _oom_when(lambda ids, mask: calls.append(ids.shape[0]) or ids.shape[0] > 2)
+    result = deep.extract(_config(data[0], out, tiny_model_dir, token_budget=100000), forward=forward)
+    assert result.skipped == []
+    assert max(calls) > 2  # it did hit the injected OOM and backed off
+    _check_against_reference(np.load(out), reference)
+
+
+def test_oom_on_a_single_document_skips_it(data, tiny_model_dir, reference, tmp_path):
+    out = tmp_path / "emb.npy"
+    from transformers import AutoTokenizer
+
+    victim = 7
+    ids = AutoTokenizer.from_pretrained(str(tiny_model_dir)).encode(data[1][victim]["text"], add_special_tokens=False)
+    victim_len, prefix = len(ids), torch.tensor(ids[:16])
+
+    def has_victim(input_ids, mask):  # any batch holding the victim runs out of memory
+        return any(int(m.sum()) == victim_len and torch.equal(row[:16], prefix) for row, m in zip(input_ids, mask))
+
+    forward = _oom_when(has_victim)
+    result = deep.extract(_config(data[0], out, tiny_model_dir), forward=forward)
+    emb = np.load(out)
+    assert np.isnan(emb[victim]).all()
+    assert np.isfinite(np.delete(emb, victim, axis=0)).all()
+    sidecar = json.loads(deep.skipped_path(out).read_text())
+    assert sidecar["skipped"] == [{"index": victim, "tokens": victim_len}]
+    assert result.skipped == [(victim, victim_len)]
+    _check_against_reference(emb, reference, skip=[victim])
+
+
+def test_non_oom_errors_propagate(data, tiny_model_dir, tmp_path):
+    def forward(model, ids, mask):
+        raise RuntimeError("something else")
+    with pytest.raises(RuntimeError, match="something else"):
+        deep.extract(_config(data[0], tmp_path / "e.npy", tiny_model_dir), forward=forward)
+
+
+def test_resume_after_interrupt_equals_uninterrupted(data, tiny_model_dir, baseline, baseline_bs2, tmp_path):
+    out = tmp_path / "emb.npy"
+    calls = {"n": 0}
+
+    def interrupting(model, ids, mask):
+        calls["n"] += 1
+        if calls["n"] > 6:
+            raise KeyboardInterrupt
+        return deep.default_forward(model, ids, mask)
+
+    config = _config(data[0], out, tiny_model_dir, batch_size=2, checkpoint_docs=4)
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(config, forward=interrupting)
+    assert not out.exists()
+    done = np.load(out.parent / "emb.npy.partial.done.npy")
+    assert 0 < done.sum() < done.size
+
+    computed = []
+
+    def counting(model, ids, mask):
+        computed.append(ids.shape[0])
+        return deep.default_forward(model, ids, mask)
+
+    result = deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2, checkpoint_docs=4), forward=counting)
+    assert sum(computed) == result.docs == done.size - int(done.sum())
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-6)
+    assert not list(tmp_path.glob("*.partial*"))
+
+    # A complete output: nothing to do.
+    again = deep.extract(_config(data[0], out, tiny_model_dir), forward=_oom_when(lambda *a: True))
+    assert again.nothing_to_do
+
+
+def test_checkpoint_for_other_data_is_discarded(data, tiny_model_dir, baseline, tmp_path, caplog):
+    out = tmp_path / "emb.npy"
+    (tmp_path / "emb.npy.partial.json").write_text(json.dumps({"version": 1, "data": "other"}))
+    np.save(tmp_path / "emb.npy.partial.npy", np.ones((3, 32), dtype=np.float32))
+    np.save(tmp_path / "emb.npy.partial.done.npy", np.ones(3, dtype=bool))
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    assert out.read_bytes() == baseline.read_bytes()
+    assert "starting over" in caplog.text
+
+
+def test_real_kill_then_resume(data, tiny_model_dir, baseline_bs2, tmp_path):
+    """A process killed with os._exit mid-run (no cleanup) resumes from its last checkpoint."""
+    out = tmp_path / "emb.npy"
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from diversity_order import deep
+calls = [0]
+def forward(model, ids, mask):
+    calls[0] += 1
+    if calls[0] > 8:
+        os._exit(9)
+    return deep.default_forward(model, ids, mask)
+deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
+             device="cpu", dtype="float32", token_budget=2048, batch_size=2, checkpoint_docs=3, progress=False),
+             forward=forward)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 9
+    assert (tmp_path / "emb.npy.partial.done.npy").exists() and not out.exists()
+    assert run_main(extract_deep_embeddings.main, [
+        "--input", str(data[0]), "--output", str(out), "--model-dir", str(tiny_model_dir), "--device", "cpu",
+        "--dtype", "float32", "--token-budget", "2048", "--batch-size", "2", "--no-progress"]) == 0
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_limit_and_truncation(data, tiny_model_dir, reference, tmp_path):
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir, limit=10))
+    emb = np.load(out)
+    assert emb.shape == (10, 32)
+    _check_against_reference(emb, reference[:10])
+
+    short = tmp_path / "short.npy"
+    deep.extract(_config(data[0], short, tiny_model_dir, max_tokens=5))
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = AutoModel.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    ids = tok.encode(data[1][0]["text"], add_special_tokens=False)[:5]
+    with torch.inference_mode():
+        expected = torch.nn.functional.normalize(model(input_ids=torch.tensor([ids])).last_hidden_state[0].mean(0), dim=0)
+    assert _cosines(np.load(short)[:1], expected.numpy()[None])[0] > 0.9999
+
+
+def test_feeds_curate_dataset(data, tiny_model_dir, baseline, tmp_path):
+    import curate_dataset
+
+    curated = tmp_path / "curated.jsonl"
+    rc = run_main(curate_dataset.main, [
+        "--input", str(data[0]), "--output", str(curated), "--model-dir", str(tiny_model_dir),
+        "--load-embeddings", str(baseline), "--pca-components", "8", "--n-clusters", "4", "--seq-len", "2048",
+        "--no-plot", "--no-progress", "--device", "cpu"])
+    assert rc == 0
+    lines = curated.read_text().splitlines()
+    assert sorted(lines) == sorted(data[0].read_text().splitlines())
+
+
+def test_user_errors(data, tiny_model_dir, tmp_path, capsys):
+    base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--device", "cpu", "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(tmp_path / "missing")]) == 2
+    assert "folder not found" in capsys.readouterr().err
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(broken)]) == 2
+    assert "--model-dir" in capsys.readouterr().err
+
+    assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(tiny_model_dir), "--tp", "2"]) == 2
+    assert "torchrun" in capsys.readouterr().err
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad_out = ["--input", str(data[0]), "--output", str(blocker / "e.npy"), "--model-dir", str(tiny_model_dir)]
+    assert run_main(extract_deep_embeddings.main, bad_out) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_torchrun_data_parallel_matches_single_process(data, tiny_model_dir, baseline, tmp_path):
+    out = tmp_path / "dp.npy"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "extract_deep_embeddings.py"), "--input", str(data[0]), "--output", str(out),
+         "--model-dir", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--token-budget", "2048",
+         "--batch-size", "8", "--checkpoint-docs", "5", "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-6)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_torchrun_tensor_parallel_matches_single_process(data, tiny_model_dir, baseline, tmp_path):
+    out = tmp_path / "tp.npy"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "extract_deep_embeddings.py"), "--input", str(data[0]), "--output", str(out), "--tp", "2",
+         "--model-dir", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--token-budget", "2048",
+         "--batch-size", "8", "--limit", "20", "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(np.load(out), np.load(baseline)[:20], atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+# ----------------------------------------------------------------------------- incremental reruns
+
+def _counting_forward(log_rows):
+    def forward(model, ids, mask):
+        log_rows.extend(int(m.sum()) for m in mask)  # one entry per document, its token count
+        return deep.default_forward(model, ids, mask)
+    return forward
+
+
+@pytest.fixture
+def encode_spy(monkeypatch):
+    """Texts passed to the tokenizer (deep.py tokenizes only through encode_batch)."""
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    texts = []
+    original = DocumentTokenizer.encode_batch
+
+    def spy(self, batch):
+        texts.extend(batch)
+        return original(self, batch)
+
+    monkeypatch.setattr(DocumentTokenizer, "encode_batch", spy)
+    return texts
+
+
+def test_appended_records_compute_only_those(data, tiny_model_dir, baseline, tmp_path, encode_spy, caplog):
+    records = data[1]
+    path = write_jsonl(tmp_path / "d.jsonl", records[:-4])
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(path, out, tiny_model_dir))
+    assert len(encode_spy) == len(records) - 4  # every document tokenized exactly once
+    assert (tmp_path / "emb.fingerprints.npy").exists() and (tmp_path / "emb.cache.json").exists()
+
+    write_jsonl(path, records)
+    encode_spy.clear()
+    rows = []
+    caplog.set_level("INFO")
+    result = deep.extract(_config(path, out, tiny_model_dir), forward=_counting_forward(rows))
+    assert len(rows) == result.docs == 4
+    assert encode_spy == [r["text"] for r in records[-4:]]  # tokens of the old rows: not needed, not redone
+    assert f"{len(records) - 4} of {len(records)} rows reused, 4 to compute" in caplog.text
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-6)
+
+
+def test_edited_record_recomputes_only_it(data, tiny_model_dir, baseline, tmp_path):
+    records = [dict(r) for r in data[1]]
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(path, out, tiny_model_dir))
+
+    records[3]["text"] += " and one more sentence about something else entirely"
+    write_jsonl(path, records)
+    rows = []
+    deep.extract(_config(path, out, tiny_model_dir), forward=_counting_forward(rows))
+    assert len(rows) == 1
+    emb, base = np.load(out), np.load(baseline)
+    np.testing.assert_allclose(np.delete(emb, 3, axis=0), np.delete(base, 3, axis=0), atol=1e-6)
+    assert _cosines(emb[3:4], base[3:4])[0] < 0.99999  # really recomputed
+    fresh = tmp_path / "fresh.npy"
+    deep.extract(_config(path, fresh, tiny_model_dir))
+    np.testing.assert_allclose(emb, np.load(fresh), atol=1e-6)
+
+
+def test_reordered_input_recomputes_nothing(data, tiny_model_dir, baseline, tmp_path, encode_spy):
+    records = data[1]
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(path, out, tiny_model_dir))
+    perm = np.random.default_rng(0).permutation(len(records))
+    write_jsonl(path, [records[i] for i in perm])
+    encode_spy.clear()
+    result = deep.extract(_config(path, out, tiny_model_dir), forward=_oom_when(lambda *a: True))
+    assert result.docs == 0 and not encode_spy
+    np.testing.assert_array_equal(np.load(out), np.load(baseline)[perm])
+    # ... and the rewritten sidecars follow the new order: a further rerun has nothing to do.
+    assert deep.extract(_config(path, out, tiny_model_dir), forward=_oom_when(lambda *a: True)).nothing_to_do
+
+
+def test_token_cache_reused_and_key_changes(data, tiny_model_dir, baseline, tmp_path, encode_spy, caplog):
+    out = tmp_path / "emb.npy"
+    n = len(data[1])
+
+    def interrupt(model, ids, mask):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir), forward=interrupt)
+    assert len(encode_spy) == n
+    assert (tmp_path / "emb.npy.tokens.json").exists()
+
+    # The rerun takes every document's tokens from the cache.
+    encode_spy.clear()
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    assert encode_spy == []
+    assert out.read_bytes() == baseline.read_bytes()
+
+    # Another dtype: every row recomputed (and said why); the tokens are still reused.
+    caplog.set_level("INFO")
+    rows = []
+    deep.extract(_config(data[0], out, tiny_model_dir, dtype="bfloat16"), forward=_counting_forward(rows))
+    assert len(rows) == n - 1 and encode_spy == []  # all but the empty record
+    assert "different dtype" in caplog.text
+
+    # Another truncation: the token cache does not match, everything is tokenized again.
+    deep.extract(_config(data[0], tmp_path / "short.npy", tiny_model_dir, max_tokens=5))
+    encode_spy.clear()
+    deep.extract(_config(data[0], out, tiny_model_dir, max_tokens=5))
+    assert len(encode_spy) == n
+
+
+def test_output_without_sidecars_is_recomputed(data, tiny_model_dir, baseline, tmp_path, caplog):
+    out = tmp_path / "emb.npy"
+    out.write_bytes(baseline.read_bytes())  # e.g. written by the reference: no fingerprints
+    rows = []
+    deep.extract(_config(data[0], out, tiny_model_dir), forward=_counting_forward(rows))
+    assert len(rows) == len(data[1]) - 1
+    assert "no fingerprints" in caplog.text
+    assert out.read_bytes() == baseline.read_bytes()
