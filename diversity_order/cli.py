@@ -7,6 +7,9 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
 
 from .errors import UserError
 
@@ -77,3 +80,19 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except KeyboardInterrupt:
         print("interrupted: files already written are complete; nothing half-written was kept", file=sys.stderr)
         return 130
+
+
+def load_matrix(path: Path, flag: str) -> np.ndarray:
+    """An N x D float matrix from ``.npy`` (float32, memory-mapped), or a one-line error naming ``flag``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: file not found")
+    try:
+        matrix = np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{flag} {path}: not a readable .npy file ({exc})") from None
+    if matrix.ndim != 2 or matrix.shape[1] < 1:
+        raise UserError(f"{flag} {path}: expected a 2-D N x D matrix, found shape {matrix.shape}")
+    if not np.issubdtype(matrix.dtype, np.floating):
+        raise UserError(f"{flag} {path}: expected floating-point values, found {matrix.dtype}")
+    return np.asarray(matrix, dtype=np.float32)

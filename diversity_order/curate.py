@@ -14,7 +14,7 @@ import numpy as np
 
 from . import caches, clustering, distributed, diversity, ordering, plots, records
 from .atomic import save_json, save_npy
-from .cli import StageTimer, resolve_device
+from .cli import StageTimer, load_matrix, resolve_device
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -106,19 +106,10 @@ class CurateResult:
 
 def load_external_embeddings(path: Path, n_records: int) -> np.ndarray:
     """A precomputed N x D float matrix; NaN rows become zero vectors (warned)."""
-    if not path.is_file():
-        raise UserError(f"--load-embeddings {path}: file not found")
-    try:
-        matrix = np.load(path, mmap_mode="r")
-    except (ValueError, OSError) as exc:
-        raise UserError(f"--load-embeddings {path}: not a readable .npy file ({exc})") from None
-    if matrix.ndim != 2 or matrix.shape[1] < 1:
-        raise UserError(f"--load-embeddings {path}: expected a 2-D N x D matrix, found shape {matrix.shape}")
+    matrix = load_matrix(path, "--load-embeddings")
     if matrix.shape[0] != n_records:
         raise UserError(f"--load-embeddings {path}: {matrix.shape[0]} rows, but the input has {n_records} records")
-    if not np.issubdtype(matrix.dtype, np.floating):
-        raise UserError(f"--load-embeddings {path}: expected floating-point values, found {matrix.dtype}")
-    embeddings = np.asarray(matrix, dtype=np.float32).copy()
+    embeddings = np.array(matrix, dtype=np.float32)  # a writable copy: NaN rows are zeroed below
     bad = ~np.isfinite(embeddings).all(axis=1)
     if bad.any():
         log.warning("%d row(s) of %s are NaN/inf (e.g. documents skipped by deep extraction); "

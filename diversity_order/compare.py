@@ -1,0 +1,285 @@
+"""Compare two clusterings of the same documents (e.g. shallow vs deep embeddings).
+
+Each embedding set is clustered exactly as ``curate_dataset.py`` clusters (optional PCA, then
+``kmeans_labels``); the two label sets are compared with the Adjusted Rand Index and the
+Normalized Mutual Information (scikit-learn), with the reference's verdict bands. Beyond the
+reference: every number can be saved as JSON, the normalised contingency table is drawn as a
+heat map (which shallow clusters split or merge in the deep space), and NaN rows, mismatched
+row counts and k > N are clear one-line errors or warnings instead of crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .clustering import kmeans_labels, reduce_with_pca
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+# ARI above HIGH: the deep clusters mostly repeat the shallow ones; below LOW: very different.
+ARI_HIGH = 0.7
+ARI_LOW = 0.3
+# A shallow cluster "splits" when at least this share of it lands in each of 2+ deep clusters;
+# a deep cluster "merges" when 2+ shallow clusters each give it at least this share of itself.
+SPLIT_SHARE = 0.2
+
+
+def verdict(ari: float) -> str:
+    """The reference's bands: > 0.7 high overlap, 0.3-0.7 moderate, < 0.3 very different."""
+    if ari > ARI_HIGH:
+        return "high overlap: deep embeddings add little beyond the shallow clusters"
+    if ari >= ARI_LOW:
+        return "moderate overlap: deep embeddings regroup part of the data"
+    return "very different: deep embeddings are worth pursuing"
+
+
+def drop_non_finite(shallow: np.ndarray, deep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Rows with NaN/inf in either matrix are left out of both (a NaN row has no cluster);
+    returns (shallow, deep, kept row indices, counts)."""
+    bad_shallow = ~np.isfinite(shallow).all(axis=1)
+    bad_deep = ~np.isfinite(deep).all(axis=1)
+    bad = bad_shallow | bad_deep
+    info = {"shallow": int(bad_shallow.sum()), "deep": int(bad_deep.sum()), "dropped": int(bad.sum())}
+    kept = np.flatnonzero(~bad)
+    if bad.any():
+        log.warning("%d row(s) hold NaN/inf (%d in the shallow file, %d in the deep file, e.g. documents "
+                    "skipped by deep extraction): they are left out of both clusterings and all metrics; "
+                    "%d rows remain", info["dropped"], info["shallow"], info["deep"], kept.size)
+        shallow, deep = shallow[kept], deep[kept]
+    return shallow, deep, kept, info
+
+
+def cluster(embeddings: np.ndarray, n_clusters: int, pca_components: int, seed: int) -> tuple[np.ndarray, dict | None]:
+    """Labels as curate computes them: optional PCA (re-normalised rows), then k-means."""
+    pca_info = None
+    if pca_components > 0:
+        embeddings, info = reduce_with_pca(embeddings, pca_components, seed)
+        pca_info = info.as_dict() if info is not None else None
+    return kmeans_labels(embeddings, n_clusters, seed), pca_info
+
+
+def per_document_cosine(a: np.ndarray, b: np.ndarray) -> dict:
+    """Cosine between row i of ``a`` and row i of ``b`` (same dimension): summary statistics."""
+    na = np.linalg.norm(a, axis=1)
+    nb = np.linalg.norm(b, axis=1)
+    cos = (a.astype(np.float64) * b).sum(1) / np.maximum(na * nb, 1e-12)
+    return {"mean": round(float(cos.mean()), 4), "std": round(float(cos.std()), 4),
+            "median": round(float(np.median(cos)), 4), "min": round(float(cos.min()), 4),
+            "max": round(float(cos.max()), 4)}
+
+
+def contingency(shallow: np.ndarray, deep: np.ndarray, k_shallow: int, k_deep: int) -> np.ndarray:
+    """counts[i, j] = documents in shallow cluster i and deep cluster j."""
+    table = np.zeros((k_shallow, k_deep), dtype=np.int64)
+    np.add.at(table, (shallow, deep), 1)
+    return table
+
+
+def block_order(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column orders that put the table's mass near the diagonal.
+
+    Rows (shallow clusters) largest first; each column (deep cluster) goes under the row that
+    gives it most of its documents, columns under the same row by decreasing share. A shallow
+    cluster that splits then shows as one row spread over several adjacent columns; a merge
+    as one column fed by several rows. Empty rows and columns go last.
+    """
+    sizes = table.sum(1)
+    rows = np.argsort(-sizes, kind="stable")
+    row_pos = np.empty_like(rows)
+    row_pos[rows] = np.arange(rows.size)
+    col_sizes = table.sum(0)
+    col_share = table / np.maximum(col_sizes, 1)[None, :]
+    home = row_pos[col_share.argmax(0)]
+    share = col_share.max(0)
+    cols = np.lexsort((-share, home, col_sizes == 0))
+    return rows, cols
+
+
+def splits_and_merges(table: np.ndarray, share: float = SPLIT_SHARE) -> tuple[list, list]:
+    """Shallow clusters spread over 2+ deep clusters (each holding >= share of it), and deep
+    clusters fed by 2+ shallow clusters (each giving >= share of it)."""
+    row_share = table / np.maximum(table.sum(1, keepdims=True), 1)
+    col_share = table / np.maximum(table.sum(0, keepdims=True), 1)
+    splits, merges = [], []
+    for i in range(table.shape[0]):
+        parts = np.flatnonzero(row_share[i] >= share)
+        if parts.size >= 2:
+            parts = parts[np.argsort(-row_share[i, parts], kind="stable")]
+            splits.append({"shallow": int(i), "size": int(table[i].sum()),
+                           "into": {int(j): round(float(row_share[i, j]), 3) for j in parts}})
+    for j in range(table.shape[1]):
+        parts = np.flatnonzero(col_share[:, j] >= share)
+        if parts.size >= 2:
+            parts = parts[np.argsort(-col_share[parts, j], kind="stable")]
+            merges.append({"deep": int(j), "size": int(table[:, j].sum()),
+                           "from": {int(i): round(float(col_share[i, j]), 3) for i in parts}})
+    return splits, merges
+
+
+@dataclass
+class CompareResult:
+    shallow_labels: np.ndarray
+    deep_labels: np.ndarray
+    kept_rows: np.ndarray
+    table: np.ndarray
+    report: dict = field(default_factory=dict)
+
+
+def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = 30, pca_components: int = 0,
+            pca_deep_only: int | None = None, seed: int = 42) -> CompareResult:
+    """Cluster both sets and compare; ``report`` holds every number (JSON-ready)."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    if shallow.shape[0] != deep.shape[0]:
+        raise UserError(f"row counts differ: the shallow file has {shallow.shape[0]} rows, the deep file "
+                        f"{deep.shape[0]}; both must hold the same documents in the same order")
+    if n_clusters < 1:
+        raise UserError(f"--n-clusters {n_clusters}: must be at least 1")
+    if pca_components < 0 or (pca_deep_only is not None and pca_deep_only < 0):
+        raise UserError("--pca-components / --pca-deep-only must be 0 (off) or positive")
+    n_total = shallow.shape[0]
+    shallow, deep, kept, nan_info = drop_non_finite(shallow, deep)
+    n = kept.size
+    if n == 0:
+        raise UserError("no rows left: every row holds NaN/inf in one of the two files")
+    if n_clusters > n:
+        raise UserError(f"--n-clusters {n_clusters} is larger than the number of usable rows ({n}"
+                        + (f", after leaving out {nan_info['dropped']} NaN rows" if nan_info["dropped"] else "") + ")")
+    deep_pca = pca_components if pca_deep_only is None else pca_deep_only
+    log.info("Clustering the shallow embeddings (%d x %d), k=%d%s", n, shallow.shape[1], n_clusters,
+             f", PCA {pca_components}" if pca_components else "")
+    shallow_labels, shallow_pca = cluster(shallow, n_clusters, pca_components, seed)
+    log.info("Clustering the deep embeddings (%d x %d), k=%d%s", n, deep.shape[1], n_clusters,
+             f", PCA {deep_pca}" if deep_pca else "")
+    deep_labels, deep_pca_info = cluster(deep, n_clusters, deep_pca, seed)
+
+    ari = float(adjusted_rand_score(shallow_labels, deep_labels))
+    nmi = float(normalized_mutual_info_score(shallow_labels, deep_labels))
+    table = contingency(shallow_labels, deep_labels, n_clusters, n_clusters)
+    splits, merges = splits_and_merges(table)
+    sizes_s = np.bincount(shallow_labels, minlength=n_clusters)
+    sizes_d = np.bincount(deep_labels, minlength=n_clusters)
+    report = {
+        "n_rows": int(n_total),
+        "n_rows_used": int(n),
+        "non_finite_rows": nan_info,
+        "n_clusters": int(n_clusters),
+        "seed": int(seed),
+        "ari": round(ari, 6),
+        "nmi": round(nmi, 6),
+        "verdict": verdict(ari),
+        "shallow": {"dim": int(shallow.shape[1]), "pca": shallow_pca, "n_nonempty_clusters": int((sizes_s > 0).sum()),
+                    "cluster_sizes": sizes_s.tolist()},
+        "deep": {"dim": int(deep.shape[1]), "pca": deep_pca_info, "n_nonempty_clusters": int((sizes_d > 0).sum()),
+                 "cluster_sizes": sizes_d.tolist()},
+        "per_document_cosine": per_document_cosine(shallow, deep) if shallow.shape[1] == deep.shape[1] else None,
+        "split_share_threshold": SPLIT_SHARE,
+        "splits": splits,
+        "merges": merges,
+        "contingency": table.tolist(),
+    }
+    return CompareResult(shallow_labels, deep_labels, kept, table, report)
+
+
+def format_report(report: dict) -> str:
+    lines = [
+        f"Documents: {report['n_rows_used']:,}" + (f" of {report['n_rows']:,} ({report['non_finite_rows']['dropped']} "
+                                                   "NaN/inf rows left out)" if report["non_finite_rows"]["dropped"] else ""),
+        f"Clusters requested: {report['n_clusters']}; non-empty: shallow {report['shallow']['n_nonempty_clusters']}, "
+        f"deep {report['deep']['n_nonempty_clusters']}",
+    ]
+    for name in ("shallow", "deep"):
+        pca = report[name]["pca"]
+        if pca:
+            lines.append(f"PCA ({name}): {pca['original_dim']} -> {pca['n_components']} dims, "
+                         f"explained variance {pca['explained_variance']:.4f}")
+    lines += [
+        f"Adjusted Rand Index:          {report['ari']:.4f}",
+        f"Normalized Mutual Information: {report['nmi']:.4f}",
+        f"Verdict: {report['verdict']}",
+    ]
+    cos = report["per_document_cosine"]
+    if cos is None:
+        lines.append(f"Per-document cosine: n/a (dimensions differ: {report['shallow']['dim']} vs {report['deep']['dim']})")
+    else:
+        lines.append(f"Per-document cosine (shallow vs deep): mean {cos['mean']:.4f}, median {cos['median']:.4f}, "
+                     f"std {cos['std']:.4f}, min {cos['min']:.4f}, max {cos['max']:.4f}")
+    lines.append(f"Shallow clusters split in the deep space: {len(report['splits'])}; "
+                 f"deep clusters merging shallow ones: {len(report['merges'])} "
+                 f"(>= {report['split_share_threshold']:.0%} shares)")
+    for s in report["splits"][:10]:
+        parts = ", ".join(f"d{j} {v:.0%}" for j, v in s["into"].items())
+        lines.append(f"  shallow c{s['shallow']} ({s['size']}) -> {parts}")
+    for m in report["merges"][:10]:
+        parts = ", ".join(f"s{i} {v:.0%}" for i, v in m["from"].items())
+        lines.append(f"  deep c{m['deep']} ({m['size']}) <- {parts}")
+    return "\n".join(lines)
+
+
+def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, result: CompareResult,
+                           seed: int = 42, projector=None) -> None:
+    """Two scatters: the shallow space coloured by shallow clusters, the deep space by deep ones."""
+    from .plots import _pyplot, _save, cluster_colors, umap_projection
+
+    projector = projector or (lambda x: umap_projection(x, seed))
+    plt = _pyplot()
+    k = result.table.shape[0]
+    colors = cluster_colors(k)
+    fig, axes = plt.subplots(1, 2, figsize=(18, 8.5))
+    n = result.shallow_labels.size
+    point = float(np.clip(60000 / max(n, 1), 0.5, 20))
+    for ax, x, labels, name in ((axes[0], shallow, result.shallow_labels, "Shallow"),
+                                (axes[1], deep, result.deep_labels, "Deep")):
+        xy = projector(x)
+        ax.scatter(xy[:, 0], xy[:, 1], c=colors[labels], s=point, lw=0, alpha=0.8, rasterized=True)
+        ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    r = result.report
+    fig.suptitle(f"{n:,} documents, K = {k}: ARI {r['ari']:.3f}, NMI {r['nmi']:.3f} — {r['verdict']}")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_contingency(path: Path, result: CompareResult) -> None:
+    """Heat map of the row-normalised contingency table (share of each shallow cluster in each
+    deep cluster), rows and columns ordered so splits and merges are visible as blocks."""
+    from .plots import _pyplot, _save
+
+    plt = _pyplot()
+    table = result.table
+    rows, cols = block_order(table)
+    shares = (table / np.maximum(table.sum(1, keepdims=True), 1))[np.ix_(rows, cols)]
+    k_s, k_d = table.shape
+    size = float(np.clip(0.3 * max(k_s, k_d), 6, 24))
+    fig, ax = plt.subplots(figsize=(size + 2, size))
+    image = ax.imshow(shares, cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    sizes_s, sizes_d = table.sum(1), table.sum(0)
+    fontsize = 8 if max(k_s, k_d) <= 40 else 5
+    ax.set_yticks(np.arange(k_s), [f"s{i} ({sizes_s[i]})" for i in rows], fontsize=fontsize)
+    ax.set_xticks(np.arange(k_d), [f"d{j} ({sizes_d[j]})" for j in cols], fontsize=fontsize, rotation=90)
+    ax.set_ylabel("shallow cluster (documents)")
+    ax.set_xlabel("deep cluster (documents)")
+    if max(k_s, k_d) <= 30:
+        for (y, x), v in np.ndenumerate(shares):
+            if v >= 0.05:
+                ax.text(x, y, f"{v:.0%}"[:-1], ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.04, label="share of the shallow cluster's documents")
+    r = result.report
+    ax.set_title(f"Where each shallow cluster goes in the deep space (ARI {r['ari']:.3f}, NMI {r['nmi']:.3f}).\n"
+                 f"One row spread over several columns = a split; one column fed by several rows = a merge.",
+                 fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def contingency_plot_path(plot: Path) -> Path:
+    suffix = plot.suffix or ".png"
+    return plot.with_name(f"{plot.stem}_contingency{suffix}")

@@ -1,0 +1,110 @@
+"""animate_ordering: real MP4s (frame count, size, first dimmed / last bright), saved labels and order, errors."""
+
+import json
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+from PIL import Image
+
+import animate_ordering
+from diversity_order import animate
+from diversity_order.errors import UserError
+from diversity_order.ordering import stratified_order
+
+
+def read_video(path):
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    w, h = meta["size"]
+    return meta, [np.frombuffer(f, np.uint8).reshape(h, w, 3) for f in reader]
+
+
+@pytest.fixture
+def run_files(tmp_path):
+    rng = np.random.default_rng(0)
+    n, k = 400, 5
+    labels = np.repeat(np.arange(k), n // k)  # grouped by cluster: the 'bad' input order
+    counts = rng.integers(10, 400, n)
+    order = stratified_order(labels, counts, k)
+    np.save(tmp_path / "B_labels.npy", labels)
+    np.save(tmp_path / "B_order.npy", order)
+    np.save(tmp_path / "A_token_counts.npy", counts)
+    np.save(tmp_path / "B_umap2d.npy", rng.normal(size=(n, 2)).astype(np.float32) + labels[:, None])
+    np.save(tmp_path / "B_embeddings.npy", (np.eye(k)[labels] + 0.01 * rng.normal(size=(n, k))).astype(np.float32))
+    (tmp_path / "B_meta.json").write_text(json.dumps({
+        "n_clusters": k, "sequence_length": 2000, "labels_file": "elsewhere/B_labels.npy",
+        "order_file": str(tmp_path / "B_order.npy")}))
+    return tmp_path, labels, counts, order
+
+
+def saturation(pixels):
+    p = pixels.reshape(-1, 3).astype(np.float64)
+    return float((p.max(1) - p.min(1)).mean())
+
+
+def test_videos_from_a_curate_run(run_files):
+    tmp, labels, counts, order = run_files
+    out = tmp / "anim.mp4"
+    rc = animate_ordering.main(["--token-counts", str(tmp / "A_token_counts.npy"), "--meta", str(tmp / "B_meta.json"),
+                                "--umap", str(tmp / "B_umap2d.npy"), "--n-frames", "12", "--fps", "10",
+                                "--size", "480x270", "--umap-size", "320x320", "--preset", "ultrafast",
+                                "--output", str(out)])
+    assert rc == 0
+    meta, frames = read_video(out)
+    assert len(frames) == 12 and meta["size"] == (480, 270) and meta["fps"] == pytest.approx(10)
+    # The bar geometry as the renderer lays it out; decoded frames match the rendered ones closely.
+    inputs = animate.load_inputs(tmp / "A_token_counts.npy", meta=tmp / "B_meta.json")
+    assert np.array_equal(inputs.order, order) and inputs.seq_len == 2000  # the saved order, not a recomputed one
+    bars = animate.BarFrames(inputs, 480, 270)
+    top, bottom, left, right = bars.bar_box
+    first, last = frames[0][top + 2:bottom - 2, left + 2:right - 2], frames[-1][top + 2:bottom - 2, left + 2:right - 2]
+    rendered = list(bars.frames(12))
+    assert np.abs(frames[-1].astype(int) - rendered[-1]).mean() < 4
+    # First frame: 1/12 placed, the rest dimmed; last frame: every document placed, all bright.
+    assert saturation(last) > 2 * saturation(first)
+    bright_strip = rendered[-1][top, left:right]
+    assert np.isin(bright_strip.view([("", np.uint8)] * 3).ravel(), bars.bright.view([("", np.uint8)] * 3).ravel()).all()
+    assert not np.array_equal(frames[0], frames[-1])
+    with Image.open(tmp / "anim.png") as preview:
+        assert preview.size == (480, 270)
+        assert np.array_equal(np.asarray(preview), rendered[-1])
+    meta_u, frames_u = read_video(tmp / "anim_umap.mp4")
+    assert len(frames_u) == 12 and meta_u["size"] == (320, 320)
+    assert saturation(frames_u[-1]) > saturation(frames_u[0]) + 1
+    assert (tmp / "anim_umap.png").is_file()
+
+
+def test_reclusters_without_labels_and_curve_grows(run_files, caplog):
+    tmp, labels, counts, _ = run_files
+    inputs = animate.load_inputs(tmp / "A_token_counts.npy", embeddings=tmp / "B_embeddings.npy", n_clusters=5,
+                                 seq_len=2000)
+    assert "Re-clustering" in caplog.text and inputs.n_clusters == 5
+    bars = animate.BarFrames(inputs, 480, 270)
+    frames = list(bars.frames(6))
+    top, bottom, left, right = bars.chart_box
+    red = [int((f[top:bottom, left:right] == animate.CURVE_RGB).all(-1).sum()) for f in frames]
+    assert red == sorted(red) and red[0] < red[-1]
+    assert bars.complete_windows(inputs.labels.size) == bars.after.size
+
+
+def test_placed_per_frame():
+    assert animate.placed_per_frame(10, 5).tolist() == [2, 4, 6, 8, 10]
+    assert animate.placed_per_frame(3, 6)[-1] == 3
+
+
+def test_errors(run_files, monkeypatch):
+    tmp, *_ = run_files
+    counts = tmp / "A_token_counts.npy"
+    with pytest.raises(UserError, match="give --embeddings"):
+        animate.load_inputs(counts)
+    np.save(tmp / "short.npy", np.arange(5))
+    with pytest.raises(UserError, match="labels, but there are 400"):
+        animate.load_inputs(counts, labels=tmp / "short.npy")
+    np.save(tmp / "dup.npy", np.zeros(400, dtype=np.int64))
+    with pytest.raises(UserError, match="not a permutation"):
+        animate.load_inputs(counts, labels=tmp / "B_labels.npy", order=tmp / "dup.npy")
+    monkeypatch.setattr(animate.shutil, "which", lambda name: None)
+    monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)
+    with pytest.raises(UserError, match="no ffmpeg found"):
+        animate.find_ffmpeg()

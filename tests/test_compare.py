@@ -1,0 +1,117 @@
+"""compare_clusterings: metrics against scikit-learn, verdict bands, errors, JSON and plots."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+import compare_clusterings
+from diversity_order import compare as cmp
+from diversity_order.errors import UserError
+
+
+def blobs(n_per=40, k=4, dim=16, seed=0, spread=0.05):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim))
+    labels = np.repeat(np.arange(k), n_per)
+    x = centres[labels] + spread * rng.normal(size=(labels.size, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), labels
+
+
+def test_identical_embeddings_give_ari_one():
+    x, _ = blobs()
+    result = cmp.compare(x, x.copy(), n_clusters=4)
+    assert result.report["ari"] == pytest.approx(1.0)
+    assert result.report["nmi"] == pytest.approx(1.0)
+    assert result.report["verdict"].startswith("high overlap")
+    assert result.report["per_document_cosine"]["mean"] == pytest.approx(1.0, abs=1e-4)
+    assert result.report["splits"] == [] and result.report["merges"] == []
+
+
+def test_metrics_match_sklearn_on_independent_clusterings():
+    x, _ = blobs(n_per=100, k=5, seed=1)
+    y = np.random.default_rng(7).normal(size=(500, 8)).astype(np.float32)  # unrelated structure
+    result = cmp.compare(x, y, n_clusters=5)
+    assert result.report["ari"] == pytest.approx(adjusted_rand_score(result.shallow_labels, result.deep_labels), abs=1e-6)
+    assert result.report["nmi"] == pytest.approx(normalized_mutual_info_score(result.shallow_labels, result.deep_labels),
+                                                 abs=1e-6)
+    assert abs(result.report["ari"]) < 0.1
+    assert result.report["verdict"].startswith("very different")
+    assert result.report["per_document_cosine"] is None  # 16 vs 8 dims
+    table = np.array(result.report["contingency"])
+    assert table.sum() == 500 and table.shape == (5, 5)
+
+
+def test_verdict_bands():
+    assert cmp.verdict(0.71).startswith("high")
+    assert cmp.verdict(0.7).startswith("moderate") and cmp.verdict(0.3).startswith("moderate")
+    assert cmp.verdict(0.29).startswith("very different")
+
+
+def test_split_is_found_and_block_order_is_diagonal():
+    # Shallow cluster 0 splits in half into deep clusters 1 and 2; shallow 1 maps to deep 0.
+    shallow = np.array([0] * 40 + [1] * 30)
+    deep = np.array([1] * 20 + [2] * 20 + [0] * 30)
+    table = cmp.contingency(shallow, deep, 2, 3)
+    splits, merges = cmp.splits_and_merges(table)
+    assert splits == [{"shallow": 0, "size": 40, "into": {1: 0.5, 2: 0.5}}] and merges == []
+    rows, cols = cmp.block_order(table)
+    assert rows.tolist() == [0, 1] and cols.tolist()[-1] == 0  # deep 0 sits under shallow 1, last
+
+
+def test_nan_rows_are_dropped_and_counted(caplog):
+    x, _ = blobs()
+    deep = x.copy()
+    deep[[3, 50]] = np.nan
+    x2 = x.copy()
+    x2[7, 0] = np.inf
+    result = cmp.compare(x2, deep, n_clusters=4)
+    assert result.report["non_finite_rows"] == {"shallow": 1, "deep": 2, "dropped": 3}
+    assert result.report["n_rows_used"] == 157 and 3 not in result.kept_rows
+    assert "left out of both" in caplog.text
+
+
+def test_errors():
+    x, _ = blobs()
+    with pytest.raises(UserError, match="row counts differ"):
+        cmp.compare(x, x[:-1])
+    with pytest.raises(UserError, match="larger than the number of usable rows"):
+        cmp.compare(x[:10], x[:10], n_clusters=30)
+    all_nan = np.full_like(x, np.nan)
+    with pytest.raises(UserError, match="no rows left"):
+        cmp.compare(x, all_nan, n_clusters=4)
+
+
+def test_script_json_and_plots(tmp_path, monkeypatch, capsys):
+    x, _ = blobs(n_per=30)
+    rng = np.random.default_rng(3)
+    deep = np.concatenate([x, rng.normal(size=(x.shape[0], 4)).astype(np.float32)], axis=1)
+    np.save(tmp_path / "s.npy", x)
+    np.save(tmp_path / "d.npy", deep)
+    # UMAP is slow to start; the projection itself is covered by the plots' own tests.
+    original = cmp.plot_umap_side_by_side
+    monkeypatch.setattr(cmp, "plot_umap_side_by_side",
+                        lambda path, s, d, result, seed=42: original(path, s, d, result, seed, projector=lambda a: a[:, :2]))
+    rc = compare_clusterings.main(["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"),
+                                   "--n-clusters", "4", "--pca-deep-only", "8", "--plot", str(tmp_path / "cmp.png"),
+                                   "--json", str(tmp_path / "cmp.json")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Adjusted Rand Index" in out and "Verdict" in out
+    report = json.loads((tmp_path / "cmp.json").read_text())
+    assert report["deep"]["pca"]["n_components"] == 8 and report["shallow"]["pca"] is None
+    assert {"ari", "nmi", "verdict", "contingency", "per_document_cosine", "splits", "merges"} <= set(report)
+    for name in ("cmp.png", "cmp_contingency.png"):
+        with Image.open(tmp_path / name) as image:
+            assert image.format == "PNG" and image.width > 400
+
+
+def test_script_errors_are_one_line(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.ones((5, 3), np.float32))
+    np.save(tmp_path / "b.npy", np.ones((6, 3), np.float32))
+    rc = compare_clusterings.run_main(compare_clusterings.main,
+                                      ["--shallow", str(tmp_path / "a.npy"), "--deep", str(tmp_path / "b.npy")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: row counts differ") and err.count("\n") == 1
