@@ -152,6 +152,7 @@ def _check_config(config: DeepConfig) -> None:
     if config.tp < 1:
         raise UserError(f"--tp {config.tp}: must be at least 1")
     if config.tp > 1:
+        _check_heads_divisible(Path(config.model_dir), config.tp)
         if not distributed.launched_by_torchrun():
             raise UserError(f"--tp {config.tp} needs torchrun --nproc_per_node={config.tp} (WORLD_SIZE is not set)")
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -159,6 +160,24 @@ def _check_config(config: DeepConfig) -> None:
             raise UserError(f"--tp {config.tp} under torchrun with {world} processes: tensor parallel needs "
                             f"--nproc_per_node={config.tp} (combining it with data parallel is not supported)")
     _check_output_writable(Path(config.output))
+
+
+def _check_heads_divisible(model_dir: Path, tp: int) -> None:
+    """Tensor parallel splits attention heads across ranks: --tp must divide every head count."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    config = config.get("text_config", config) if "num_attention_heads" not in config else config
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads", heads)
+    counts = {n for n in (heads, kv_heads) if isinstance(n, int)}
+    if counts and any(n % tp for n in counts):
+        import math
+
+        fits = [d for d in range(2, math.gcd(*counts) + 1) if math.gcd(*counts) % d == 0]
+        hint = f"e.g. --tp {fits[0]}" if fits else "this model cannot be split by heads"
+        raise UserError(f"--tp {tp}: the model has {heads} attention heads and {kv_heads} key/value heads; "
+                        f"tensor parallel needs a --tp that divides both ({hint})")
 
 
 def _torch_dtype(name: str, device):

@@ -264,6 +264,10 @@ def test_user_errors(data, tiny_model_dir, tmp_path, capsys):
 
     assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(tiny_model_dir), "--tp", "2"]) == 2
     assert "torchrun" in capsys.readouterr().err
+    # The tiny model has 2 attention heads: --tp 3 cannot split them, whatever the launcher.
+    assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(tiny_model_dir), "--tp", "3"]) == 2
+    assert "2 attention heads and 2 key/value heads; tensor parallel needs a --tp that divides both (e.g. --tp 2)" \
+        in capsys.readouterr().err
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
