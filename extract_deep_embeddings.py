@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="write a resumable checkpoint every this many documents (default: 5000)")
     p.add_argument("--checkpoint-seconds", type=float, default=600.0,
                    help="... or every this many seconds (default: 600)")
+    p.add_argument("--attn-implementation", default=None,
+                   help="attention kernel passed to transformers (e.g. sdpa, eager, flash_attention_2); "
+                        "default: the model's own choice")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p.parse_args(argv)
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device, gpu=args.gpu, dtype=args.dtype, tp=args.tp, max_tokens=args.max_tokens,
         max_seq_len=args.max_seq_len, reverse=args.reverse, text_field=args.text_field, limit=args.limit,
         token_budget=args.token_budget, checkpoint_docs=args.checkpoint_docs,
-        checkpoint_seconds=args.checkpoint_seconds, progress=not args.no_progress,
+        checkpoint_seconds=args.checkpoint_seconds, attn_implementation=args.attn_implementation,
+        progress=not args.no_progress,
     )
     extract(config)
     return 0

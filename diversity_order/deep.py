@@ -89,6 +89,7 @@ class DeepConfig:
     token_budget: int | None = None  # None: from free GPU memory, or CPU_TOKEN_BUDGET on CPU
     checkpoint_docs: int = 5000
     checkpoint_seconds: float = 600.0
+    attn_implementation: str | None = None  # e.g. "sdpa", "eager", "flash_attention_2"; None: the model's default
     progress: bool = True
 
 
@@ -188,7 +189,7 @@ def _torch_dtype(name: str, device):
     return getattr(torch, name)
 
 
-def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False):
+def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, attn_implementation: str | None = None):
     """The base model (no LM head): its output carries ``last_hidden_state``.
 
     With ``tensor_parallel`` (under torchrun) transformers' ``tp_plan="auto"`` shards the
@@ -198,14 +199,14 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False):
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    extra = {}
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if tensor_parallel:
         try:  # newer transformers take the plan in a DistributedConfig; older ones as tp_plan=
             from transformers import DistributedConfig
 
-            extra = {"distributed_config": DistributedConfig(tp_plan="auto")}
+            extra["distributed_config"] = DistributedConfig(tp_plan="auto")
         except ImportError:
-            extra = {"tp_plan": "auto"}
+            extra["tp_plan"] = "auto"
     try:
         model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True, **extra)
     except Exception as exc:  # transformers raises many types for a bad folder
@@ -213,6 +214,11 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False):
         what = "load a Hugging Face model with tp_plan='auto' (tensor parallel)" if tensor_parallel else \
             "load a Hugging Face model"
         raise UserError(f"--model-dir {model_dir}: cannot {what} ({first})") from None
+    # Only models that read token ids have a per-token last hidden state to pool (decoders and
+    # text encoders); a vision or audio model loads too, but cannot embed text.
+    if getattr(model.config, "vocab_size", None) is None or model.get_input_embeddings() is None:
+        raise UserError(f"--model-dir {model_dir}: {type(model).__name__} is not a text model "
+                        f"(no token-embedding table); use a causal LM or a text encoder")
     return (model if tensor_parallel else model.to(device)).eval()
 
 
@@ -535,6 +541,9 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
         import torch
 
         device = torch.device(f"cuda:{ctx.local_rank}")
+    if ctx.active and not ctx.is_main and config.tp > 1:
+        # Tensor-parallel ranks do the same work as rank 0: only its log lines are worth reading.
+        logging.getLogger("diversity_order").setLevel(logging.WARNING)
     try:
         return _extract(config, ctx, device, forward)
     finally:
@@ -656,7 +665,7 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) 
     if truncated and ctx.is_main:
         log.info("%d document(s) truncated to %d tokens", truncated, max_len)
 
-    model = load_model(config.model_dir, dtype, device, tensor_parallel)
+    model = load_model(config.model_dir, dtype, device, tensor_parallel, config.attn_implementation)
     dim = int(model.config.hidden_size)
 
     # Processing order: by length (stable, so ties keep input order); shares are contiguous.

@@ -193,24 +193,24 @@ def test_checkpoint_for_other_data_is_discarded(data, tiny_model_dir, baseline, 
 
 
 def test_real_kill_then_resume(data, tiny_model_dir, baseline_bs2, tmp_path):
-    """A process killed with os._exit mid-run (no cleanup) resumes from its last checkpoint."""
+    """A process SIGKILLed mid-run (no cleanup at all) resumes from its last checkpoint."""
     out = tmp_path / "emb.npy"
     script = f"""
-import os, sys
+import os, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
 from diversity_order import deep
 calls = [0]
 def forward(model, ids, mask):
     calls[0] += 1
     if calls[0] > 8:
-        os._exit(9)
+        os.kill(os.getpid(), signal.SIGKILL)
     return deep.default_forward(model, ids, mask)
 deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
              device="cpu", dtype="float32", token_budget=2048, batch_size=2, checkpoint_docs=3, progress=False),
              forward=forward)
 """
     proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 9
+    assert proc.returncode == -9  # killed by SIGKILL
     assert (tmp_path / "emb.npy.partial.done.npy").exists() and not out.exists()
     assert run_main(extract_deep_embeddings.main, [
         "--input", str(data[0]), "--output", str(out), "--model-dir", str(tiny_model_dir), "--device", "cpu",
@@ -422,3 +422,27 @@ def test_output_without_sidecars_is_recomputed(data, tiny_model_dir, baseline, t
     assert len(rows) == len(data[1]) - 1
     assert "no fingerprints" in caplog.text
     assert out.read_bytes() == baseline.read_bytes()
+
+
+def test_attention_implementation_is_passed_through(data, tiny_model_dir, reference, tmp_path):
+    out = tmp_path / "eager.npy"
+    assert run_main(extract_deep_embeddings.main, [
+        "--input", str(data[0]), "--output", str(out), "--model-dir", str(tiny_model_dir), "--device", "cpu",
+        "--dtype", "float32", "--attn-implementation", "eager", "--no-progress"]) == 0
+    _check_against_reference(np.load(out), reference)
+
+
+def test_a_model_that_reads_no_tokens_is_refused(data, tiny_model_dir, tmp_path, capsys):
+    from transformers import ViTConfig, ViTModel
+
+    vit = tmp_path / "vit"
+    ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                       image_size=8, patch_size=4)).save_pretrained(vit)
+    # With a tokenizer beside it the run gets as far as loading the model, which must be refused.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (vit / name).write_bytes((tiny_model_dir / name).read_bytes())
+    code = run_main(extract_deep_embeddings.main, ["--input", str(data[0]), "--output", str(tmp_path / "v.npy"),
+                                                   "--model-dir", str(vit), "--device", "cpu", "--no-progress"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1
+    assert "ViTModel is not a text model (no token-embedding table)" in errors[0]
