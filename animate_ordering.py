@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from diversity_order.cli import run_main, setup_logging
+from diversity_order.cli import add_output_flags, run_main, setup_logging
 
 log = logging.getLogger("diversity_order")
 
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--umap-size", default="1080x1080", help="UMAP video size WxH, even (default: 1080x1080)")
     p.add_argument("--preset", default="medium", help="x264 preset: faster encodes, bigger files (default: medium)")
     p.add_argument("--ffmpeg", default=None, help="ffmpeg binary (default: ffmpeg on PATH, else imageio-ffmpeg's)")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_output_flags(p, progress=False)
     return p.parse_args(argv)
 
 

@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from diversity_order.cli import load_matrix, run_main, setup_logging
+from diversity_order.cli import add_output_flags, load_matrix, run_main, setup_logging
 
 log = logging.getLogger("diversity_order")
 
@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="write side-by-side UMAP scatters here (PNG), and the contingency heat map "
                         "beside it as NAME_contingency.png")
     p.add_argument("--json", type=Path, default=None, help="write every number (metrics, sizes, contingency) as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_output_flags(p, progress=False)
     return p.parse_args(argv)
 
 

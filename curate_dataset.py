@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from diversity_order.cli import run_main, setup_logging
+from diversity_order.cli import add_output_flags, run_main, setup_logging
 from diversity_order.clustering import CLUSTER_BACKENDS
 from diversity_order.curate import CurateConfig, curate
 from diversity_order.ordering import WITHIN_CLUSTER_SORTS
@@ -52,8 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cluster-fit-sample", type=int, default=0,
                    help="fit k-means on this many random rows and assign the rest to the nearest centre "
                         "(0 = fit on all rows; default: 0)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_output_flags(p)
     return p.parse_args(argv)
 
 

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from diversity_order.cli import run_main, setup_logging
+from diversity_order.cli import add_output_flags, run_main, setup_logging
 from diversity_order.deep import DTYPES, DeepConfig, extract
 
 
@@ -51,8 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attn-implementation", default=None,
                    help="attention kernel passed to transformers (e.g. sdpa, eager, flash_attention_2); "
                         "default: the model's own choice")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_output_flags(p)
     return p.parse_args(argv)
 
 

@@ -16,6 +16,13 @@ from .errors import UserError
 log = logging.getLogger("diversity_order")
 
 
+def add_output_flags(parser, progress: bool = True) -> None:
+    """The flags every script shares for what it prints: -v, and --no-progress where it has bars."""
+    if progress:
+        parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
