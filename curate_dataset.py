@@ -2,7 +2,7 @@
 """Reorder a JSONL dataset so every packed training sequence holds as many topic clusters as possible.
 
 Stages: index the input -> token counts and shallow embeddings (cached, incremental) ->
-optional PCA -> MiniBatchKMeans -> stratified greedy order -> window diversity before/after ->
+optional PCA -> MiniBatchKMeans -> ordering (stratified greedy by default) -> window diversity before/after ->
 curated JSONL, metadata, labels/order arrays and plots. See README.md for every flag and file.
 """
 
@@ -15,7 +15,14 @@ from pathlib import Path
 from diversity_order.cli import add_output_flags, run_main, setup_logging
 from diversity_order.clustering import CLUSTER_BACKENDS
 from diversity_order.curate import CurateConfig, curate
-from diversity_order.ordering import WITHIN_CLUSTER_SORTS
+from diversity_order.ordering import ORDERINGS, WITHIN_CLUSTER_SORTS
+
+
+def _percentages(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 30,40,30") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,7 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--embed-batch-size", type=int, default=1024,
                    help="documents tokenized and pooled together (default: 1024)")
     p.add_argument("--n-clusters", type=int, default=30, help="number of k-means clusters (default: 30)")
-    p.add_argument("--seq-len", type=int, default=131072, help="training sequence length in tokens (default: 131072)")
+    p.add_argument("--seq-len", type=int, nargs="+", default=[131072], metavar="TOKENS",
+                   help="training sequence length in tokens (default: 131072); with --compare-strategies several "
+                        "values may be given, and the curated file follows the first")
     p.add_argument("--text-field", default="text", help="JSON field holding the document text (default: text)")
     p.add_argument("--stats-only", action="store_true", help="compute and report everything but do not write the curated JSONL")
     p.add_argument("--calibrate-k", action="store_true",
@@ -40,7 +49,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rows sampled for the silhouette during --calibrate-k (0 = all; default: 10000)")
     p.add_argument("--no-plot", action="store_true", help="skip ordering_comparison.png and cluster_cloud.png")
     p.add_argument("--within-cluster-sort", default="original", choices=WITHIN_CLUSTER_SORTS,
-                   help="order of documents inside each cluster's pool (default: original)")
+                   help="order of documents inside each cluster's pool for stratified, round-robin and bin-packing "
+                        "(default: original; random is a seeded shuffle)")
+    g = p.add_argument_group("ordering (see README: 'Choosing an ordering')")
+    g.add_argument("--ordering", default="stratified", choices=list(ORDERINGS),
+                   help="how to order the documents (default: stratified, the reference's greedy). "
+                        "balanced: as many clusters per window as stratified, with token shares as even as "
+                        "token-balanced; score-based orderings need --score-field")
+    g.add_argument("--compare-strategies", action="store_true",
+                   help="also run every applicable ordering at each --seq-len and write a table "
+                        "(OUTPUT_strategies.md/.json) and diversity curves (OUTPUT_strategies.png)")
+    g.add_argument("--score-field", default=None, metavar="NAME",
+                   help="numeric JSON field for the score-based orderings (sorted, folding, zigzag, segment, stair, saw)")
+    g.add_argument("--balance-field", action="append", default=[], metavar="NAME",
+                   help="categorical JSON field (source, language, ...) that token-balanced keeps at its global "
+                        "token share, jointly with clusters; repeatable")
+    g.add_argument("--length-bins", type=int, default=16,
+                   help="token-balanced: document-length quantile bins balanced with the clusters (1 = off; default: 16)")
+    g.add_argument("--length-weight", type=float, default=1.0,
+                   help="token-balanced: weight lambda of the length-bin term (default: 1.0)")
+    g.add_argument("--folds", type=int, default=3,
+                   help="folding/zigzag/stair/saw: number of folds L (default: 3)")
+    g.add_argument("--sections", type=int, default=3,
+                   help="stair/saw: number of score sections K (K-1 transitions; default: 3)")
+    g.add_argument("--transition-ratio", type=float, default=0.1,
+                   help="stair/saw: transition region on each side of a section boundary, as a fraction rho "
+                        "of a section (default: 0.1)")
+    g.add_argument("--segment-percentages", type=_percentages, default=(30.0, 40.0, 30.0), metavar="P,P,...",
+                   help="segment: sizes of the score segments, low to high (default: 30,40,30)")
+    g.add_argument("--jitter-window", type=int, default=0, metavar="W",
+                   help="score-based orderings: shuffle inside consecutive blocks of W documents (0 = off; default: 0)")
     p.add_argument("--seed", type=int, default=42, help="random seed for k-means, PCA, sampling and UMAP (default: 42)")
     p.add_argument("--load-embeddings", type=Path, default=None,
                    help="precomputed N x D embeddings (.npy, input order), e.g. deep embeddings of the same records")
@@ -61,12 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     config = CurateConfig(
         input=args.input, output=args.output, model_dir=args.model_dir, device=args.device, gpu=args.gpu,
-        embed_batch_size=args.embed_batch_size, n_clusters=args.n_clusters, seq_len=args.seq_len,
+        embed_batch_size=args.embed_batch_size, n_clusters=args.n_clusters, seq_len=args.seq_len[0],
+        extra_seq_lens=tuple(args.seq_len[1:]),
         text_field=args.text_field, stats_only=args.stats_only, calibrate_k=args.calibrate_k,
         calibrate_k_samples=args.calibrate_k_samples, no_plot=args.no_plot,
         within_cluster_sort=args.within_cluster_sort, seed=args.seed, load_embeddings=args.load_embeddings,
         pca_components=args.pca_components, cluster_backend=args.cluster_backend,
         cluster_fit_sample=args.cluster_fit_sample, progress=not args.no_progress,
+        ordering=args.ordering, compare_strategies=args.compare_strategies, score_field=args.score_field,
+        balance_fields=tuple(args.balance_field), length_bins=args.length_bins, length_weight=args.length_weight,
+        folds=args.folds, sections=args.sections, transition_ratio=args.transition_ratio,
+        segment_percentages=args.segment_percentages, jitter_window=args.jitter_window,
     )
     curate(config)
     return 0

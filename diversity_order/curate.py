@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import caches, clustering, distributed, diversity, ordering, plots, records
+from . import caches, clustering, distributed, diversity, ordering, plots, records, strategies
 from .atomic import save_json, save_npy
 from .cli import StageTimer, load_matrix, resolve_device
 from .errors import UserError
@@ -45,6 +45,19 @@ class CurateConfig:
     cluster_backend: str = "sklearn"
     cluster_fit_sample: int = 0
     progress: bool = True
+    ordering: str = "stratified"
+    # More packed lengths for --compare-strategies (seq_len is always compared first).
+    extra_seq_lens: tuple[int, ...] = ()
+    compare_strategies: bool = False
+    score_field: str | None = None
+    balance_fields: tuple[str, ...] = ()
+    length_bins: int = 16
+    length_weight: float = 1.0
+    folds: int = 3
+    sections: int = 3
+    transition_ratio: float = 0.1
+    segment_percentages: tuple[float, ...] = (30.0, 40.0, 30.0)
+    jitter_window: int = 0
 
     def validate(self) -> None:
         checks = [
@@ -58,6 +71,21 @@ class CurateConfig:
              f"--cluster-backend {self.cluster_backend}: choose one of {', '.join(clustering.CLUSTER_BACKENDS)}"),
             (self.within_cluster_sort in ordering.WITHIN_CLUSTER_SORTS,
              f"--within-cluster-sort {self.within_cluster_sort}: choose one of {', '.join(ordering.WITHIN_CLUSTER_SORTS)}"),
+            (self.ordering in ordering.ORDERINGS,
+             f"--ordering {self.ordering}: choose one of {', '.join(ordering.ORDERINGS)}"),
+            (self.ordering not in ordering.SCORE_ORDERINGS or self.score_field is not None,
+             f"--ordering {self.ordering} orders by a per-document score: name its JSON field with --score-field"),
+            (not self.extra_seq_lens or self.compare_strategies,
+             "--seq-len takes several values only with --compare-strategies (the curated file follows the first)"),
+            (all(v >= 1 for v in self.extra_seq_lens), "--seq-len: every value must be at least 1 token"),
+            (self.length_bins >= 1, f"--length-bins {self.length_bins}: must be at least 1 (1 = off)"),
+            (self.length_weight >= 0, f"--length-weight {self.length_weight}: must be 0 (off) or more"),
+            (self.folds >= 1, f"--folds {self.folds}: must be at least 1"),
+            (self.sections >= 1, f"--sections {self.sections}: must be at least 1"),
+            (0 <= self.transition_ratio <= 0.5, f"--transition-ratio {self.transition_ratio}: must be within 0..0.5"),
+            (len(self.segment_percentages) >= 1 and all(v > 0 for v in self.segment_percentages),
+             "--segment-percentages: give one or more positive numbers, e.g. 30,40,30"),
+            (self.jitter_window >= 0, f"--jitter-window {self.jitter_window}: must be 0 (off) or more"),
         ]
         for ok, message in checks:
             if not ok:
@@ -334,15 +362,28 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     with timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
         labels = clustering.kmeans_labels(embeddings, config.n_clusters, config.seed, config.cluster_backend,
                                           config.cluster_fit_sample, device)
-    with timer.stage("Ordering (stratified greedy)"):
-        options = ordering.OrderingOptions(config.within_cluster_sort, config.seed)
-        order = ordering.stratified_order(labels, counts, config.n_clusters, options)
+    options = _ordering_options(config, index, n)
+    if config.compare_strategies:
+        seq_lens = list(dict.fromkeys([config.seq_len, *config.extra_seq_lens]))
+        names = strategies.applicable_orderings(options.scores is not None)
+        with timer.stage(f"Comparing {len(names)} orderings at seq-len {', '.join(f'{v:,}' for v in seq_lens)}"):
+            rows, curves = strategies.compare_strategies(labels, counts, config.n_clusters, seq_lens, options, names)
+            report, table = strategies.write_report(output_stem(config.output), rows, curves, config.n_clusters,
+                                                    config.input.name)
+        print(table, flush=True)
+        log.info("Strategy comparison: %s, %s, %s", report["markdown"], report["json"], report["plot"])
+    with timer.stage(f"Ordering ({config.ordering})"):
+        order = ordering.ORDERINGS[config.ordering](labels, counts, config.n_clusters, options)
     with timer.stage("Diversity statistics"):
         before = diversity.window_diversity(labels, counts, config.seq_len)
         after = diversity.window_diversity(labels, counts, config.seq_len, order)
         summary_before, summary_after = diversity.summarize_windows(before), diversity.summarize_windows(after)
+        shuffled = ordering.random_order(labels, counts, config.n_clusters, options)
+        quality = {name: diversity.ordering_quality(labels, counts, config.seq_len, o, config.n_clusters)
+                   for name, o in (("original", None), ("curated", order), ("random_shuffle", shuffled))}
         similarity = diversity.similarity_stats(embeddings, config.seed)
     _log_improvement(summary_before, summary_after, config)
+    _log_quality(quality)
 
     if not config.stats_only:
         with timer.stage(f"Writing {config.output}"):
@@ -359,7 +400,7 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     if not config.no_plot:
         with timer.stage("Plots"):
             plots.plot_ordering_comparison(paths["ordering_plot"], labels, counts, order, config.n_clusters, before, after,
-                                           summary_before, summary_after, config.seq_len)
+                                           summary_before, summary_after, config.seq_len, quality, config.ordering)
             projection = _projection_or_none(paths["umap"], embeddings, index.fingerprints, config.seed)
             plots.plot_cluster_cloud(paths["cloud_plot"], labels, config.n_clusters, projection)
         log.info("Plots: %s, %s", paths["ordering_plot"], paths["cloud_plot"])
@@ -372,7 +413,8 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         "input_count": n,
         "final_count": n,
         "n_clusters": config.n_clusters,
-        "ordering": ordering.ORDERING_META_NAMES["stratified"],
+        "ordering": ordering.ordering_meta_name(config.ordering),
+        "ordering_options": _options_meta(config),
         "within_cluster_sort": config.within_cluster_sort,
         "seed": config.seed,
         "sequence_length": config.seq_len,
@@ -385,6 +427,7 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         "pca": pca_info.as_dict() if pca_info else None,
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample},
         "token_window_diversity": {"original": summary_before, "curated": summary_after},
+        "ordering_quality": quality,
         "similarity_stats": similarity,
         "cluster_sizes": {str(k): int(sizes[k]) for k in by_size},
         "empty_documents": empty,
@@ -417,3 +460,61 @@ def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:
              "-> curated mean %.2f (min %d, std %.2f, %d windows): %+.0f%%",
              f"{config.seq_len:,}", config.n_clusters, before["mean"], before["min"], before["std"],
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
+
+
+def _ordering_options(config: CurateConfig, index: records.RecordIndex, n: int) -> ordering.OrderingOptions:
+    """OrderingOptions from the flags, with scores and balance-field categories read from the records."""
+    scores = None
+    if config.score_field is not None:
+        scores = records.read_scores(index, config.score_field)
+        log.info("Scores from '%s': min %g, median %g, max %g", config.score_field, scores.min(), np.median(scores),
+                 scores.max())
+    groups = None
+    if config.balance_fields:
+        columns = []
+        for name in config.balance_fields:
+            ids, categories = records.read_categories(index, name)
+            shown = ", ".join(categories[:8]) + (", ..." if len(categories) > 8 else "")
+            log.info("Balancing field '%s': %d categories (%s)", name, len(categories), shown)
+            columns.append(ids)
+        groups = np.stack(columns, axis=1)
+        if config.ordering not in ("token-balanced",):
+            log.warning("--balance-field is used by --ordering token-balanced; %s ignores it", config.ordering)
+    return ordering.OrderingOptions(
+        within_cluster_sort=config.within_cluster_sort, seed=config.seed, seq_len=config.seq_len,
+        length_bins=config.length_bins, length_weight=config.length_weight, balance_groups=groups, scores=scores,
+        folds=config.folds, sections=config.sections, transition_ratio=config.transition_ratio,
+        segment_percentages=tuple(config.segment_percentages), jitter_window=config.jitter_window)
+
+
+def _options_meta(config: CurateConfig) -> dict:
+    """The flags that shaped this ordering (only those it reads), for the metadata."""
+    name = config.ordering
+    meta: dict = {}
+    if name in ("stratified", "round-robin", "bin-packing"):
+        meta["within_cluster_sort"] = config.within_cluster_sort
+    if name in ("balanced", "bin-packing"):
+        meta["seq_len"] = config.seq_len
+    if name == "token-balanced":
+        meta.update(length_bins=config.length_bins, length_weight=config.length_weight,
+                    balance_fields=list(config.balance_fields))
+    if name in ordering.SCORE_ORDERINGS:
+        meta.update(score_field=config.score_field, jitter_window=config.jitter_window)
+        if name in ("folding", "zigzag", "stair", "saw"):
+            meta["folds"] = config.folds
+        if name in ("stair", "saw"):
+            meta.update(sections=config.sections, transition_ratio=config.transition_ratio)
+        if name == "segment":
+            meta["segment_percentages"] = list(config.segment_percentages)
+    return meta
+
+
+def _log_quality(quality: dict) -> None:
+    names = {"original": "input", "curated": "curated", "random_shuffle": "random shuffle"}
+    log.info("Token-share uniformity (per window, max |cluster share - global share|; mean / max over windows, "
+             "lower is better): %s", ", ".join(f"{names[k]} {q['uniformity_mean']:.4f} / {q['uniformity_max']:.4f}"
+                                               for k, q in quality.items()))
+    log.info("Epoch-boundary shift (cluster mix of the first vs last 5%% of tokens, total variation; lower is "
+             "better): %s", ", ".join(f"{names[k]} {q['boundary_shift']:.4f}" for k, q in quality.items()))
+    log.info("Coverage (share of tokens before every cluster has appeared): %s",
+             ", ".join(f"{names[k]} {100 * q['coverage']:.1f}%" for k, q in quality.items()))

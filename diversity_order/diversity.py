@@ -116,3 +116,147 @@ def similarity_stats(embeddings: np.ndarray, seed: int = 42, max_samples: int = 
         "n_above_0.9": int((upper > 0.9).sum()),
         "n_pairs": int(n_pairs),
     }
+
+
+# --- Token-share metrics: how far each stretch of the order is from the corpus-wide mix ---
+
+
+def global_token_shares(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int) -> np.ndarray:
+    """tau_k: cluster k's share of all tokens (float64, sums to 1; zeros if there are no tokens)."""
+    tokens = np.bincount(np.asarray(labels, dtype=np.int64), weights=np.asarray(token_counts, dtype=np.float64),
+                         minlength=n_clusters)
+    total = tokens.sum()
+    return tokens / total if total > 0 else tokens
+
+
+@njit(cache=True, nogil=True)
+def _window_share_deviation(labels, token_counts, seq_len, shares):
+    # Same packing as _window_diversity; per window, max_k |tokens_k / window_tokens - tau_k|.
+    n_clusters = shares.shape[0]
+    window_tokens = np.zeros(n_clusters, dtype=np.int64)
+    out = np.empty(16, dtype=np.float64)
+    n_out = 0
+    fill = 0
+    i = 0
+    n = labels.shape[0]
+    while i <= n:
+        close = i == n
+        if not close:
+            c = labels[i]
+            t = token_counts[i]
+            if fill + t <= seq_len:
+                window_tokens[c] += t
+                fill += t
+                i += 1
+                continue
+            close = True
+        if fill > 0:
+            worst = 0.0
+            for k in range(n_clusters):
+                d = abs(window_tokens[k] / fill - shares[k])
+                if d > worst:
+                    worst = d
+                window_tokens[k] = 0
+            if n_out == out.shape[0]:
+                out = np.concatenate((out, np.empty(out.shape[0], dtype=np.float64)))
+            out[n_out] = worst
+            n_out += 1
+            fill = 0
+        if i == n:
+            break
+        # The document that did not fit opens the next window; one longer than seq_len fills
+        # whole windows alone (share 1 for its cluster), as in the diversity count.
+        c = labels[i]
+        t = token_counts[i]
+        worst_alone = 0.0
+        for k in range(n_clusters):
+            d = (1.0 - shares[k]) if k == c else shares[k]
+            if d > worst_alone:
+                worst_alone = d
+        while t >= seq_len:
+            if n_out == out.shape[0]:
+                out = np.concatenate((out, np.empty(out.shape[0], dtype=np.float64)))
+            out[n_out] = worst_alone
+            n_out += 1
+            t -= seq_len
+        if t > 0:
+            window_tokens[c] += t
+            fill = t
+        i += 1
+    return out[:n_out].copy()
+
+
+def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
+                           n_clusters: int | None = None) -> np.ndarray:
+    """Token-share uniformity per packed window: max over clusters of |share in window - global share|.
+
+    The objective of seed 004 evaluated on the trainer's windows (packed as in ``window_diversity``).
+    0 means the window holds exactly the corpus mix; 1 is the worst possible.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.int64)
+    k = int(n_clusters if n_clusters is not None else (labels.max() + 1 if labels.size else 1))
+    shares = global_token_shares(labels, counts, k)
+    if order is not None:
+        order = np.asarray(order, dtype=np.int64)
+        labels, counts = labels[order], counts[order]
+    deviation = _window_share_deviation(labels, counts, int(seq_len), shares)
+    return deviation if deviation.size else np.zeros(1)
+
+
+def _token_slice_mix(labels: np.ndarray, counts: np.ndarray, start: float, stop: float, n_clusters: int) -> np.ndarray:
+    """Cluster token shares of the token range [start, stop) of the packed stream (documents cut at the edges)."""
+    ends = np.cumsum(counts, dtype=np.float64)
+    begins = ends - counts
+    inside = np.clip(np.minimum(ends, stop) - np.maximum(begins, start), 0, None)
+    mix = np.bincount(labels, weights=inside, minlength=n_clusters)
+    total = mix.sum()
+    return mix / total if total > 0 else mix
+
+
+def boundary_shift(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | None = None,
+                   n_clusters: int | None = None, fraction: float = 0.05) -> float:
+    """Total-variation distance between the cluster mix of the first and the last ``fraction`` of tokens.
+
+    What a model sees change at an epoch boundary (end of one pass -> start of the next): 0 when
+    head and tail hold the same mix, 1 when they share no cluster.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.float64)
+    k = int(n_clusters if n_clusters is not None else (labels.max() + 1 if labels.size else 1))
+    if order is not None:
+        order = np.asarray(order, dtype=np.int64)
+        labels, counts = labels[order], counts[order]
+    total = counts.sum()
+    head = _token_slice_mix(labels, counts, 0.0, fraction * total, k)
+    tail = _token_slice_mix(labels, counts, (1.0 - fraction) * total, total, k)
+    return float(0.5 * np.abs(head - tail).sum())
+
+
+def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | None = None) -> float:
+    """How far into the order (fraction of tokens before it) the last cluster first appears; lower is better."""
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.float64)
+    if order is not None:
+        order = np.asarray(order, dtype=np.int64)
+        labels, counts = labels[order], counts[order]
+    total = counts.sum()
+    if labels.size == 0 or total == 0:
+        return 0.0
+    before = np.cumsum(counts) - counts
+    first = np.full(int(labels.max()) + 1, np.inf)
+    np.minimum.at(first, labels, before)
+    return float(first[np.isfinite(first)].max() / total)
+
+
+def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,
+                     n_clusters: int) -> dict:
+    """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage."""
+    deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters)
+    return {
+        "diversity": summarize_windows(window_diversity(labels, token_counts, seq_len, order)),
+        "uniformity_max": round(float(deviation.max()), 4),
+        "uniformity_mean": round(float(deviation.mean()), 4),
+        "boundary_shift": round(boundary_shift(labels, token_counts, order, n_clusters), 4),
+        "coverage": round(coverage(labels, token_counts, order), 4),
+    }

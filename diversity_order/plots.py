@@ -1,4 +1,5 @@
-"""Plots: ``ordering_comparison.png`` (before/after) and ``cluster_cloud.png`` (2-D map of clusters).
+"""Plots: ``ordering_comparison.png`` (before/after), ``cluster_cloud.png`` (2-D map of clusters) and
+the strategy comparison's diversity curves.
 
 Matplotlib runs headless (Agg). The colour bars are drawn as one image each, however many
 documents there are; scatter points are rasterised so the PNG stays light at any N.
@@ -69,7 +70,10 @@ def _colour_strip(labels_in_order: np.ndarray, counts_in_order: np.ndarray, colo
 
 def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray,
                              n_clusters: int, diversity_before: np.ndarray, diversity_after: np.ndarray,
-                             summary_before: dict, summary_after: dict, seq_len: int) -> None:
+                             summary_before: dict, summary_after: dict, seq_len: int,
+                             quality: dict | None = None, ordering_name: str = "stratified") -> None:
+    """``quality``: {"original": .., "curated": .., "random_shuffle": ..} from diversity.ordering_quality,
+    shown as a line per order under the strips."""
     plt = _pyplot()
     colors = cluster_colors(n_clusters)
     fig, axes = plt.subplots(3, 1, figsize=(14, 8), gridspec_kw={"height_ratios": [1, 1, 3]}, sharex=True)
@@ -80,7 +84,7 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
 
     for ax, order_here, text in (
         (axes[0], np.arange(labels.size), title("Input order", summary_before)),
-        (axes[1], order, title("Curated order", summary_after)),
+        (axes[1], order, title(f"Curated order ({ordering_name})", summary_after)),
     ):
         strip = _colour_strip(labels[order_here], token_counts[order_here], colors)
         ax.imshow(strip, aspect="auto", interpolation="nearest", extent=(0, total_windows, 0, 1))
@@ -97,6 +101,13 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.suptitle(f"Documents coloured by cluster (K = {n_clusters}) along the token stream, input vs curated order")
+    if quality:
+        names = {"original": "input", "curated": "curated", "random_shuffle": "random shuffle"}
+        text = "   |   ".join(
+            f"{names[key]}: uniformity {q['uniformity_mean']:.3f} (max {q['uniformity_max']:.2f}), "
+            f"boundary shift {q['boundary_shift']:.3f}" for key, q in quality.items() if key in names)
+        fig.text(0.5, -0.01, "Token-share uniformity (mean over windows) and epoch-boundary shift, lower is better:  "
+                 + text, ha="center", va="top", fontsize=8.5)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -227,6 +238,42 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_title(f"{n:,} documents, PCA -> UMAP, coloured by cluster (K = {n_clusters})")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) -> None:
+    """One panel per seq_len: unique clusters per window along the order, one line per ordering.
+
+    ``curves``: {(ordering, seq_len): per-window diversity}. Lines are smoothed over ~2% of the
+    windows so a dozen orderings stay readable; x is the position as a fraction of the order.
+    """
+    plt = _pyplot()
+    seq_lens = sorted({seq_len for _, seq_len in curves})
+    names = list(dict.fromkeys(name for name, _ in curves))
+    # The three orderings the README compares get strong, distinct colours; the rest share tab20's others.
+    fixed = {"balanced": "#1f77b4", "stratified": "#ff7f0e", "random": "#333333"}
+    others = [c for i, c in enumerate(plt.get_cmap("tab20")(np.arange(20))) if i not in (0, 1, 2, 3, 14, 15)]
+    fig, axes = plt.subplots(len(seq_lens), 1, figsize=(13, 3.6 * len(seq_lens)), squeeze=False)
+    for ax, seq_len in zip(axes[:, 0], seq_lens):
+        for i, name in enumerate(names):
+            values = np.asarray(curves[(name, seq_len)], dtype=np.float64)
+            width = max(1, values.size // 50)
+            smooth = np.convolve(values, np.ones(width) / width, mode="valid") if values.size >= width else values
+            x = (np.arange(smooth.size) + width / 2) / max(values.size, 1)
+            bold = name in fixed
+            ax.plot(x, smooth, lw=2.2 if bold else 1.0, alpha=1.0 if bold else 0.8,
+                    color=fixed.get(name, others[i % len(others)]), ls="--" if name == "random" else "-",
+                    label=f"{name} ({values.mean():.1f})", zorder=3 if bold else 2)
+        ax.set_title(f"seq-len {seq_len:,}: unique clusters per window (mean in the legend)", fontsize=10)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, None)
+        ax.set_ylabel("unique clusters")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7.5, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[-1, 0].set_xlabel("position in the order (fraction of windows)")
+    fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})")
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)

@@ -176,7 +176,16 @@ def iter_text_batches(
     index: RecordIndex, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
     max_batch_rows: int = 1 << 30,
 ) -> Iterator[tuple[np.ndarray, list[str]]]:
-    """Yield (row positions, texts) for ``rows`` (default all), in increasing row order.
+    """Yield (row positions, texts) for ``rows`` (default all), in increasing row order."""
+    for batch, raws in _iter_raw_batches(index, rows, max_batch_bytes, max_batch_rows):
+        yield batch, [_record_text(raw, index.path, int(index.line_numbers[row]), index.text_field)
+                      for row, raw in zip(batch.tolist(), raws)]
+
+
+def _iter_raw_batches(
+    index: RecordIndex, rows: np.ndarray | None, max_batch_bytes: int = 4 << 20, max_batch_rows: int = 1 << 30,
+) -> Iterator[tuple[np.ndarray, list[bytes]]]:
+    """Yield (row positions, raw record bytes) for ``rows`` (default all), in increasing row order.
 
     Each batch is read with one contiguous read when its rows lie close together in the
     file, else record by record.
@@ -190,19 +199,58 @@ def iter_text_batches(
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             batch = rows[lo:hi]
             first, last = index.starts[batch[0]], index.ends[batch[-1]]
-            texts = []
             if last - first <= 2 * int(sizes[lo:hi].sum()) + (1 << 16):
                 handle.seek(first)
                 block = handle.read(last - first)
-                for row in batch:
-                    raw = block[index.starts[row] - first : index.ends[row] - first]
-                    texts.append(_record_text(raw, index.path, int(index.line_numbers[row]), index.text_field))
+                raws = [block[index.starts[row] - first : index.ends[row] - first] for row in batch]
             else:
+                raws = []
                 for row in batch:
                     handle.seek(index.starts[row])
-                    raw = handle.read(index.ends[row] - index.starts[row])
-                    texts.append(_record_text(raw, index.path, int(index.line_numbers[row]), index.text_field))
-            yield batch, texts
+                    raws.append(handle.read(index.ends[row] - index.starts[row]))
+            yield batch, raws
+
+
+_MISSING = object()
+
+
+def read_field_values(index: RecordIndex, field: str) -> list:
+    """The JSON value of ``field`` in every record, in input order (a sentinel where it is absent).
+
+    Records were validated by ``scan_jsonl``, so each line is a JSON object.
+    """
+    values: list = []
+    for _, raws in _iter_raw_batches(index, None):
+        values.extend(json.loads(raw).get(field, _MISSING) for raw in raws)
+    return values
+
+
+def read_scores(index: RecordIndex, field: str) -> np.ndarray:
+    """A finite number per record from ``field`` (float64); a missing or non-numeric value is a UserError."""
+    values = read_field_values(index, field)
+    scores = np.empty(len(values), dtype=np.float64)
+    for row, value in enumerate(values):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+        if not ok:
+            where = f"{index.path}:{int(index.line_numbers[row])}"
+            found = "no such field" if value is _MISSING else f"the value {json.dumps(value)[:40]}"
+            raise UserError(f"{where}: --score-field {field} needs a finite number in every record; found {found}")
+        scores[row] = value
+    return scores
+
+
+def read_categories(index: RecordIndex, field: str) -> tuple[np.ndarray, list[str]]:
+    """A category id per record from ``field`` (any JSON value; absent -> its own "(missing)" category).
+
+    Returns (ids in input order, category names by id, most frequent first).
+    """
+    keys = ["(missing)" if v is _MISSING else (v if isinstance(v, str) else json.dumps(v, sort_keys=True))
+            for v in read_field_values(index, field)]
+    names, ids, sizes = np.unique(np.asarray(keys, dtype=object), return_inverse=True, return_counts=True)
+    by_size = np.argsort(-sizes, kind="stable")
+    rank = np.empty_like(by_size)
+    rank[by_size] = np.arange(by_size.size)
+    return rank[ids].astype(np.int64), [str(names[i]) for i in by_size]
 
 
 def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str, max_pass_bytes: int = 1 << 30) -> int:

@@ -8,6 +8,9 @@ from hypothesis import strategies as st
 from diversity_order.ordering import ORDERINGS, WITHIN_CLUSTER_SORTS, OrderingOptions, cluster_pools, stratified_order
 from reference_impl import ref_pools, ref_stratified_order
 
+# The reference's four pool orders; "random" (ours) is checked separately below.
+REFERENCE_SORTS = tuple(s for s in WITHIN_CLUSTER_SORTS if s != "random")
+
 
 @st.composite
 def labelled_docs(draw, max_n=120, max_k=12):
@@ -20,7 +23,7 @@ def labelled_docs(draw, max_n=120, max_k=12):
 
 
 @settings(max_examples=300, deadline=None)
-@given(labelled_docs(), st.sampled_from(WITHIN_CLUSTER_SORTS))
+@given(labelled_docs(), st.sampled_from(REFERENCE_SORTS))
 def test_stratified_order_matches_reference_loop(docs, sort):
     labels, counts, k = docs
     ours = stratified_order(labels, counts, k, OrderingOptions(within_cluster_sort=sort))
@@ -29,7 +32,7 @@ def test_stratified_order_matches_reference_loop(docs, sort):
 
 
 @settings(max_examples=200, deadline=None)
-@given(labelled_docs(), st.sampled_from(WITHIN_CLUSTER_SORTS))
+@given(labelled_docs(), st.sampled_from(REFERENCE_SORTS))
 def test_cluster_pools_match_reference(docs, sort):
     labels, counts, k = docs
     members, starts = cluster_pools(labels, counts, k, sort)
@@ -43,7 +46,7 @@ def test_larger_random_input_matches_reference():
     # Skewed cluster sizes, one cluster empty.
     labels = rng.choice(k, size=3000, p=np.r_[0, rng.dirichlet(np.ones(k - 1) * 0.3)])
     counts = rng.integers(0, 20000, size=3000)
-    for sort in WITHIN_CLUSTER_SORTS:
+    for sort in REFERENCE_SORTS:
         ours = stratified_order(labels, counts, k, OrderingOptions(sort))
         assert ours.tolist() == ref_stratified_order(labels.tolist(), counts.tolist(), k, sort)
 
@@ -64,11 +67,32 @@ def test_registry_orderings_return_permutations():
     rng = np.random.default_rng(1)
     labels = rng.integers(0, 7, 500)
     counts = rng.integers(0, 100, 500)
+    scores = rng.normal(size=500)
     for name, strategy in ORDERINGS.items():
-        order = strategy(labels, counts, 7, OrderingOptions())
+        order = strategy(labels, counts, 7, OrderingOptions(scores=scores, jitter_window=5, seq_len=300))
         assert np.array_equal(np.sort(order), np.arange(500)), name
 
 
 def test_unknown_within_cluster_sort_is_refused():
     with pytest.raises(ValueError, match="within_cluster_sort"):
         cluster_pools(np.zeros(3, int), np.ones(3, int), 1, "by-magic")
+
+
+@settings(max_examples=100, deadline=None)
+@given(labelled_docs(), st.integers(0, 2**31))
+def test_random_pools_are_seeded_shuffles_of_each_cluster(docs, seed):
+    labels, counts, k = docs
+    members, starts = cluster_pools(labels, counts, k, "random", seed)
+    again, _ = cluster_pools(labels, counts, k, "random", seed)
+    assert members.tolist() == again.tolist()
+    for c, pool in enumerate(ref_pools(labels.tolist(), counts.tolist(), k, "original")):
+        assert sorted(members[starts[c]:starts[c + 1]].tolist()) == pool
+
+
+def test_random_pools_differ_by_seed_and_remove_input_drift():
+    labels = np.zeros(1000, int)
+    first, _ = cluster_pools(labels, np.ones(1000, int), 1, "random", 1)
+    second, _ = cluster_pools(labels, np.ones(1000, int), 1, "random", 2)
+    assert first.tolist() != second.tolist()
+    # The input-order pool keeps 0..999; a shuffled pool's first half draws about equally from both halves of the input.
+    assert 200 < (first[:500] < 500).sum() < 300
