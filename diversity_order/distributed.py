@@ -83,9 +83,12 @@ def my_share(ctx: DistContext, rows: np.ndarray, sizes: np.ndarray) -> np.ndarra
     return rows[bounds[ctx.rank] : bounds[ctx.rank + 1]]
 
 
-def gather_to_main(ctx: DistContext, array: np.ndarray, device=None) -> list[np.ndarray] | None:
+def gather_to_main(ctx: DistContext, array: np.ndarray, device=None, group=None) -> list[np.ndarray] | None:
     """Rank 0 receives every rank's ``array`` (same dtype and trailing shape, any row count);
-    the other ranks get None."""
+    the other ranks get None.
+
+    With ``group`` (a process group) ``ctx`` describes this rank's place in it (rank within the
+    group, group size), only its members call this, and its rank 0 receives."""
     if not ctx.active:
         return [array]
     import torch
@@ -95,12 +98,13 @@ def gather_to_main(ctx: DistContext, array: np.ndarray, device=None) -> list[np.
     tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
     count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(count) for _ in range(ctx.world_size)]
-    dist.all_gather(counts, count)
+    dist.all_gather(counts, count, group=group)
     longest = int(max(c.item() for c in counts))
     padded = torch.zeros((longest,) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=device)
     padded[: tensor.shape[0]] = tensor
     gathered = [torch.zeros_like(padded) for _ in range(ctx.world_size)] if ctx.is_main else None
-    dist.gather(padded, gathered, dst=0)
+    dst = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.gather(padded, gathered, dst=dst, group=group)
     if not ctx.is_main:
         return None
     return [g[: int(c.item())].cpu().numpy() for g, c in zip(gathered, counts)]
