@@ -9,7 +9,9 @@ budget; out-of-memory shrinks the batch, and a document that fits in no batch is
 rerun resumes. A rerun over an edited, extended or reordered input recomputes only the records
 whose text is not already in OUTPUT (checked with OUTPUT.fingerprints.npy / OUTPUT.cache.json);
 token ids are cached in OUTPUT.tokens.*. Under torchrun --nproc_per_node=N each rank embeds a
-share (data parallel), or with --tp N holds 1/N of the weights (tensor parallel).
+share (data parallel), or with --tp N holds 1/N of the weights (tensor parallel); with
+--tp N and a multiple of N processes, groups of N consecutive ranks each hold one sharded copy
+and the groups split the documents (data parallel x tensor parallel).
 See diversity_order/deep.py for the details.
 """
 
@@ -35,7 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="model weights' dtype: auto = bfloat16 on GPU, float32 on CPU (pooling is always float32)")
     p.add_argument("--tp", type=int, default=1,
-                   help="tensor parallel under torchrun --nproc_per_node=N: each rank holds 1/N of the weights (default: 1)")
+                   help="tensor parallel under torchrun: each rank holds 1/N of the weights; with --nproc_per_node a "
+                        "multiple of N, every N ranks form one data-parallel group (default: 1)")
     p.add_argument("--max-tokens", type=int, default=None, help="truncate every document to this many tokens")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="truncate to the model's context; default: the model's max_position_embeddings")

@@ -36,6 +36,14 @@ order (the format ``curate_dataset.py --load-embeddings`` reads).
 * torchrun (data parallel): every rank takes a contiguous run of the length-sorted documents,
   balanced by tokens, checkpoints its own ``OUTPUT.rank{r}.partial.*``, and rank 0 gathers
   and writes the output.
+* torchrun with ``--tp N`` (tensor parallel): the WORLD_SIZE processes form WORLD_SIZE / N
+  data-parallel groups of N consecutive ranks (a ("dp", "tp") device mesh), so a group stays
+  inside a node when ``--nproc_per_node`` is a multiple of N. Each group holds one copy of
+  the model sharded over its N ranks, which run the same batches in lockstep (their
+  out-of-memory decisions and checkpoint state agreed within the group); the groups split the
+  documents as data-parallel ranks do, the group's first rank checkpoints its share
+  (``OUTPUT.rank{g}.partial.*`` for group g; ``OUTPUT.partial.*`` when there is one group),
+  and rank 0 gathers the groups' rows.
 """
 
 from __future__ import annotations
@@ -155,11 +163,16 @@ def _check_config(config: DeepConfig) -> None:
     if config.tp > 1:
         _check_heads_divisible(Path(config.model_dir), config.tp)
         if not distributed.launched_by_torchrun():
-            raise UserError(f"--tp {config.tp} needs torchrun --nproc_per_node={config.tp} (WORLD_SIZE is not set)")
+            raise UserError(f"--tp {config.tp} needs torchrun --nproc_per_node={config.tp} (or a multiple of "
+                            f"{config.tp} for data parallel x tensor parallel; WORLD_SIZE is not set)")
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world != config.tp:
-            raise UserError(f"--tp {config.tp} under torchrun with {world} processes: tensor parallel needs "
-                            f"--nproc_per_node={config.tp} (combining it with data parallel is not supported)")
+        if world % config.tp:
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            lower = per_node // config.tp * config.tp
+            fits = " or ".join(f"--nproc_per_node={k}" for k in (lower, lower + config.tp) if k >= config.tp)
+            raise UserError(f"--tp {config.tp} under torchrun with {world} processes: the process count must be a "
+                            f"multiple of --tp (data-parallel groups of {config.tp} tensor-parallel ranks); "
+                            f"use {fits}")
     _check_output_writable(Path(config.output))
 
 
@@ -189,11 +202,14 @@ def _torch_dtype(name: str, device):
     return getattr(torch, name)
 
 
-def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, attn_implementation: str | None = None):
+def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, attn_implementation: str | None = None,
+               mesh=None):
     """The base model (no LM head): its output carries ``last_hidden_state``.
 
     With ``tensor_parallel`` (under torchrun) transformers' ``tp_plan="auto"`` shards the
-    weights over the ranks; every rank then gets the full hidden states.
+    weights over the ranks; every rank then gets the full hidden states. With ``mesh`` (a
+    ("dp", "tp") DeviceMesh: data parallel x tensor parallel) they are sharded over this
+    rank's "tp" group only, and each data-parallel group holds its own copy.
     """
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
@@ -204,11 +220,16 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, at
         try:  # newer transformers take the plan in a DistributedConfig; older ones as tp_plan=
             from transformers import DistributedConfig
 
-            extra["distributed_config"] = DistributedConfig(tp_plan="auto")
+            # Under dp x tp the size must be given: from the plan alone it would be WORLD_SIZE.
+            sizes = {"tp_size": mesh["tp"].size()} if mesh is not None else {}
+            extra["distributed_config"] = DistributedConfig(tp_plan="auto", **sizes)
         except ImportError:
             extra["tp_plan"] = "auto"
+    if mesh is not None:
+        extra["device_mesh"] = mesh  # from_pretrained's own argument (a mesh with a "tp" dimension)
     try:
-        model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True, **extra)
+        with _sharding_on(mesh, device) if mesh is not None else contextlib.nullcontext():
+            model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True, **extra)
     except Exception as exc:  # transformers raises many types for a bad folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         what = "load a Hugging Face model with tp_plan='auto' (tensor parallel)" if tensor_parallel else \
@@ -219,7 +240,67 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, at
     if getattr(model.config, "vocab_size", None) is None or model.get_input_embeddings() is None:
         raise UserError(f"--model-dir {model_dir}: {type(model).__name__} is not a text model "
                         f"(no token-embedding table); use a causal LM or a text encoder")
+    if mesh is not None:
+        _check_sharded_on(model, mesh["tp"])
     return (model if tensor_parallel else model.to(device)).eval()
+
+
+@contextlib.contextmanager
+def _sharding_on(mesh, device):
+    """While open, transformers' from_pretrained shards over ``mesh["tp"]``, not the whole world.
+
+    transformers 5.x ignores ``from_pretrained(device_mesh=)`` as soon as a distributed_config
+    (or tp_plan) is given: it builds its own (pp, dp_replicate, fsdp, tp) mesh over every
+    process in ``transformers.distributed.mixin.initialize_distributed_mesh``, which refuses a
+    tp size smaller than WORLD_SIZE (and without a distributed_config nothing is sharded at
+    all). Here that function hands back our mesh instead, seen under the names transformers
+    expects: (pp=1, dp_replicate=dp, fsdp=1, tp), the same ranks and process groups. Nothing
+    is patched where that function is missing (other transformers versions): they get
+    ``device_mesh=`` only, and ``_check_sharded_on`` refuses a model sharded elsewhere.
+    """
+    try:
+        from transformers.distributed import mixin
+        from transformers.distributed.utils import TransformersDeviceMesh
+    except ImportError:
+        mixin = None
+    original = getattr(mixin, "initialize_distributed_mesh", None)
+    if original is None:
+        yield
+        return
+    dp, tp = mesh["dp"].size(), mesh["tp"].size()
+    if hasattr(mesh, "_unflatten"):  # a view of our mesh: its "tp" process groups are reused
+        dense = mesh._unflatten("dp", (1, dp, 1), ("pp", "dp_replicate", "fsdp"))
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dense = init_device_mesh(mesh.device_type, (1, dp, 1, tp), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp"))
+
+    def initialize(config):
+        if (config.tp_size, config.pp_size, config.dp_size, config.ep_size) != (tp, 1, 1, 1):
+            return original(config)
+        # Experts are only sharded when ep_size > 1, so the expert view is never read here.
+        return device, TransformersDeviceMesh(dense, dense)
+
+    mixin.initialize_distributed_mesh = initialize
+    try:
+        yield
+    finally:
+        mixin.initialize_distributed_mesh = original
+
+
+def _check_sharded_on(model, tp_mesh) -> None:
+    """Refuse a model whose weights are not sharded over exactly the ranks of ``tp_mesh``."""
+    import transformers
+    from torch.distributed.tensor import DTensor
+
+    want = sorted(tp_mesh.mesh.flatten().tolist())
+    sharded = next((p for p in model.parameters() if isinstance(p, DTensor)), None)
+    got = sorted(sharded.device_mesh.mesh.flatten().tolist()) if sharded is not None else None
+    if got != want:
+        where = "not sharded at all" if got is None else f"sharded over ranks {got}"
+        raise UserError(f"--tp {len(want)}: transformers {transformers.__version__} loaded the model {where}, not "
+                        f"over this tensor-parallel group (ranks {want}); data parallel x tensor parallel was written "
+                        f"for transformers 5.23; with this one run --nproc_per_node={len(want)}")
 
 
 def _config_max_positions(model_dir: Path) -> int | None:
@@ -541,11 +622,12 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
         import torch
 
         device = torch.device(f"cuda:{ctx.local_rank}")
-    if ctx.active and not ctx.is_main and config.tp > 1:
-        # Tensor-parallel ranks do the same work as rank 0: only its log lines are worth reading.
-        logging.getLogger("diversity_order").setLevel(logging.WARNING)
     try:
-        return _extract(config, ctx, device, forward)
+        layout = _Layout.of(ctx, config.tp, device)
+        if ctx.active and config.tp > 1 and not layout.leader:
+            # Tensor-parallel ranks do the same work as their group's first rank: only its log lines are worth reading.
+            logging.getLogger("diversity_order").setLevel(logging.WARNING)
+        return _extract(config, ctx, device, forward, layout)
     finally:
         distributed.shutdown(ctx)
 
@@ -560,19 +642,61 @@ def _existing_rows(output: Path) -> int | None:
     return int(matrix.shape[0]) if matrix.ndim == 2 else None
 
 
-class _TensorParallelGroup:
-    """Under --tp every rank runs the same batches; these keep the ranks' decisions identical."""
+@dataclass(frozen=True)
+class _Layout:
+    """Where this process sits under torchrun: its data-parallel group and its rank in that
+    group's tensor-parallel ranks. Group g is the consecutive ranks g*tp ... g*tp + tp - 1."""
 
-    def __init__(self, ctx: distributed.DistContext, device):
+    dp: int = 1
+    tp: int = 1
+    dp_rank: int = 0
+    tp_rank: int = 0
+    mesh: object = None  # DeviceMesh ("dp", "tp"): only when there are several groups of tp > 1 ranks
+
+    @classmethod
+    def of(cls, ctx: distributed.DistContext, tp: int, device) -> _Layout:
+        if not ctx.active or tp == 1:
+            return cls(dp=ctx.world_size, dp_rank=ctx.rank)
+        dp = ctx.world_size // tp
+        mesh = None
+        if dp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        return cls(dp, tp, ctx.rank // tp, ctx.rank % tp, mesh)
+
+    @property
+    def leader(self) -> bool:
+        """The group's first rank: it alone reads and writes the group's checkpoint and sends its rows."""
+        return self.tp_rank == 0
+
+    def data_ctx(self, ctx: distributed.DistContext) -> distributed.DistContext:
+        """The data-parallel context (shares, per-group files, gathering), with groups as ranks."""
+        if self.tp == 1:
+            return ctx
+        return distributed.DistContext(self.dp_rank, self.dp, ctx.local_rank) if self.dp > 1 else distributed.DistContext()
+
+    def group(self, dim: str):
+        """The process group of this rank's ``dim`` ("dp" or "tp") row of the mesh; None: the world."""
+        return self.mesh[dim].get_group() if self.mesh is not None else None
+
+
+class _TensorParallelGroup:
+    """Under --tp every rank of a group runs the same batches; these keep their decisions identical.
+
+    ``group``: the tensor-parallel process group (None: the whole world, when it is the only group)."""
+
+    def __init__(self, ctx: distributed.DistContext, device, group=None):
         self.active = ctx.active
         self.device = device
+        self.group = group
 
     def _reduce(self, value: int, op) -> int:
         import torch
         import torch.distributed as dist
 
         tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=self.group)
         return int(tensor.item())
 
     def min(self, value: int) -> int:
@@ -592,18 +716,28 @@ class _TensorParallelGroup:
         import torch.distributed as dist
 
         tensor = torch.from_numpy(np.ascontiguousarray(array).astype(np.uint8)).to(self.device)
-        dist.broadcast(tensor, src=0)
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast(tensor, src=src, group=self.group)
         return tensor.cpu().numpy().astype(array.dtype)
 
 
-def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) -> DeepResult:
+def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward,
+             layout: _Layout | None = None) -> DeepResult:
     from .tokenizer import DocumentTokenizer
 
+    layout = layout or _Layout.of(ctx, config.tp, device)
     tensor_parallel = config.tp > 1
-    tp_group = _TensorParallelGroup(ctx if tensor_parallel else distributed.DistContext(), device)
-    # Under --tp the ranks share one model and process every document together; the data-parallel
-    # context (shares, per-rank files, gathering) is then the trivial one, and rank 0 writes.
-    data_ctx = distributed.DistContext() if tensor_parallel else ctx
+    tp_group = _TensorParallelGroup(ctx if tensor_parallel else distributed.DistContext(), device, layout.group("tp"))
+    # Under --tp the ranks of a group share one model and process their documents together; the
+    # data-parallel context (shares, per-rank files, gathering) counts groups, not ranks (the
+    # trivial one for a single group), and the group's first rank reads and writes its files.
+    data_ctx = layout.data_ctx(ctx)
+    if ctx.is_main and tensor_parallel and layout.dp > 1:
+        log.info("%d processes: %d data-parallel groups x tensor parallel %d", ctx.world_size, layout.dp, layout.tp)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+        if per_node % layout.tp:
+            log.warning("--nproc_per_node=%d is not a multiple of --tp %d: some tensor-parallel groups span two nodes",
+                        per_node, layout.tp)
 
     started = time.perf_counter()
     result = DeepResult(output=config.output)
@@ -665,7 +799,7 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) 
     if truncated and ctx.is_main:
         log.info("%d document(s) truncated to %d tokens", truncated, max_len)
 
-    model = load_model(config.model_dir, dtype, device, tensor_parallel, config.attn_implementation)
+    model = load_model(config.model_dir, dtype, device, tensor_parallel, config.attn_implementation, layout.mesh)
     dim = int(model.config.hidden_size)
 
     # Processing order: by length (stable, so ties keep input order); shares are contiguous.
@@ -681,8 +815,8 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) 
         "rows": hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest(),
         "dim": dim,
     }
-    partial = Partial(config.output, data_ctx, rows, dim, key, writer=ctx.is_main or not tensor_parallel)
-    partial.done = tp_group.broadcast(partial.done)  # --tp: rank 0's checkpoint decides for all
+    partial = Partial(config.output, data_ctx, rows, dim, key, writer=layout.leader)
+    partial.done = tp_group.broadcast(partial.done)  # --tp: the group leader's checkpoint decides for all
     partial.start()
     position = {int(r): i for i, r in enumerate(rows.tolist())}
 
@@ -696,8 +830,10 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) 
 
     budget = tp_group.min(_initial_budget(config, model, device, dtype))
     embedder = Embedder(model, device, config.batch_size, budget, forward)
-    log.info("Rank %d: %d document(s) to embed (%d tokens) on %s in %s; token budget %d per batch",
-             ctx.rank, todo.size, int(lengths[todo].sum()), device, dtype, budget)
+    who = f"Rank {ctx.rank}" if layout.mesh is None else \
+        f"Data-parallel group {layout.dp_rank} (ranks {ctx.rank}-{ctx.rank + layout.tp - 1})"
+    log.info("%s: %d document(s) to embed (%d tokens) on %s in %s; token budget %d per batch",
+             who, todo.size, int(lengths[todo].sum()), device, dtype, budget)
 
     bar = _bar(int(todo.size), "Deep embeddings", "doc", progress)
     since_checkpoint, last_checkpoint = 0, time.monotonic()
@@ -759,10 +895,16 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) 
 
     # Rows skipped for memory are NaN here and not marked done, so a rerun retries them.
     comm_device = device if device.type == "cuda" else None
-    parts = distributed.gather_to_main(data_ctx, partial.rows, comm_device)
-    datas = distributed.gather_to_main(data_ctx, partial.data, comm_device)
+
+    def gather(array: np.ndarray):
+        # Each group's first rank sends (the others hold the same rows, without the resumed ones),
+        # over the process group of the groups' first ranks, where rank 0 receives.
+        return distributed.gather_to_main(data_ctx, array, comm_device, layout.group("dp")) if layout.leader else None
+
+    parts = gather(partial.rows)
+    datas = gather(partial.data)
     skipped_local = np.asarray(result.skipped, dtype=np.int64).reshape(-1, 2)
-    skipped_all = distributed.gather_to_main(data_ctx, skipped_local, comm_device)
+    skipped_all = gather(skipped_local)
     if ctx.is_main:
         embeddings = np.full((n, dim), np.nan, dtype=np.float32)
         if found.data is not None and found.data.shape[1:] == (dim,):
@@ -785,8 +927,7 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward) 
     distributed.barrier(ctx)
     partial.remove()
     if data_ctx.active:
-        totals = distributed.gather_to_main(data_ctx, np.asarray([[result.docs, result.tokens]], dtype=np.int64),
-                                            comm_device)
+        totals = gather(np.asarray([[result.docs, result.tokens]], dtype=np.int64))
         if ctx.is_main:
             result.docs, result.tokens = (int(v) for v in np.concatenate(totals).sum(axis=0))
     result.seconds = time.perf_counter() - started

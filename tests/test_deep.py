@@ -304,6 +304,89 @@ def test_torchrun_tensor_parallel_matches_single_process(data, tiny_model_dir, b
     assert not list(tmp_path.glob("*.partial*"))
 
 
+def _torchrun(nproc, args, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_torchrun_data_parallel_x_tensor_parallel_matches_single_process(data, tiny_model_dir, baseline, reference,
+                                                                          tmp_path):
+    """4 processes with --tp 2: two data-parallel groups, each holding the model split over 2 ranks."""
+    out = tmp_path / "dptp.npy"
+    proc = _torchrun(4, [
+        ROOT / "extract_deep_embeddings.py", "--input", data[0], "--output", out, "--tp", "2",
+        "--model-dir", tiny_model_dir, "--device", "cpu", "--dtype", "float32", "--token-budget", "2048",
+        "--batch-size", "8", "--checkpoint-docs", "3", "--no-progress"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 processes: 2 data-parallel groups x tensor parallel 2" in proc.stderr
+    emb = np.load(out)
+    _check_against_reference(emb, reference)
+    np.testing.assert_allclose(emb, np.load(baseline), atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_torchrun_data_parallel_x_tensor_parallel_resumes_after_kill(data, tiny_model_dir, baseline, tmp_path):
+    """Rank 0 SIGKILLed mid-run (torchrun then stops the others): each group's leader has
+    checkpointed its own share, and the rerun computes only the rows not yet done. Every rank
+    also reports the ranks its weights are sharded over: its own group's two, not all four."""
+    out = tmp_path / "emb.npy"
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import logging, os, signal, sys
+from diversity_order import deep
+logging.basicConfig(level=logging.INFO)
+kill_after = int(sys.argv[1])
+calls = [0]
+def forward(model, ids, mask):
+    calls[0] += 1
+    if calls[0] == 1:
+        mesh = model.layers[0].self_attn.q_proj.weight.device_mesh
+        print(f"rank {{os.environ['RANK']}} sharded over {{sorted(mesh.mesh.flatten().tolist())}}", flush=True)
+    if kill_after and os.environ["RANK"] == "0" and calls[0] > kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return deep.default_forward(model, ids, mask)
+result = deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
+                      device="cpu", dtype="float32", tp=2, token_budget=2048, batch_size=2, checkpoint_docs=2,
+                      progress=False), forward=forward)
+if os.environ["RANK"] == "0":
+    print(f"computed {{result.docs}}", flush=True)
+""")
+    killed = _torchrun(4, [script, "3"])
+    assert killed.returncode != 0 and not out.exists()
+    for rank, group in ((0, [0, 1]), (1, [0, 1]), (2, [2, 3]), (3, [2, 3])):
+        assert f"rank {rank} sharded over {group}" in killed.stdout
+    # Files per data-parallel group (rank0 = group 0, rank1 = group 1), written by its first rank.
+    done_masks = [np.load(path) for path in sorted(tmp_path.glob("emb.npy.rank*.partial.done.npy"))]
+    assert not list(tmp_path.glob("emb.npy.rank[23].partial*"))
+    done0 = np.load(tmp_path / "emb.npy.rank0.partial.done.npy")
+    assert 0 < done0.sum() < done0.size
+
+    resumed = _torchrun(4, [script, "0"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # Every non-empty document not already done is computed once (the empty one is done in group 0's mask).
+    n_docs = len(data[1]) - 1
+    assert f"computed {n_docs - (sum(int(m.sum()) for m in done_masks) - 1)}" in resumed.stdout
+    assert "Resuming from emb.npy.rank0.partial.npy" in resumed.stderr
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_tp_needs_a_multiple_of_the_process_count(data, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--model-dir", str(tiny_model_dir),
+            "--device", "cpu", "--no-progress", "--tp", "2"]
+    assert run_main(extract_deep_embeddings.main, base) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --tp 2 under torchrun with 3 processes: the process count must be a multiple of --tp "
+                      "(data-parallel groups of 2 tensor-parallel ranks); use --nproc_per_node=2 or --nproc_per_node=4"]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert run_main(extract_deep_embeddings.main, base) == 2
+    assert "torchrun --nproc_per_node=2" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- incremental reruns
 
 def _counting_forward(log_rows):
