@@ -321,6 +321,8 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     if config.n_clusters > n and not config.calibrate_k:
         raise UserError(f"--n-clusters {config.n_clusters}: larger than the number of records ({n}); "
                         f"choose at most {n}")
+    if not config.calibrate_k and ctx.is_main:  # read score/balance fields now: a bad field fails fast
+        options = _ordering_options(config, index)
 
     with timer.stage("Token counts and embeddings"):
         if config.load_embeddings is not None:
@@ -362,7 +364,6 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     with timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
         labels = clustering.kmeans_labels(embeddings, config.n_clusters, config.seed, config.cluster_backend,
                                           config.cluster_fit_sample, device)
-    options = _ordering_options(config, index, n)
     if config.compare_strategies:
         seq_lens = list(dict.fromkeys([config.seq_len, *config.extra_seq_lens]))
         names = strategies.applicable_orderings(options.scores is not None)
@@ -462,7 +463,7 @@ def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
 
 
-def _ordering_options(config: CurateConfig, index: records.RecordIndex, n: int) -> ordering.OrderingOptions:
+def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> ordering.OrderingOptions:
     """OrderingOptions from the flags, with scores and balance-field categories read from the records."""
     scores = None
     if config.score_field is not None:

@@ -304,7 +304,9 @@ def _module_records(root: Path, path: Path, min_chars: int) -> list[dict]:
         if len(text) < min_chars:
             continue
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
-        records.append({"text": _cap_text(text), "module": module, "name": name, "kind": kind})
+        text = _cap_text(text)
+        # "lines" gives the score-based orderings (--score-field lines) a real numeric field.
+        records.append({"text": text, "module": module, "name": name, "kind": kind, "lines": text.count("\n") + 1})
     return records
 
 

@@ -131,7 +131,8 @@ def test_corpus_records_and_order(fake_stdlib, tmp_path, capsys):
         ("pkg.mod", "second", "function", _def_text(PKG_MOD, "def second")),
     ]
     assert [(r["module"], r["name"], r["kind"], r["text"]) for r in records] == expected
-    assert all(set(r) == {"text", "module", "name", "kind"} for r in records)
+    assert all(set(r) == {"text", "module", "name", "kind", "lines"} for r in records)
+    assert all(r["lines"] == len(r["text"].split("\n")) for r in records)
     assert all(len(r["text"]) >= 200 for r in records)
     assert records[3]["text"].startswith("class Inner:\n    ")  # methods/classes are dedented
     assert "ünïcødé ✓" in lines[5]  # ensure_ascii=False

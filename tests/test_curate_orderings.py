@@ -1,0 +1,132 @@
+"""--ordering, --compare-strategies, --score-field and --balance-field through curate_dataset.py."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+import curate_dataset
+from conftest import topical_records, write_jsonl
+from diversity_order import diversity
+from diversity_order.cli import run_main
+from diversity_order.ordering import ORDERINGS, SCORE_ORDERINGS, OrderingOptions
+
+
+def curate(*args):
+    return run_main(curate_dataset.main, [str(a) for a in args] + ["--no-progress"])
+
+
+def run_error(capsys, *args):
+    assert curate(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture()
+def scored_jsonl(tmp_path):
+    records = topical_records(per_topic=30, long_every=7)
+    for i, record in enumerate(records):
+        record["quality"] = (i * 37) % 101 / 10
+        record["source"] = ["web", "code", "books"][i % 3] if i % 5 else "web"
+    return write_jsonl(tmp_path / "scored.jsonl", records)
+
+
+def _outputs(folder, stem="cur"):
+    return (np.load(folder / f"{stem}_labels.npy"), np.load(folder / f"{stem}_order.npy"),
+            json.loads((folder / f"{stem}_meta.json").read_text()))
+
+
+@pytest.mark.parametrize("name", sorted(ORDERINGS))
+def test_every_ordering_writes_its_order(tmp_path, tiny_model_dir, scored_jsonl, name):
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--seq-len", 2000, "--no-plot", "--ordering", name, "--score-field", "quality",
+                  "--jitter-window", 4, "--balance-field", "source") == 0
+    labels, order, meta = _outputs(tmp_path)
+    counts = np.load(tmp_path / "scored_token_counts.npy")
+    lines = scored_jsonl.read_bytes().splitlines()
+    assert out.read_bytes().splitlines() == [lines[i] for i in order]  # each record once, in the saved order
+    scores = np.array([json.loads(line)["quality"] for line in lines])
+    sources = np.array([["web", "code", "books"].index(json.loads(line)["source"]) for line in lines])
+    options = OrderingOptions(seq_len=2000, scores=scores, jitter_window=4, balance_groups=sources[:, None])
+    assert order.tolist() == ORDERINGS[name](labels, counts, 5, options).tolist()
+    assert meta["ordering"] == ("stratified_greedy" if name == "stratified" else name)
+    curated = meta["ordering_quality"]["curated"]
+    assert curated == diversity.ordering_quality(labels, counts, 2000, order, 5)
+    assert meta["ordering_quality"]["original"] == diversity.ordering_quality(labels, counts, 2000, None, 5)
+    if name in SCORE_ORDERINGS:
+        assert meta["ordering_options"]["score_field"] == "quality"
+
+
+def test_compare_strategies_writes_table_json_and_plot(tmp_path, tiny_model_dir, scored_jsonl, capsys, caplog):
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--seq-len", 2000, 500, "--compare-strategies", "--ordering", "balanced", "--no-plot") == 0
+    printed = capsys.readouterr().out
+    table = (tmp_path / "cur_strategies.md").read_text()
+    assert table.strip() in printed
+    assert "## seq-len 500" in table and "## seq-len 2,000" in table
+    report = json.loads((tmp_path / "cur_strategies.json").read_text())
+    names = {r["ordering"] for r in report["rows"]}
+    assert names == set(ORDERINGS) - set(SCORE_ORDERINGS)  # no --score-field: no score orderings
+    assert len(report["rows"]) == 2 * len(names)
+    labels, order, meta = _outputs(tmp_path)
+    counts = np.load(tmp_path / "scored_token_counts.npy")
+    for row in report["rows"]:  # the table's numbers are the metrics of that ordering at that length
+        expected = ORDERINGS[row["ordering"]](labels, counts, 5, OrderingOptions(seq_len=row["seq_len"]))
+        quality = diversity.ordering_quality(labels, counts, row["seq_len"], expected, 5)
+        assert {k: row[k] for k in quality} == quality
+        assert f"| {row['ordering']} | {row['diversity']['mean']:.2f} |" in table
+    png = (tmp_path / "cur_strategies.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert out.exists() and meta["sequence_length"] == 2000  # the curated file follows the first --seq-len
+
+
+def test_score_orderings_included_with_score_field(tmp_path, tiny_model_dir, scored_jsonl):
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--seq-len", 2000, "--compare-strategies", "--score-field", "quality", "--stats-only",
+                  "--no-plot") == 0
+    report = json.loads((tmp_path / "cur_strategies.json").read_text())
+    assert {r["ordering"] for r in report["rows"]} == set(ORDERINGS)
+    assert not out.exists()
+
+
+def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_jsonl, capsys):
+    out = tmp_path / "cur.jsonl"
+    base = ["--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5, "--no-plot"]
+    assert "--score-field" in run_error(capsys, *base, "--ordering", "saw")
+    assert "--compare-strategies" in run_error(capsys, *base, "--seq-len", 100, 200)
+    assert "--transition-ratio" in run_error(capsys, *base, "--transition-ratio", 0.9)
+    # A missing or non-numeric score names the file and line.
+    records = [json.loads(line) for line in scored_jsonl.read_text().splitlines()]
+    del records[3]["quality"]
+    write_jsonl(scored_jsonl, records)
+    err = run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
+    assert f"{scored_jsonl}:4:" in err and "no such field" in err
+    records[3]["quality"] = "high"
+    write_jsonl(scored_jsonl, records)
+    assert f'error: {scored_jsonl}:4: --score-field quality needs a finite number in every record; found the value "high"' \
+        == run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
+        curate(*base, "--segment-percentages", "30,x")
+    assert exit_info.value.code == 2 and "expected numbers separated by commas" in capsys.readouterr().err
+
+
+def test_balanced_beats_stratified_and_random_on_the_topical_corpus(tmp_path, tiny_model_dir):
+    # Source-grouped input with long documents: what the balanced ordering is for.
+    path = write_jsonl(tmp_path / "grouped.jsonl", topical_records(per_topic=60, long_every=9))
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", path, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--seq-len", 1500, "--ordering", "balanced", "--no-plot") == 0
+    quality = json.loads((tmp_path / "cur_meta.json").read_text())["ordering_quality"]
+    labels, _, _ = _outputs(tmp_path)
+    counts = np.load(tmp_path / "grouped_token_counts.npy")
+    stratified = diversity.ordering_quality(labels, counts, 1500, ORDERINGS["stratified"](labels, counts, 6), 6)
+    assert quality["curated"]["diversity"]["mean"] >= stratified["diversity"]["mean"]
+    assert quality["curated"]["uniformity_mean"] < quality["random_shuffle"]["uniformity_mean"]
+    assert quality["curated"]["boundary_shift"] < quality["random_shuffle"]["boundary_shift"]
+    assert quality["curated"]["boundary_shift"] < quality["original"]["boundary_shift"]
