@@ -53,6 +53,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -203,7 +204,7 @@ def _torch_dtype(name: str, device):
 
 
 def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, attn_implementation: str | None = None,
-               mesh=None):
+               mesh=None, progress: bool = True):
     """The base model (no LM head): its output carries ``last_hidden_state``.
 
     With ``tensor_parallel`` (under torchrun) transformers' ``tp_plan="auto"`` shards the
@@ -215,6 +216,8 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, at
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    if not (progress and sys.stderr.isatty()):  # its "Loading weights" bar would fill log files
+        hf_logging.disable_progress_bar()
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if tensor_parallel:
         try:  # newer transformers take the plan in a DistributedConfig; older ones as tp_plan=
@@ -799,7 +802,8 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward,
     if truncated and ctx.is_main:
         log.info("%d document(s) truncated to %d tokens", truncated, max_len)
 
-    model = load_model(config.model_dir, dtype, device, tensor_parallel, config.attn_implementation, layout.mesh)
+    model = load_model(config.model_dir, dtype, device, tensor_parallel, config.attn_implementation, layout.mesh,
+                       progress)
     dim = int(model.config.hidden_size)
 
     # Processing order: by length (stable, so ties keep input order); shares are contiguous.
