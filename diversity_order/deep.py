@@ -550,6 +550,30 @@ def _bar(total: int, desc: str, unit: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=None)
 
 
+PROGRESS_LOG_SECONDS = 30
+
+
+def _memory_text(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return f"GPU {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+    from .cli import peak_rss_mb
+
+    return f"RSS {peak_rss_mb() / 1024:.1f} GiB"
+
+
+def _log_progress(docs: int, total_docs: int, tokens: int, total_tokens: int, seconds: float, device) -> None:
+    """One line with docs/s, tokens/s, ETA (from the token rate) and memory, for logs without a bar."""
+    seconds = max(seconds, 1e-9)
+    rate = tokens / seconds
+    eta = (total_tokens - tokens) / rate if rate > 0 else float("nan")
+    log.info("Deep embeddings: %d of %d documents (%.0f%%), %.1f docs/s, %s tokens/s, ETA %s, peak %s", docs,
+             total_docs, 100 * docs / max(total_docs, 1), docs / seconds, f"{rate:,.0f}",
+             f"{int(eta) // 3600}:{int(eta) % 3600 // 60:02d}:{int(eta) % 60:02d}" if eta == eta else "?",
+             _memory_text(device))
+
+
 def _initial_budget(config: DeepConfig, model, device, dtype) -> int:
     import torch
 
@@ -841,6 +865,7 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward,
 
     bar = _bar(int(todo.size), "Deep embeddings", "doc", progress)
     since_checkpoint, last_checkpoint = 0, time.monotonic()
+    last_progress_log = time.monotonic()
     try:
         # Batches are cut greedily over the whole to-do list (never at tokenization chunks), so
         # a resumed run, starting where a finished batch ended, cuts the same batches again.
@@ -884,7 +909,11 @@ def _extract(config: DeepConfig, ctx: distributed.DistContext, device, forward,
             if bar is not None:
                 bar.update(count)
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                bar.set_postfix_str(f"{result.tokens / elapsed:,.0f} tok/s", refresh=False)
+                bar.set_postfix_str(f"{result.tokens / elapsed:,.0f} tok/s, {_memory_text(device)}", refresh=False)
+            if ctx.is_main and (bar is None or bar.disable) and time.monotonic() - last_progress_log >= PROGRESS_LOG_SECONDS:
+                last_progress_log = time.monotonic()  # no bar drawn (log file, --no-progress): a line instead
+                _log_progress(result.docs, int(todo.size), result.tokens, int(todo_lengths.sum()),
+                              time.perf_counter() - started, device)
             if since_checkpoint >= config.checkpoint_docs or time.monotonic() - last_checkpoint >= config.checkpoint_seconds:
                 partial.checkpoint()
                 since_checkpoint, last_checkpoint = 0, time.monotonic()

@@ -529,3 +529,15 @@ def test_a_model_that_reads_no_tokens_is_refused(data, tiny_model_dir, tmp_path,
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1
     assert "ViTModel is not a text model (no token-embedding table)" in errors[0]
+
+
+def test_progress_lines_in_logs_without_a_bar(data, tiny_model_dir, tmp_path, caplog, monkeypatch):
+    # No bar is drawn (--no-progress / a log file): a line with rates, ETA and memory replaces it.
+    caplog.set_level("INFO")
+    monkeypatch.setattr(deep, "PROGRESS_LOG_SECONDS", 0)
+    deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir, batch_size=4))
+    lines = [r.getMessage() for r in caplog.records if " documents (" in r.getMessage()]
+    assert len(lines) >= 2
+    assert all("docs/s" in line and "tokens/s" in line and "ETA" in line and "peak RSS" in line for line in lines)
+    runs = len(data[1]) - 1  # the empty document gets its defined result without a forward pass
+    assert lines[-1].startswith(f"Deep embeddings: {runs} of {runs} documents (100%)")
