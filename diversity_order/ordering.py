@@ -2,12 +2,17 @@
 
 Every strategy has one signature, ``(labels, token_counts, n_clusters, options) -> int64
 permutation``, and is listed in ``ORDERINGS`` so the scripts' choices come from one place.
-Orderings never see the texts: only a few bytes per document, so one process can order the
-documents of many ranks.
+Orderings never see the texts: only a few bytes per document (score-based ones: a score too),
+so one process can order the documents of many ranks.
+
+- cluster orderings: ``stratified`` (the reference), ``balanced``, ``token-balanced`` (seed 004),
+  ``bin-packing``, ``round-robin``, ``random``, ``original``;
+- score orderings (seed 002): ``sorted``, ``folding``, ``zigzag``, ``segment``, ``stair``, ``saw``,
+  each followed by optional local jitter.
 
 ``stratified`` is the reference's sample-count stratified greedy, compiled with numba: the same
 float64 arithmetic and tie-breaking as the interpreted loop, so the output is identical, but
-O(N*K) machine steps instead of interpreted ones.
+O(N*K) machine steps instead of interpreted ones. The other greedy orderings are compiled too.
 """
 
 from __future__ import annotations
