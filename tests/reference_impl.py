@@ -144,3 +144,208 @@ def ref_calibration(x, samples, seed, k_values=(5, 10, 15, 20, 25, 30, 40, 50, 7
     peak = max(r[1] for r in rows)
     recommended = max(r[0] for r in rows if r[1] >= 0.95 * peak)
     return rows, recommended
+
+
+# --- Orderings beyond the reference's stratified greedy, and the token-share metrics ------------------
+# Plain loops written from the docstrings in diversity_order/ordering.py and diversity.py.
+
+
+class RefWindow:
+    """The trainer's packing, as in ref_window_diversity, one document at a time.
+
+    ``present`` is the window's cluster set S of ref_window_diversity (a zero-token document counts);
+    ``closed`` collects each finished window's {cluster: tokens}, for windows holding tokens. A
+    document that does not fit closes the window; one of seq_len tokens or more fills whole windows
+    alone and its remainder opens the next one.
+    """
+
+    def __init__(self, seq_len):
+        self.seq_len = seq_len
+        self.present = set()
+        self.tokens = {}  # cluster -> tokens in the current window
+        self.fill = 0
+        self.closed = []
+
+    def add(self, c, t):
+        if self.fill + t <= self.seq_len:
+            self.present.add(c)
+            self.tokens[c] = self.tokens.get(c, 0) + t
+            self.fill += t
+            return
+        if self.fill > 0:
+            self.closed.append(self.tokens)
+        self.present, self.tokens, self.fill = {c}, {c: t}, t
+        while self.fill >= self.seq_len:
+            self.closed.append({c: self.seq_len})
+            self.fill -= self.seq_len
+            self.present = {c} if self.fill > 0 else set()
+            self.tokens = {c: self.fill} if self.fill > 0 else {}
+
+    def finish(self):
+        if self.fill > 0:
+            self.closed.append(self.tokens)
+        return self.closed
+
+
+def ref_global_token_shares(labels, token_counts, n_clusters):
+    total = sum(token_counts)
+    shares = []
+    for k in range(n_clusters):
+        tokens_k = sum(t for c, t in zip(labels, token_counts) if c == k)
+        shares.append(tokens_k / total if total > 0 else 0.0)
+    return shares
+
+
+def ref_window_share_deviation(labels_in_order, counts_in_order, seq_len, n_clusters):
+    """Per window with tokens: max over all clusters of |tokens_k / window tokens - global share_k|."""
+    shares = ref_global_token_shares(labels_in_order, counts_in_order, n_clusters)
+    packer = RefWindow(seq_len)
+    for c, t in zip(labels_in_order, counts_in_order):
+        packer.add(c, t)
+    out = []
+    for window in packer.finish():
+        size = sum(window.values())
+        out.append(max(abs(window.get(k, 0) / size - shares[k]) for k in range(n_clusters)))
+    return out or [0.0]
+
+
+def ref_boundary_shift(labels_in_order, counts_in_order, n_clusters, fraction=0.05):
+    """Expand documents into tokens; token i covers [i, i+1); count the part of it inside head/tail."""
+    tokens = [c for c, t in zip(labels_in_order, counts_in_order) for _ in range(t)]
+    total = len(tokens)
+    head_stop, tail_start = fraction * total, (1 - fraction) * total
+    head = [0.0] * n_clusters
+    tail = [0.0] * n_clusters
+    for i, c in enumerate(tokens):
+        head[c] += max(0.0, min(i + 1, head_stop) - max(i, 0.0))
+        tail[c] += max(0.0, min(i + 1, total) - max(i, tail_start))
+    head_total, tail_total = sum(head), sum(tail)
+    head = [h / head_total if head_total > 0 else 0.0 for h in head]
+    tail = [t / tail_total if tail_total > 0 else 0.0 for t in tail]
+    return 0.5 * sum(abs(h - t) for h, t in zip(head, tail))
+
+
+def ref_coverage(labels_in_order, counts_in_order):
+    """Tokens before the first document of the cluster that appears last, over all tokens."""
+    total = sum(counts_in_order)
+    if not labels_in_order or total == 0:
+        return 0.0
+    first = {}
+    before = 0
+    for c, t in zip(labels_in_order, counts_in_order):
+        if c not in first:
+            first[c] = before
+        before += t
+    return max(first.values()) / total
+
+
+def ref_random_pools(labels, n_clusters, seed):
+    """Each cluster's documents in the order of one seeded permutation of all positions."""
+    perm = np.random.default_rng(seed).permutation(len(labels)).tolist()
+    return [[i for i in perm if labels[i] == k] for k in range(n_clusters)]
+
+
+def ref_round_robin_order(n_clusters, pools):
+    """Cycle through clusters 0..K-1 taking each non-empty pool's next document."""
+    taken = [0] * n_clusters
+    order = []
+    while len(order) < sum(len(p) for p in pools):
+        for k in range(n_clusters):
+            if taken[k] < len(pools[k]):
+                order.append(pools[k][taken[k]])
+                taken[k] += 1
+    return order
+
+
+def ref_bin_packing_order(labels, token_counts, n_clusters, seq_len, pools):
+    """Pick the cluster with most documents left among those the open window lacks, else the one with
+    most left; ties -> lowest k. ``pools``: each cluster's documents in pool order."""
+    taken = [0] * n_clusters
+    packer = RefWindow(seq_len)
+    order = []
+    while len(order) < len(labels):
+        present = packer.present
+        left = [len(pools[k]) - taken[k] for k in range(n_clusters)]
+        lacking = [k for k in range(n_clusters) if left[k] > 0 and k not in present]
+        candidates = lacking or [k for k in range(n_clusters) if left[k] > 0]
+        most = max(left[k] for k in candidates)
+        best = min(k for k in candidates if left[k] == most)
+        doc = pools[best][taken[best]]
+        taken[best] += 1
+        order.append(doc)
+        packer.add(labels[doc], token_counts[doc])
+    return order
+
+
+def ref_balanced_order(labels, token_counts, n_clusters, seq_len, seed, count_weight, horizon):
+    """balanced_order's docstring as a loop: due times, earliest-due-first, lacking clusters pulled forward."""
+    labels = list(labels)
+    token_counts = list(token_counts)
+    pools = ref_random_pools(labels, n_clusters, seed)
+    w = count_weight
+    due = {}
+    for k in range(n_clusters):
+        tokens_k = float(sum(token_counts[i] for i in pools[k]))
+        before = 0.0
+        for j, i in enumerate(pools[k]):
+            due[i] = w * (j + 0.5) / len(pools[k]) + (1 - w) * (before + 0.5 * token_counts[i]) / max(tokens_k, 1.0)
+            before += token_counts[i]
+    total = max(float(sum(token_counts)), 1.0)
+    taken = [0] * n_clusters
+    packer = RefWindow(seq_len)
+    placed_tokens = 0.0
+    order = []
+    while len(order) < len(labels):
+        limit = (placed_tokens + horizon * seq_len) / total
+        heads = [(due[pools[k][taken[k]]], k) for k in range(n_clusters) if taken[k] < len(pools[k])]
+        present = packer.present
+        pulled = [(d, k) for d, k in heads if k not in present and d <= limit]
+        _, best = min(pulled or heads)  # earliest due, then lowest k
+        doc = pools[best][taken[best]]
+        taken[best] += 1
+        order.append(doc)
+        placed_tokens += token_counts[doc]
+        packer.add(labels[doc], token_counts[doc])
+    return order
+
+
+def ref_f3(families, placed, total, doc_groups, length):
+    """Seed 004's f_3 after adding one document of ``length`` tokens.
+
+    families: [(weight, targets: {group: tau})]; placed: [{group: T}] per family; doc_groups: the
+    document's group in each family. f_3 = sum_f w_f sum_j [(T_j + c_j) - tau_j (S + l)]^2.
+    """
+    value = 0.0
+    for (weight, targets), tokens, g in zip(families, placed, doc_groups):
+        for j, tau in targets.items():
+            c = length if j == g else 0
+            value += weight * ((tokens.get(j, 0) + c) - tau * (total + length)) ** 2
+    return value
+
+
+def ref_folds(sorted_items, n_folds, zigzag):
+    """Deal items i -> fold i % L, concatenate the folds; with zigzag every odd fold is reversed."""
+    n_folds = max(1, min(n_folds, max(len(sorted_items), 1)))
+    folds = [[] for _ in range(n_folds)]
+    for i, item in enumerate(sorted_items):
+        folds[i % n_folds].append(item)
+    out = []
+    for f, fold in enumerate(folds):
+        out += list(reversed(fold)) if zigzag and f % 2 == 1 else fold
+    return out
+
+
+def ref_stable_and_transitions(sorted_items, n_sections, transition_ratio, n_folds, zigzag):
+    """Stair/saw: K sections of the sorted list; around each of the K-1 boundaries round(i * (n / K)), a
+    region of round(rho * (n / K)) items on either side is dealt into folds (zig-zag for saw)."""
+    n = len(sorted_items)
+    n_sections = max(1, n_sections)
+    half = round(transition_ratio * (n / n_sections))
+    out = list(sorted_items)
+    if half <= 0:
+        return out
+    for i in range(1, n_sections):
+        edge = round(i * (n / n_sections))
+        lo, hi = max(0, edge - half), min(n, edge + half)
+        out[lo:hi] = ref_folds(sorted_items[lo:hi], n_folds, zigzag)
+    return out

@@ -1,0 +1,677 @@
+"""The ordering registry and the strategy comparison: every ordering and token-share metric against a
+plain loop written from its docstring, score orderings on hand-worked cases, invariants on the
+adversarial synthetic corpora, and the comparison report."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from diversity_order import diversity, strategies
+from diversity_order.ordering import (
+    BALANCED_COUNT_WEIGHT,
+    BALANCED_HORIZON,
+    ORDERINGS,
+    SCORE_ORDERINGS,
+    WITHIN_CLUSTER_SORTS,
+    OrderingOptions,
+    balanced_order,
+    bin_packing_order,
+    length_bins,
+    round_robin_order,
+    token_balanced_order,
+)
+from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus
+from reference_impl import (
+    ref_balanced_order,
+    ref_bin_packing_order,
+    ref_boundary_shift,
+    ref_coverage,
+    ref_f3,
+    ref_folds,
+    ref_global_token_shares,
+    ref_pools,
+    ref_random_pools,
+    ref_round_robin_order,
+    ref_stable_and_transitions,
+    ref_window_diversity,
+    ref_window_share_deviation,
+)
+
+CLUSTER_ORDERINGS = tuple(name for name in ORDERINGS if name not in SCORE_ORDERINGS)
+
+
+def _pools(labels, counts, k, sort, seed):
+    if sort == "random":
+        return ref_random_pools(labels, k, seed)
+    return ref_pools(labels, counts, k, sort)
+
+
+@st.composite
+def documents(draw, max_n=60, max_k=6, counts=(0, 0, 1, 2, 3, 5, 7, 10, 11, 25, 60), min_k=1):
+    """(labels, token_counts, n_clusters): few distinct values, so ties, empty clusters, zero-token
+    documents and documents longer than the window are common."""
+    k = draw(st.integers(min_k, max_k))
+    n = draw(st.integers(0, max_n))
+    labels = draw(st.lists(st.integers(0, k - 1), min_size=n, max_size=n))
+    token_counts = draw(st.lists(st.sampled_from(counts), min_size=n, max_size=n))
+    return labels, token_counts, k
+
+
+def _permutation(draw, n):
+    return draw(st.permutations(list(range(n))))
+
+
+# --- Token-share metrics against plain loops --------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), documents(), st.sampled_from([1, 5, 10, 11, 24]), st.integers(0, 2))
+def test_window_share_deviation_matches_reference_loop(data, docs, seq_len, extra_clusters):
+    labels, counts, k = docs
+    order = _permutation(data.draw, len(labels))
+    n_clusters = k + extra_clusters  # clusters with no documents have share 0 and still count in the max
+    ours = diversity.window_share_deviation(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64),
+                                            seq_len, np.array(order, dtype=np.int64), n_clusters)
+    expected = ref_window_share_deviation([labels[i] for i in order], [counts[i] for i in order], seq_len,
+                                          n_clusters)
+    assert ours.shape == (len(expected),)
+    assert np.allclose(ours, expected, rtol=0, atol=1e-12)
+
+
+def test_window_share_deviation_hand_worked():
+    # Shares: cluster 0 holds 9 of 11 tokens, cluster 1 2 of 11. seq_len 3:
+    # [doc0 (0, 2 tokens)] -> 2/11; doc1 does not fit: [doc1 (1, 2)] -> 9/11; doc2 (0, 7 tokens) fills
+    # two whole windows alone (2/11 each) and its last token opens a window of its own (2/11).
+    labels, counts = np.array([0, 1, 0]), np.array([2, 2, 7])
+    ours = diversity.window_share_deviation(labels, counts, 3)
+    assert np.allclose(ours, [2 / 11, 9 / 11, 2 / 11, 2 / 11, 2 / 11], rtol=0, atol=1e-12)
+    # The global shares do not depend on the order; the windows do: [doc2 | doc2 | doc2's last + doc0 | doc1].
+    ours = diversity.window_share_deviation(labels, counts, 3, np.array([2, 0, 1]))
+    assert np.allclose(ours, [2 / 11, 2 / 11, 2 / 11, 9 / 11], rtol=0, atol=1e-12)
+    # A third, empty cluster: share 0, absent from every window, changes nothing.
+    assert np.allclose(diversity.window_share_deviation(labels, counts, 3, n_clusters=3),
+                       [2 / 11, 9 / 11, 2 / 11, 2 / 11, 2 / 11], rtol=0, atol=1e-12)
+
+
+def test_window_share_deviation_without_windows_is_zero():
+    assert diversity.window_share_deviation(np.zeros(0, int), np.zeros(0, int), 8).tolist() == [0.0]
+    assert diversity.window_share_deviation(np.array([0, 1]), np.array([0, 0]), 8).tolist() == [0.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents(counts=(0, 1, 2, 3, 5, 20)), st.sampled_from([0.05, 0.1, 0.25, 1 / 3, 0.5, 1.0]), st.data())
+def test_global_shares_and_boundary_shift_match_reference_loops(docs, fraction, data):
+    labels, counts, k = docs
+    order = _permutation(data.draw, len(labels))
+    shares = diversity.global_token_shares(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k)
+    assert np.allclose(shares, ref_global_token_shares(labels, counts, k), rtol=0, atol=1e-12)
+    ours = diversity.boundary_shift(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64),
+                                    np.array(order, dtype=np.int64), k, fraction)
+    expected = ref_boundary_shift([labels[i] for i in order], [counts[i] for i in order], k, fraction)
+    assert ours == pytest.approx(expected, abs=1e-9)
+
+
+def test_boundary_shift_hand_worked():
+    labels, counts = np.array([0, 1]), np.array([50, 50])
+    assert diversity.boundary_shift(labels, counts) == 1.0  # head all cluster 0, tail all cluster 1
+    assert diversity.boundary_shift(labels, counts, fraction=0.5) == 1.0
+    assert diversity.boundary_shift(labels, counts, fraction=1.0) == 0.0  # head and tail are the whole stream
+    # Documents are cut at the edges: 100 tokens, 5 in each 5% slice. Head: 3 of cluster 0, 2 of cluster 1;
+    # tail: 5 of cluster 0 -> TV = 0.5 * (|0.6 - 1| + |0.4 - 0|) = 0.4.
+    labels, counts = np.array([0, 1, 2, 0]), np.array([3, 2, 90, 5])
+    assert diversity.boundary_shift(labels, counts) == pytest.approx(0.4, abs=1e-12)
+    assert diversity.boundary_shift(np.zeros(0, int), np.zeros(0, int)) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents(), st.data())
+def test_coverage_matches_reference_loop(docs, data):
+    labels, counts, _ = docs
+    order = _permutation(data.draw, len(labels))
+    ours = diversity.coverage(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64),
+                              np.array(order, dtype=np.int64))
+    assert ours == pytest.approx(ref_coverage([labels[i] for i in order], [counts[i] for i in order]), abs=1e-12)
+
+
+def test_coverage_hand_worked():
+    labels, counts = np.array([0, 0, 1, 2]), np.array([10, 10, 10, 10])
+    assert diversity.coverage(labels, counts) == 0.75  # cluster 2 first appears after 30 of 40 tokens
+    assert diversity.coverage(labels, counts, np.array([3, 2, 0, 1])) == 0.5
+
+
+def test_ordering_quality_is_the_metrics_rounded():
+    labels = np.array([0, 1, 0, 2, 1, 0, 0])
+    counts = np.array([3, 9, 1, 4, 0, 12, 2])
+    order = np.array([6, 3, 1, 0, 5, 4, 2])
+    labels_in, counts_in = labels[order].tolist(), counts[order].tolist()
+    deviation = ref_window_share_deviation(labels_in, counts_in, 8, 4)
+    quality = diversity.ordering_quality(labels, counts, 8, order, 4)
+    assert quality["uniformity_max"] == round(max(deviation), 4)
+    assert quality["uniformity_mean"] == round(sum(deviation) / len(deviation), 4)
+    assert quality["boundary_shift"] == round(ref_boundary_shift(labels_in, counts_in, 4), 4)
+    assert quality["coverage"] == round(ref_coverage(labels_in, counts_in), 4)
+    assert quality["diversity"]["n_sequences"] == len(ref_window_diversity(labels_in, counts_in, 8))
+
+
+# --- Cluster orderings against plain loops ---------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents(), st.sampled_from(WITHIN_CLUSTER_SORTS), st.integers(0, 2**31))
+def test_round_robin_matches_reference_loop(docs, sort, seed):
+    labels, counts, k = docs
+    ours = round_robin_order(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k,
+                             OrderingOptions(within_cluster_sort=sort, seed=seed))
+    assert ours.tolist() == ref_round_robin_order(k, _pools(labels, counts, k, sort, seed))
+
+
+def test_round_robin_hand_worked():
+    labels = np.array([2, 0, 2, 2, 0, 1])
+    assert round_robin_order(labels, np.ones(6, int), 3).tolist() == [1, 5, 0, 4, 2, 3]
+
+
+# Orderings that simulate the window: documents of at least one token (see the zero-token xfails below).
+POSITIVE_COUNTS = (1, 1, 2, 3, 5, 7, 10, 11, 25, 60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents(counts=POSITIVE_COUNTS), st.sampled_from(WITHIN_CLUSTER_SORTS), st.sampled_from([1, 5, 10, 24, 64]),
+       st.integers(0, 2**31))
+def test_bin_packing_matches_reference_loop(docs, sort, seq_len, seed):
+    labels, counts, k = docs
+    ours = bin_packing_order(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k,
+                             OrderingOptions(within_cluster_sort=sort, seed=seed, seq_len=seq_len))
+    assert ours.tolist() == ref_bin_packing_order(labels, counts, k, seq_len, _pools(labels, counts, k, sort, seed))
+
+
+def test_bin_packing_hand_worked():
+    # Pools 0: [0, 1, 2], 1: [3, 4], 2: [5]; every document 3 tokens, seq_len 8 (two fit in a window).
+    # Window A: cluster 0 (most left), then 1 (lacking, 2 left > 1 left); then 2, the only lacking cluster,
+    # whose document does not fit and opens window B = {2}. B lacks 0 (2 left) and 1 (1 left): 0; then 1,
+    # which opens window C = {1}; C lacks 0: its last document.
+    labels = np.array([0, 0, 0, 1, 1, 2])
+    assert bin_packing_order(labels, np.full(6, 3), 3, OrderingOptions(seq_len=8)).tolist() == [0, 3, 5, 1, 4, 2]
+    # A document longer than the window fills whole windows alone; its remainder opens the next window.
+    # Cluster 0: [0 (L tokens), 1, 2], 1: [3, 4], 2: [5, 6], all others 2 tokens. Doc 0 first (most left).
+    # L = 17: one token remains, the window holds {0}: 1 and 2 (lacking) go first, then 0 (most left), 0
+    # (tie -> lowest k; it does not fit and opens {0}), 1, 2 -> [0, 3, 5, 1, 2, 4, 6].
+    # L = 16: nothing remains, the next window is empty and lacks 0 too: 0, 1, 2, 0 fills it to 8, then 1
+    # (most left among 1 and 2, tie -> lowest k) opens the next, 2 -> [0, 1, 3, 5, 2, 4, 6].
+    labels = np.array([0, 0, 0, 1, 1, 2, 2])
+    for long, expected in ((17, [0, 3, 5, 1, 2, 4, 6]), (16, [0, 1, 3, 5, 2, 4, 6])):
+        counts = np.array([long, 2, 2, 2, 2, 2, 2])
+        assert bin_packing_order(labels, counts, 3, OrderingOptions(seq_len=8)).tolist() == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents(counts=POSITIVE_COUNTS), st.sampled_from([1, 5, 10, 24, 64, 200]), st.integers(0, 2**31))
+def test_balanced_matches_reference_loop(docs, seq_len, seed):
+    labels, counts, k = docs
+    ours = balanced_order(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k,
+                          OrderingOptions(seed=seed, seq_len=seq_len))
+    expected = ref_balanced_order(labels, counts, k, seq_len, seed, BALANCED_COUNT_WEIGHT, BALANCED_HORIZON)
+    assert ours.tolist() == expected
+
+
+def test_balanced_constants_are_the_documented_ones():
+    assert BALANCED_COUNT_WEIGHT == 0.5 and BALANCED_HORIZON == 2.0  # "w = 1/2", "within two windows"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bin-packing/balanced kernels mark a cluster present in the window only when the window holds tokens "
+    "after placing it (stamp if fill > 0), so a zero-token document opening a window is not counted, "
+    "while window_diversity counts it: labels [0,0,1], counts [0,5,5], seq_len 5 gives [0,1,2] "
+    "(diversity [1,1]) instead of [0,2,1] (diversity [2,1])"))
+def test_bin_packing_counts_a_zero_token_document_in_its_window():
+    labels, counts = [0, 0, 1], [0, 5, 5]
+    ours = bin_packing_order(np.array(labels), np.array(counts), 2, OrderingOptions(seq_len=5)).tolist()
+    assert ours == ref_bin_packing_order(labels, counts, 2, 5, ref_pools(labels, counts, 2, "original"))
+    assert ours == [0, 2, 1]
+
+
+@pytest.mark.xfail(strict=True, reason="balanced_order: same zero-token window bookkeeping as bin-packing")
+def test_balanced_counts_zero_token_documents_in_their_window():
+    mismatches = 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, 3, 8).tolist()
+        counts = rng.choice([0, 0, 3, 5], 8).tolist()
+        ours = balanced_order(np.array(labels), np.array(counts), 3, OrderingOptions(seed=seed, seq_len=5)).tolist()
+        mismatches += ours != ref_balanced_order(labels, counts, 3, 5, seed, BALANCED_COUNT_WEIGHT, BALANCED_HORIZON)
+    assert mismatches == 0
+
+
+def _token_balanced_families(labels, counts, k, options):
+    """Group of every document in each family, and (weight, {group: tau}) per family, as seed 004 defines them."""
+    n = len(labels)
+    columns, weights, sizes = [list(labels)], [1.0], [k]
+    if options.length_bins > 1 and options.length_weight > 0:
+        bins = length_bins(np.array(counts, dtype=np.int64), options.length_bins).tolist()
+        columns.append(bins)
+        weights.append(float(options.length_weight))
+        sizes.append(max(bins) + 1 if bins else 1)
+    if options.balance_groups is not None:
+        fields = np.asarray(options.balance_groups).reshape(n, -1)
+        for column in fields.T.tolist():
+            columns.append(column)
+            weights.append(float(options.balance_weight))
+            sizes.append(max(column) + 1 if column else 1)
+    total = sum(counts)
+    families = []
+    for column, weight, size in zip(columns, weights, sizes):
+        tokens = [0] * size
+        for g, t in zip(column, counts):
+            tokens[g] += t
+        families.append((weight, {j: (tokens[j] / total if total > 0 else 0.0) for j in range(size)}))
+    doc_groups = [tuple(column[i] for column in columns) for i in range(n)]
+    return doc_groups, families
+
+
+def _check_token_balanced(labels, counts, k, options):
+    """Replay the package's order: each step's document is the head of its pool (documents with the same
+    groups, in the order of one seeded permutation) and no other pool head gives a smaller f_3."""
+    order = token_balanced_order(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k,
+                                 options).tolist()
+    n = len(labels)
+    assert sorted(order) == list(range(n))
+    if n == 0:
+        return
+    doc_groups, families = _token_balanced_families(labels, counts, k, options)
+    permutation = np.random.default_rng(options.seed).permutation(n).tolist()
+    placed_docs = set()
+    placed = [{} for _ in families]
+    total = 0
+    for doc in order:
+        heads = {}
+        for i in permutation:
+            if i not in placed_docs and doc_groups[i] not in heads:
+                heads[doc_groups[i]] = i
+        assert heads[doc_groups[doc]] == doc, "not the next document of its pool"
+        values = {key: ref_f3(families, placed, total, key, counts[i]) for key, i in heads.items()}
+        best = min(values.values())
+        assert values[doc_groups[doc]] <= best + 1e-9 * max(1.0, max(values.values())), (values, doc)
+        placed_docs.add(doc)
+        for tokens, g in zip(placed, doc_groups[doc]):
+            tokens[g] = tokens.get(g, 0) + counts[doc]
+        total += counts[doc]
+
+
+@settings(max_examples=150, deadline=None)
+@given(documents(max_n=40, counts=(0, 1, 2, 3, 5, 8, 100, 5000)), st.sampled_from([1, 2, 4, 16]),
+       st.sampled_from([0.0, 0.5, 1.0, 3.0]), st.integers(0, 2**31), st.data())
+def test_token_balanced_takes_the_f3_minimising_pool_head(docs, bins, length_weight, seed, data):
+    labels, counts, k = docs
+    n_fields = data.draw(st.integers(0, 2))
+    balance_groups = None
+    if n_fields:
+        balance_groups = np.array(data.draw(st.lists(st.lists(st.integers(0, 2), min_size=n_fields,
+                                                              max_size=n_fields),
+                                                     min_size=len(labels), max_size=len(labels))),
+                                  dtype=np.int64).reshape(len(labels), n_fields)
+    options = OrderingOptions(seed=seed, length_bins=bins, length_weight=length_weight,
+                              balance_groups=balance_groups, balance_weight=data.draw(st.sampled_from([0.5, 1.0, 2.0])))
+    _check_token_balanced(labels, counts, k, options)
+
+
+def test_token_balanced_f3_on_a_larger_input_with_balance_groups():
+    rng = np.random.default_rng(5)
+    n, k = 150, 6
+    labels = rng.integers(0, k, n).tolist()
+    counts = rng.integers(1, 3000, n).tolist()
+    sources = rng.choice(3, n, p=[0.7, 0.2, 0.1])
+    languages = rng.integers(0, 2, n)
+    options = OrderingOptions(seed=3, length_bins=4, balance_groups=np.stack([sources, languages], axis=1))
+    _check_token_balanced(labels, counts, k, options)
+    # A 1-D field is one column.
+    _check_token_balanced(labels, counts, k, OrderingOptions(seed=3, balance_groups=sources, balance_weight=2.0))
+
+
+# --- Score orderings: hand-worked cases --------------------------------------------------------------------
+
+# Position of the document with score rank r: scores are a shuffled permutation, so each expected list
+# (written in score ranks, worked by hand from the docstrings) also checks the map back to input positions.
+PLACE_9 = [4, 7, 0, 2, 8, 1, 6, 3, 5]
+PLACE_12 = [9, 2, 11, 5, 0, 7, 3, 10, 1, 8, 6, 4]
+
+
+def _score_order(name, place, **kwargs):
+    n = len(place)
+    scores = np.empty(n)
+    scores[place] = np.arange(n)
+    options = OrderingOptions(scores=scores, **kwargs)
+    order = ORDERINGS[name](np.zeros(n, dtype=np.int64), np.ones(n, dtype=np.int64), 1, options).tolist()
+    rank_of = {p: r for r, p in enumerate(place)}
+    return [rank_of[i] for i in order]
+
+
+def test_folding_and_zigzag_hand_worked():
+    # Ranks 0..8 dealt into L = 3 strided folds: {0,3,6}, {1,4,7}, {2,5,8}; zig-zag reverses the middle one.
+    assert _score_order("folding", PLACE_9, folds=3) == [0, 3, 6, 1, 4, 7, 2, 5, 8]
+    assert _score_order("zigzag", PLACE_9, folds=3) == [0, 3, 6, 7, 4, 1, 2, 5, 8]
+    assert _score_order("folding", PLACE_9, folds=2) == [0, 2, 4, 6, 8, 1, 3, 5, 7]
+    assert _score_order("zigzag", PLACE_9, folds=2) == [0, 2, 4, 6, 8, 7, 5, 3, 1]
+    assert _score_order("folding", PLACE_9, folds=1) == list(range(9))
+    assert _score_order("folding", PLACE_9, folds=20) == list(range(9))  # more folds than documents
+
+
+def test_sorted_hand_worked_and_ties_keep_input_order():
+    assert _score_order("sorted", PLACE_9) == list(range(9))
+    scores = np.array([2.0, 1.0, 2.0, 1.0, 0.0, -1.5])
+    order = ORDERINGS["sorted"](np.zeros(6, int), np.ones(6, int), 1, OrderingOptions(scores=scores))
+    assert order.tolist() == [5, 4, 1, 3, 0, 2]
+
+
+def test_segment_hand_worked():
+    # (30, 40, 30) % of 10: positions 0-2 hold ranks 0-2, 3-6 ranks 3-6, 7-9 ranks 7-9, each in some order.
+    place = [3, 8, 0, 6, 1, 9, 4, 7, 2, 5]
+    for seed in range(5):
+        ranks = _score_order("segment", place, segment_percentages=(30.0, 40.0, 30.0), seed=seed)
+        assert sorted(ranks[:3]) == [0, 1, 2]
+        assert sorted(ranks[3:7]) == [3, 4, 5, 6]
+        assert sorted(ranks[7:]) == [7, 8, 9]
+    # Percentages are relative: (1, 1) halves the list.
+    ranks = _score_order("segment", place, segment_percentages=(1.0, 1.0))
+    assert sorted(ranks[:5]) == [0, 1, 2, 3, 4]
+
+
+def test_segments_are_shuffled_inside():
+    n = 200
+    scores = np.arange(n, dtype=np.float64)
+    orders = {tuple(ORDERINGS["segment"](np.zeros(n, int), np.ones(n, int), 1,
+                                         OrderingOptions(scores=scores, seed=s)).tolist()) for s in range(3)}
+    assert len(orders) == 3
+    for order in orders:
+        assert list(order[:60]) != sorted(order[:60])
+        assert sorted(order[:60]) == list(range(60)) and sorted(order[60:140]) == list(range(60, 140))
+
+
+def test_stair_and_saw_hand_worked():
+    # n = 12, K = 3 sections [0,4) [4,8) [8,12); rho = 0.5 -> 2 documents on either side of the boundaries
+    # 4 and 8: regions [2,6) and [6,10). Stair deals each into 3 folds: 2,3,4,5 -> {2,5},{3},{4};
+    # saw deals into 2 folds and reverses the second: {2,4}, {5,3}.
+    assert _score_order("stair", PLACE_12, sections=3, transition_ratio=0.5, folds=3) == \
+        [0, 1, 2, 5, 3, 4, 6, 9, 7, 8, 10, 11]
+    assert _score_order("saw", PLACE_12, sections=3, transition_ratio=0.5, folds=2) == \
+        [0, 1, 2, 4, 5, 3, 6, 8, 9, 7, 10, 11]
+    # rho = 0: no transition regions, the plain curriculum.
+    assert _score_order("stair", PLACE_12, sections=3, transition_ratio=0.0) == list(range(12))
+    assert _score_order("saw", PLACE_12, sections=1, transition_ratio=0.5) == list(range(12))  # no boundary
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "stair/saw: the transition regions of round(rho * n / K) documents on either side of two adjacent "
+    "boundaries overlap when 2 * round(rho * n / K) exceeds the boundaries' distance, possible at rho = 0.5 "
+    "(allowed by --transition-ratio): n=9, K=3, folds=3 gives half = round(1.5) = 2, regions [1,5) and [4,8), "
+    "each folded from the sorted list, the second overwriting the first: [0,1,4,2,4,7,5,6,8] (4 twice, 3 "
+    "missing) instead of a permutation"))
+@pytest.mark.parametrize("name", ["stair", "saw"])
+def test_stair_and_saw_are_permutations_at_the_largest_transition_ratio(name):
+    ranks = _score_order(name, PLACE_9, sections=3, transition_ratio=0.5, folds=3)
+    assert sorted(ranks) == list(range(9))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 6), st.integers(1, 5), st.sampled_from([0.0, 0.1, 0.2, 0.25, 0.4, 0.5]),
+       st.lists(st.sampled_from([5.0, 10.0, 30.0, 40.0, 55.5]), min_size=1, max_size=4), st.integers(0, 2**31))
+def test_score_orderings_match_reference_loops(n, n_folds, n_sections, rho, percentages, seed):
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, max(n // 2, 1), n).astype(np.float64)  # ties are common
+    options = OrderingOptions(scores=scores, folds=n_folds, sections=n_sections, transition_ratio=rho,
+                              segment_percentages=tuple(percentages), seed=seed)
+    labels, counts = np.zeros(n, np.int64), np.ones(n, np.int64)
+    by_score = sorted(range(n), key=lambda i: scores[i])
+
+    def run(name):
+        return ORDERINGS[name](labels, counts, 1, options).tolist()
+
+    assert run("sorted") == by_score
+    assert run("folding") == ref_folds(by_score, n_folds, zigzag=False)
+    assert run("zigzag") == ref_folds(by_score, n_folds, zigzag=True)
+    # Segments: the sorted list cut at round(n * cumulative share); each segment holds its documents.
+    segment, running, start = run("segment"), 0.0, 0
+    for share in percentages:
+        running += share
+        stop = round(running / sum(percentages) * n)
+        assert sorted(segment[start:stop]) == sorted(by_score[start:stop])
+        start = stop
+    assert start == n
+    # The docstrings leave overlapping transition regions undefined (see the xfail above): check the rest.
+    half = round(rho * (n / n_sections))
+    edges = [round(i * (n / n_sections)) for i in range(n_sections + 1)]
+    assume(all(b - a >= 2 * half for a, b in zip(edges[1:-1], edges[2:-1])))
+    assert run("stair") == ref_stable_and_transitions(by_score, n_sections, rho, n_folds, zigzag=False)
+    assert run("saw") == ref_stable_and_transitions(by_score, n_sections, rho, n_folds, zigzag=True)
+
+
+@pytest.mark.parametrize("name", SCORE_ORDERINGS)
+def test_jitter_shuffles_inside_blocks_only(name):
+    n = 103
+    scores = np.random.default_rng(1).random(n)
+    labels, counts = np.zeros(n, np.int64), np.ones(n, np.int64)
+
+    def run(window, seed=0):
+        options = OrderingOptions(scores=scores, jitter_window=window, seed=seed, transition_ratio=0.3)
+        return ORDERINGS[name](labels, counts, 1, options).tolist()
+
+    plain = run(0)
+    assert run(1) == plain
+    for window in (2, 5, 10):
+        jittered = run(window)
+        assert jittered != plain
+        for start in range(0, n, window):  # including the last, partial block
+            assert sorted(jittered[start:start + window]) == sorted(plain[start:start + window])
+        assert run(window) == jittered  # seeded
+    assert run(5, seed=1) != run(5, seed=2)
+    assert sorted(run(n * 2)) == list(range(n))  # one block larger than the input
+
+
+@pytest.mark.parametrize("name", SCORE_ORDERINGS)
+def test_score_orderings_need_one_score_per_document(name):
+    labels, counts = np.zeros(4, np.int64), np.ones(4, np.int64)
+    with pytest.raises(ValueError, match="scores"):
+        ORDERINGS[name](labels, counts, 1, OrderingOptions())
+    with pytest.raises(ValueError):
+        ORDERINGS[name](labels, counts, 1, OrderingOptions(scores=np.arange(3.0)))
+
+
+# --- Invariants on the adversarial synthetic corpora ---------------------------------------------------------
+
+N_DOCS = 4000
+
+
+@pytest.fixture(scope="module")
+def corpora():
+    return {name: skewed_corpus(name, N_DOCS, seed=0) for name in SKEWED_CORPORA}
+
+
+def _mean_quality(labels, counts, k, seq_len, order):
+    return (diversity.window_diversity(labels, counts, seq_len, order).mean(),
+            diversity.window_share_deviation(labels, counts, seq_len, order, k).mean(),
+            diversity.boundary_shift(labels, counts, order, k))
+
+
+@pytest.mark.parametrize("corpus", SKEWED_CORPORA)
+def test_every_ordering_returns_a_permutation_on_skewed_corpora(corpora, corpus):
+    labels, counts, k = corpora[corpus]
+    scores = np.random.default_rng(0).random(labels.size)
+    for name, strategy in ORDERINGS.items():
+        order = strategy(labels, counts, k, OrderingOptions(seq_len=16384, scores=scores, jitter_window=7))
+        assert order.dtype == np.int64, name
+        assert np.array_equal(np.sort(order), np.arange(labels.size)), name
+
+
+@pytest.mark.parametrize("corpus", SKEWED_CORPORA)
+def test_round_robin_label_sequence_is_cycles(corpora, corpus):
+    labels, counts, k = corpora[corpus]
+    sizes = np.bincount(labels, minlength=k)
+    expected = [c for r in range(sizes.max()) for c in range(k) if sizes[c] > r]
+    for sort in WITHIN_CLUSTER_SORTS:
+        order = round_robin_order(labels, counts, k, OrderingOptions(within_cluster_sort=sort))
+        assert labels[order].tolist() == expected
+
+
+@pytest.mark.parametrize("name", ["random", "balanced", "token-balanced"])
+def test_seeded_orderings_repeat_and_differ_by_seed(corpora, name):
+    labels, counts, k = corpora["uneven-sizes"]
+    first = ORDERINGS[name](labels, counts, k, OrderingOptions(seed=1, seq_len=16384))
+    assert first.tolist() == ORDERINGS[name](labels, counts, k, OrderingOptions(seed=1, seq_len=16384)).tolist()
+    assert first.tolist() != ORDERINGS[name](labels, counts, k, OrderingOptions(seed=2, seq_len=16384)).tolist()
+
+
+# Measured at N_DOCS = 4000, seed 0 (mean window_share_deviation, token-balanced vs stratified).
+TOKEN_BALANCED_LOSES = {
+    "uneven-sizes": "0.3155 vs 0.3115",
+    "tiny-clusters": "0.2015 vs 0.1579",
+    "k1000": "0.2322 vs 0.2040",
+}
+
+
+@pytest.mark.parametrize("corpus", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
+        f"token-balanced is less uniform than stratified at seq-len 16384 on {name}: mean window share "
+        f"deviation {TOKEN_BALANCED_LOSES[name]}")))
+    if name in TOKEN_BALANCED_LOSES else name for name in SKEWED_CORPORA])
+def test_token_balanced_is_at_least_as_uniform_as_stratified(corpora, corpus):
+    labels, counts, k = corpora[corpus]
+    ours = token_balanced_order(labels, counts, k, OrderingOptions())
+    stratified = ORDERINGS["stratified"](labels, counts, k, OrderingOptions())
+    ours_mean = float(diversity.window_share_deviation(labels, counts, 16384, ours, k).mean())
+    stratified_mean = float(diversity.window_share_deviation(labels, counts, 16384, stratified, k).mean())
+    assert ours_mean <= stratified_mean, (ours_mean, stratified_mean)
+
+
+@pytest.mark.parametrize("seq_len", [4096, 16384])
+@pytest.mark.parametrize("corpus", SKEWED_CORPORA)
+def test_balanced_beats_stratified_diversity_and_random_uniformity_and_shift(corpora, corpus, seq_len):
+    labels, counts, k = corpora[corpus]
+    options = OrderingOptions(seq_len=seq_len)
+    balanced = _mean_quality(labels, counts, k, seq_len, balanced_order(labels, counts, k, options))
+    stratified = _mean_quality(labels, counts, k, seq_len, ORDERINGS["stratified"](labels, counts, k, options))
+    shuffled = _mean_quality(labels, counts, k, seq_len, ORDERINGS["random"](labels, counts, k, options))
+    assert balanced[0] >= stratified[0], (balanced, stratified)
+    assert balanced[1] < shuffled[1], (balanced, shuffled)
+    assert balanced[2] < shuffled[2], (balanced, shuffled)
+
+
+# --- The comparison report -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_corpus():
+    labels, counts, k = skewed_corpus("long-cluster", 2000, seed=1)
+    return labels, counts, k, np.random.default_rng(2).random(labels.size)
+
+
+def test_applicable_orderings():
+    assert strategies.applicable_orderings(True) == list(ORDERINGS)
+    assert strategies.applicable_orderings(False) == list(CLUSTER_ORDERINGS)
+    assert not set(SCORE_ORDERINGS) & set(strategies.applicable_orderings(False))
+
+
+@pytest.mark.parametrize("have_scores", [False, True])
+def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
+    labels, counts, k, scores = small_corpus
+    seq_lens = [4096, 16384]
+    options = OrderingOptions(scores=scores if have_scores else None, jitter_window=3)
+    names = strategies.applicable_orderings(have_scores)
+    rows, curves = strategies.compare_strategies(labels, counts, k, seq_lens, options, names)
+    assert [(r["seq_len"], r["ordering"]) for r in rows] == [(s, n) for s in seq_lens for n in names]
+    assert set(curves) == {(n, s) for s in seq_lens for n in names}
+    for row in rows:
+        order = ORDERINGS[row["ordering"]](labels, counts, k, replace(options, seq_len=row["seq_len"]))
+        quality = diversity.ordering_quality(labels, counts, row["seq_len"], order, k)
+        assert {key: row[key] for key in quality} == quality, row["ordering"]
+        assert row["seconds"] >= 0
+        assert curves[(row["ordering"], row["seq_len"])].tolist() == \
+            diversity.window_diversity(labels, counts, row["seq_len"], order).tolist()
+
+    wins = strategies.verdicts(rows)
+    assert sorted(wins) == seq_lens
+    for seq_len in seq_lens:
+        assert "balanced" in wins[seq_len]
+        assert "stratified" not in wins[seq_len] and "random" not in wins[seq_len]
+
+    table = strategies.markdown_table(rows, k, "synthetic")
+    lines = table.splitlines()
+    assert lines[0] == "# Ordering strategies: synthetic"
+    assert f"K = {k} clusters." in table
+    for seq_len in seq_lens:
+        heading = lines.index(f"## seq-len {seq_len:,}")
+        assert lines[heading + 2].startswith("| ordering | diversity mean |")
+        body = lines[heading + 4:heading + 4 + len(names)]
+        assert [line.split(" | ")[0].lstrip("| ") for line in body] == names
+        assert lines[heading + 4 + len(names)] == ""
+        verdict = lines[heading + 5 + len(names)]
+        assert verdict.startswith("At least as diverse as stratified") and verdict.endswith(
+            ", ".join(wins[seq_len]) + ".")
+    assert sum(line.startswith("## seq-len") for line in lines) == len(seq_lens)
+
+
+def _row(name, seq_len, div, uniformity, shift):
+    return {"seq_len": seq_len, "ordering": name, "seconds": 0.0, "uniformity_mean": uniformity,
+            "uniformity_max": 1.0, "boundary_shift": shift, "coverage": 0.0,
+            "diversity": {"mean": div, "std": 0.0, "min": 1, "max": 1, "n_sequences": 1}}
+
+
+def test_verdicts_hand_worked():
+    rows = [_row("stratified", 10, 5.0, 0.3, 0.2), _row("random", 10, 4.0, 0.4, 0.3),
+            _row("equal", 10, 5.0, 0.39, 0.29),        # ties stratified's diversity: in
+            _row("less-diverse", 10, 4.99, 0.1, 0.1),  # out
+            _row("as-uniform", 10, 6.0, 0.4, 0.1),     # ties random's uniformity: out
+            _row("as-shifted", 10, 6.0, 0.1, 0.3),     # ties random's shift: out
+            _row("balanced", 20, 9.0, 0.1, 0.1), _row("random", 20, 1.0, 0.5, 0.5)]  # no stratified at 20
+    assert strategies.verdicts(rows) == {10: ["equal"]}
+    table = strategies.markdown_table(rows, 3, "t")
+    assert "random: equal." in table and table.count("At least as diverse") == 1
+    assert strategies.verdicts([_row("stratified", 1, 1.0, 0.1, 0.1), _row("random", 1, 1.0, 0.1, 0.1)]) == {1: []}
+    assert "random: none." in strategies.markdown_table(
+        [_row("stratified", 1, 1.0, 0.1, 0.1), _row("random", 1, 1.0, 0.1, 0.1)], 3, "t")
+
+
+# --- Edge cases ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(ORDERINGS))
+@pytest.mark.parametrize("k", [1, 3])
+def test_empty_input_and_a_single_document(name, k):
+    options = OrderingOptions(scores=np.zeros(0), seq_len=10, jitter_window=4)
+    empty = ORDERINGS[name](np.zeros(0, np.int64), np.zeros(0, np.int64), k, options)
+    assert empty.dtype == np.int64 and empty.tolist() == []
+    for count in (0, 7, 25):
+        one = ORDERINGS[name](np.array([k - 1]), np.array([count]), k, replace(options, scores=np.array([0.5])))
+        assert one.dtype == np.int64 and one.tolist() == [0]
+
+
+@pytest.mark.parametrize("name", list(ORDERINGS))
+def test_one_cluster_and_zero_token_documents(name):
+    rng = np.random.default_rng(4)
+    n = 40
+    scores = rng.random(n)
+    for labels, counts, k in [(np.zeros(n, np.int64), rng.integers(1, 30, n), 1),  # all in one cluster
+                              (np.zeros(n, np.int64), rng.integers(1, 30, n), 4),  # ... of four
+                              (rng.integers(0, 3, n), np.zeros(n, np.int64), 3),   # no tokens at all
+                              (rng.integers(0, 3, n), rng.choice([0, 0, 5, 40], n), 3)]:
+        order = ORDERINGS[name](labels, counts, k, OrderingOptions(seq_len=16, scores=scores))
+        assert np.array_equal(np.sort(order), np.arange(n)), name
+
+
+def test_one_cluster_orders_follow_the_pool():
+    n = 30
+    labels = np.zeros(n, np.int64)
+    counts = np.random.default_rng(0).integers(1, 50, n)
+    for name in ("stratified", "round-robin", "bin-packing"):
+        assert ORDERINGS[name](labels, counts, 1, OrderingOptions(seq_len=64)).tolist() == list(range(n)), name
+    # balanced: one shuffled pool whose due times increase along it.
+    assert balanced_order(labels, counts, 1, OrderingOptions(seed=9, seq_len=64)).tolist() == \
+        ref_random_pools(labels.tolist(), 1, 9)[0]
+
+
+def test_metrics_without_tokens():
+    labels, counts = np.array([0, 1, 2]), np.zeros(3, np.int64)
+    assert diversity.window_share_deviation(labels, counts, 8).tolist() == [0.0]
+    assert diversity.boundary_shift(labels, counts) == 0.0
+    assert diversity.coverage(labels, counts) == 0.0
+    assert diversity.global_token_shares(labels, counts, 3).tolist() == [0.0, 0.0, 0.0]
