@@ -193,6 +193,8 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     The objective of seed 004 evaluated on the trainer's windows (packed as in ``window_diversity``).
     0 means the window holds exactly the corpus mix; 1 is the worst possible.
     """
+    if seq_len < 1:
+        raise ValueError("seq_len must be at least 1")
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     k = int(n_clusters if n_clusters is not None else (labels.max() + 1 if labels.size else 1))

@@ -160,6 +160,27 @@ def round_robin_order(
 
 
 @njit(cache=True, nogil=True)
+def _pack(stamp, cluster, tokens, window, fill, seq_len):
+    """Place one document as the trainer packs (window_diversity's rules); mark its cluster present.
+
+    It joins the current window if it fits (even with 0 tokens); otherwise it opens the next one,
+    fills whole windows alone if it is long, and is present in the window its remainder opens.
+    Returns the new (window, fill).
+    """
+    if fill + tokens <= seq_len:
+        stamp[cluster] = window
+        return window, fill + tokens
+    window += 1
+    fill = tokens
+    while fill >= seq_len:
+        fill -= seq_len
+        window += 1
+    if fill > 0:
+        stamp[cluster] = window
+    return window, fill
+
+
+@njit(cache=True, nogil=True)
 def _bin_packing(members, pool_starts, member_counts, seq_len):
     n_clusters = pool_starts.shape[0] - 1
     n = members.shape[0]
@@ -185,16 +206,7 @@ def _bin_packing(members, pool_starts, member_counts, seq_len):
         taken[best] += 1
         order[step] = members[position]
         t = member_counts[position]
-        if fill + t <= seq_len:
-            fill += t
-        else:  # the document opens the next window (and fills whole ones alone if it is long)
-            window += 1
-            fill = t
-            while fill >= seq_len:
-                fill -= seq_len
-                window += 1
-        if fill > 0:
-            stamp[best] = window
+        window, fill = _pack(stamp, best, t, window, fill, seq_len)
     return order
 
 
@@ -363,16 +375,7 @@ def _due_first(members, pool_starts, due, member_counts, seq_len, total_tokens, 
         order[step] = members[position]
         t = member_counts[position]
         placed_tokens += t
-        if fill + t <= seq_len:
-            fill += t
-        else:  # the document opens the next window (and fills whole ones alone if it is long)
-            window += 1
-            fill = t
-            while fill >= seq_len:
-                fill -= seq_len
-                window += 1
-        if fill > 0:
-            stamp[k] = window
+        window, fill = _pack(stamp, k, t, window, fill, seq_len)
     return order
 
 
@@ -490,11 +493,14 @@ def segment_order(labels, token_counts, n_clusters, options: OrderingOptions = O
 def _stable_and_transitions(by_score: np.ndarray, options: OrderingOptions, zigzag: bool) -> np.ndarray:
     """Stable regions stay sorted; around each of the K-1 section boundaries a transition region of
     rho * (section length) on either side (2 rho in all) is reordered by folding (stair) or zig-zag (saw),
-    so scores from both sides of the step interleave instead of jumping."""
+    so scores from both sides of the step interleave instead of jumping. A region reaches at most
+    halfway to the next boundary, so regions never overlap."""
     n = by_score.size
     bounds = _section_bounds(n, options.sections)
     section = n / max(1, int(options.sections))
     half = int(round(options.transition_ratio * section))
+    if bounds.size > 3:  # neighbouring regions must not overlap (rho = 0.5 with odd section sizes would)
+        half = min(half, int(np.diff(bounds[1:-1]).min()) // 2)
     out = by_score.copy()
     if half <= 0:
         return out

@@ -337,10 +337,14 @@ def ref_folds(sorted_items, n_folds, zigzag):
 
 def ref_stable_and_transitions(sorted_items, n_sections, transition_ratio, n_folds, zigzag):
     """Stair/saw: K sections of the sorted list; around each of the K-1 boundaries round(i * (n / K)), a
-    region of round(rho * (n / K)) items on either side is dealt into folds (zig-zag for saw)."""
+    region of round(rho * (n / K)) items on either side is dealt into folds (zig-zag for saw); at most
+    half the distance between two neighbouring boundaries, so regions never overlap."""
     n = len(sorted_items)
     n_sections = max(1, n_sections)
     half = round(transition_ratio * (n / n_sections))
+    edges = [round(i * (n / n_sections)) for i in range(1, n_sections)]
+    for a, b in zip(edges, edges[1:]):
+        half = min(half, (b - a) // 2)
     out = list(sorted_items)
     if half <= 0:
         return out

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity, strategies
@@ -173,12 +173,12 @@ def test_round_robin_hand_worked():
     assert round_robin_order(labels, np.ones(6, int), 3).tolist() == [1, 5, 0, 4, 2, 3]
 
 
-# Orderings that simulate the window: documents of at least one token (see the zero-token xfails below).
-POSITIVE_COUNTS = (1, 1, 2, 3, 5, 7, 10, 11, 25, 60)
+# Orderings that simulate the window: zero-token documents count in the window they join.
+WINDOW_COUNTS = (0, 1, 1, 2, 3, 5, 7, 10, 11, 25, 60)
 
 
 @settings(max_examples=200, deadline=None)
-@given(documents(counts=POSITIVE_COUNTS), st.sampled_from(WITHIN_CLUSTER_SORTS), st.sampled_from([1, 5, 10, 24, 64]),
+@given(documents(counts=WINDOW_COUNTS), st.sampled_from(WITHIN_CLUSTER_SORTS), st.sampled_from([1, 5, 10, 24, 64]),
        st.integers(0, 2**31))
 def test_bin_packing_matches_reference_loop(docs, sort, seq_len, seed):
     labels, counts, k = docs
@@ -207,7 +207,7 @@ def test_bin_packing_hand_worked():
 
 
 @settings(max_examples=200, deadline=None)
-@given(documents(counts=POSITIVE_COUNTS), st.sampled_from([1, 5, 10, 24, 64, 200]), st.integers(0, 2**31))
+@given(documents(counts=WINDOW_COUNTS), st.sampled_from([1, 5, 10, 24, 64, 200]), st.integers(0, 2**31))
 def test_balanced_matches_reference_loop(docs, seq_len, seed):
     labels, counts, k = docs
     ours = balanced_order(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k,
@@ -220,11 +220,6 @@ def test_balanced_constants_are_the_documented_ones():
     assert BALANCED_COUNT_WEIGHT == 0.5 and BALANCED_HORIZON == 2.0  # "w = 1/2", "within two windows"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bin-packing/balanced kernels mark a cluster present in the window only when the window holds tokens "
-    "after placing it (stamp if fill > 0), so a zero-token document opening a window is not counted, "
-    "while window_diversity counts it: labels [0,0,1], counts [0,5,5], seq_len 5 gives [0,1,2] "
-    "(diversity [1,1]) instead of [0,2,1] (diversity [2,1])"))
 def test_bin_packing_counts_a_zero_token_document_in_its_window():
     labels, counts = [0, 0, 1], [0, 5, 5]
     ours = bin_packing_order(np.array(labels), np.array(counts), 2, OrderingOptions(seq_len=5)).tolist()
@@ -232,7 +227,6 @@ def test_bin_packing_counts_a_zero_token_document_in_its_window():
     assert ours == [0, 2, 1]
 
 
-@pytest.mark.xfail(strict=True, reason="balanced_order: same zero-token window bookkeeping as bin-packing")
 def test_balanced_counts_zero_token_documents_in_their_window():
     mismatches = 0
     for seed in range(200):
@@ -401,16 +395,13 @@ def test_stair_and_saw_hand_worked():
     assert _score_order("saw", PLACE_12, sections=1, transition_ratio=0.5) == list(range(12))  # no boundary
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stair/saw: the transition regions of round(rho * n / K) documents on either side of two adjacent "
-    "boundaries overlap when 2 * round(rho * n / K) exceeds the boundaries' distance, possible at rho = 0.5 "
-    "(allowed by --transition-ratio): n=9, K=3, folds=3 gives half = round(1.5) = 2, regions [1,5) and [4,8), "
-    "each folded from the sorted list, the second overwriting the first: [0,1,4,2,4,7,5,6,8] (4 twice, 3 "
-    "missing) instead of a permutation"))
 @pytest.mark.parametrize("name", ["stair", "saw"])
 def test_stair_and_saw_are_permutations_at_the_largest_transition_ratio(name):
+    # n=9, K=3: boundaries 3 and 6, round(0.5 * 3) = 2 would make [1,5) and [4,8) overlap; each region
+    # reaches halfway to the next boundary instead: [2,4) and [5,7).
     ranks = _score_order(name, PLACE_9, sections=3, transition_ratio=0.5, folds=3)
     assert sorted(ranks) == list(range(9))
+    assert ranks == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # two-document regions dealt into 3 folds keep their order
 
 
 @settings(max_examples=150, deadline=None)
@@ -438,10 +429,6 @@ def test_score_orderings_match_reference_loops(n, n_folds, n_sections, rho, perc
         assert sorted(segment[start:stop]) == sorted(by_score[start:stop])
         start = stop
     assert start == n
-    # The docstrings leave overlapping transition regions undefined (see the xfail above): check the rest.
-    half = round(rho * (n / n_sections))
-    edges = [round(i * (n / n_sections)) for i in range(n_sections + 1)]
-    assume(all(b - a >= 2 * half for a, b in zip(edges[1:-1], edges[2:-1])))
     assert run("stair") == ref_stable_and_transitions(by_score, n_sections, rho, n_folds, zigzag=False)
     assert run("saw") == ref_stable_and_transitions(by_score, n_sections, rho, n_folds, zigzag=True)
 
@@ -521,8 +508,24 @@ def test_seeded_orderings_repeat_and_differ_by_seed(corpora, name):
     assert first.tolist() != ORDERINGS[name](labels, counts, k, OrderingOptions(seed=2, seq_len=16384)).tolist()
 
 
-# Measured at N_DOCS = 4000, seed 0 (mean window_share_deviation, token-balanced vs stratified).
-TOKEN_BALANCED_LOSES = {
+@pytest.mark.parametrize("seq_len", [16384, 131072])
+@pytest.mark.parametrize("corpus", SKEWED_CORPORA)
+def test_token_balanced_worst_window_is_no_worse_than_stratified(corpora, corpus, seq_len):
+    # Seed 004's objective is the worst deviation of any window: max over windows.
+    labels, counts, k = corpora[corpus]
+    ours = token_balanced_order(labels, counts, k, OrderingOptions())
+    stratified = ORDERINGS["stratified"](labels, counts, k, OrderingOptions())
+    ours_max = float(diversity.window_share_deviation(labels, counts, seq_len, ours, k).max())
+    stratified_max = float(diversity.window_share_deviation(labels, counts, seq_len, stratified, k).max())
+    assert ours_max <= stratified_max, (ours_max, stratified_max)
+
+
+# Measured at N_DOCS = 4000, seed 0 (mean window_share_deviation at 16384, token-balanced vs stratified).
+# Why stratified's mean is lower there: the synthetic inputs are sorted by length inside each cluster and
+# stratified keeps that pool order, so every cluster's short documents come first. Windows of many short
+# documents deviate little, windows of a few long ones a lot, and grouping them lowers the mean: a length
+# curriculum, which also shows up as boundary shift (e.g. uneven-sizes 0.179 against token-balanced's 0.078).
+TOKEN_BALANCED_MEAN_LOSES = {
     "uneven-sizes": "0.3155 vs 0.3115",
     "tiny-clusters": "0.2015 vs 0.1579",
     "k1000": "0.2322 vs 0.2040",
@@ -531,10 +534,10 @@ TOKEN_BALANCED_LOSES = {
 
 @pytest.mark.parametrize("corpus", [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
-        f"token-balanced is less uniform than stratified at seq-len 16384 on {name}: mean window share "
-        f"deviation {TOKEN_BALANCED_LOSES[name]}")))
-    if name in TOKEN_BALANCED_LOSES else name for name in SKEWED_CORPORA])
-def test_token_balanced_is_at_least_as_uniform_as_stratified(corpora, corpus):
+        f"known: token-balanced's mean window share deviation at seq-len 16384 on {name} is above stratified's "
+        f"({TOKEN_BALANCED_MEAN_LOSES[name]}), see the comment above")))
+    if name in TOKEN_BALANCED_MEAN_LOSES else name for name in SKEWED_CORPORA])
+def test_token_balanced_mean_uniformity_against_stratified(corpora, corpus):
     labels, counts, k = corpora[corpus]
     ours = token_balanced_order(labels, counts, k, OrderingOptions())
     stratified = ORDERINGS["stratified"](labels, counts, k, OrderingOptions())
