@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 from diversity_order.cli import add_output_flags, run_main, setup_logging
+from diversity_order.ordering import ORDERINGS, SCORE_ORDERINGS
+
+CLUSTER_ORDERINGS = [name for name in ORDERINGS if name not in SCORE_ORDERINGS]
 
 log = logging.getLogger("diversity_order")
 
@@ -38,7 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n-clusters", type=int, default=None, help="k when re-clustering (default: 30)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="training sequence length in tokens (default: --meta's, else 131072)")
-    p.add_argument("--seed", type=int, default=42, help="k-means seed when re-clustering (default: 42)")
+    p.add_argument("--seed", type=int, default=42, help="k-means and ordering seed when recomputing (default: 42)")
+    p.add_argument("--ordering", default="stratified", choices=list(CLUSTER_ORDERINGS),
+                   help="ordering to recompute when no --order/--meta order is given (default: stratified)")
     p.add_argument("--n-frames", type=int, default=600, help="frames per video (default: 600)")
     p.add_argument("--fps", type=int, default=30, help="frames per second (default: 30)")
     p.add_argument("--output", type=Path, default=Path("ordering_animation.mp4"),
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ffmpeg = animate.find_ffmpeg(args.ffmpeg)
     log.info("Encoder: %s", ffmpeg)
     inputs = animate.load_inputs(args.token_counts, args.embeddings, args.meta, args.labels, args.order,
-                                 args.n_clusters, args.seq_len, args.seed)
+                                 args.n_clusters, args.seq_len, args.seed, args.ordering)
     log.info("%d documents, K=%d, seq_len=%d; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
     names = animate.output_names(args.output)
     projection = None

@@ -106,9 +106,10 @@ def check_order(order: np.ndarray, n: int, what: str) -> np.ndarray:
 
 def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path | None = None,
                 labels: Path | None = None, order: Path | None = None, n_clusters: int | None = None,
-                seq_len: int | None = None, seed: int = 42) -> AnimationInputs:
+                seq_len: int | None = None, seed: int = 42, ordering: str = "stratified") -> AnimationInputs:
     """Labels and order as a curate run saved them (``--meta``, or ``--labels``/``--order``);
-    k-means on the embeddings and the stratified order only for what is not given."""
+    k-means on the embeddings and ``ordering`` (a cluster ordering of the registry) only for what is
+    not given."""
     counts = np.asarray(_load_npy(token_counts, "--token-counts"))
     if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer) or (counts.size and counts.min() < 0):
         raise UserError(f"--token-counts {token_counts}: expected a 1-D array of non-negative integers, "
@@ -161,10 +162,13 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
         ordr = check_order(_load_npy(order, "--order"), n, f"--order {order}")
         source += f", order from {order}"
     else:
-        from .ordering import OrderingOptions, stratified_order
+        from .ordering import ORDERINGS, SCORE_ORDERINGS, OrderingOptions
 
-        ordr = stratified_order(lab, counts, k, OrderingOptions(seed=seed))
-        source += ", stratified order recomputed"
+        if ordering not in ORDERINGS or ordering in SCORE_ORDERINGS:
+            raise UserError(f"--ordering {ordering}: choose a cluster ordering "
+                            f"({', '.join(n for n in ORDERINGS if n not in SCORE_ORDERINGS)})")
+        ordr = ORDERINGS[ordering](lab, counts, k, OrderingOptions(seed=seed, seq_len=seq_len))
+        source += f", {ordering} order recomputed"
     return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source)
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 import animate_ordering
 from diversity_order import animate
 from diversity_order.errors import UserError
-from diversity_order.ordering import stratified_order
+from diversity_order.ordering import OrderingOptions, balanced_order, stratified_order
 
 
 def read_video(path):
@@ -86,6 +86,16 @@ def test_reclusters_without_labels_and_curve_grows(run_files, caplog):
     red = [int((f[top:bottom, left:right] == animate.CURVE_RGB).all(-1).sum()) for f in frames]
     assert red == sorted(red) and red[0] < red[-1]
     assert bars.complete_windows(inputs.labels.size) == bars.after.size
+
+
+def test_recomputes_the_chosen_ordering(run_files):
+    tmp, labels, counts, _ = run_files
+    inputs = animate.load_inputs(tmp / "A_token_counts.npy", labels=tmp / "B_labels.npy", seq_len=2000,
+                                 ordering="balanced", seed=7)
+    assert inputs.order.tolist() == balanced_order(labels, counts, 5, OrderingOptions(seed=7, seq_len=2000)).tolist()
+    assert "balanced order recomputed" in inputs.source
+    with pytest.raises(UserError, match="--ordering saw: choose a cluster ordering"):
+        animate.load_inputs(tmp / "A_token_counts.npy", labels=tmp / "B_labels.npy", ordering="saw")
 
 
 def test_placed_per_frame():
