@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from diversity_order.cli import add_output_flags, run_main, setup_logging
+from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
 from diversity_order.ordering import ORDERINGS, SCORE_ORDERINGS
 
 CLUSTER_ORDERINGS = [name for name in ORDERINGS if name not in SCORE_ORDERINGS]
@@ -29,7 +29,7 @@ log = logging.getLogger("diversity_order")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--embeddings", type=Path, default=None,
                    help="N x D embeddings (B_embeddings.npy); needed only to re-cluster when no labels are given")
     p.add_argument("--token-counts", required=True, type=Path, help="token count per document (A_token_counts.npy)")

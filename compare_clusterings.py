@@ -15,13 +15,13 @@ import logging
 import sys
 from pathlib import Path
 
-from diversity_order.cli import add_output_flags, load_matrix, run_main, setup_logging
+from diversity_order.cli import ArgumentParser, add_output_flags, load_matrix, run_main, setup_logging
 
 log = logging.getLogger("diversity_order")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--shallow", required=True, type=Path, help="N x D .npy, e.g. B_embeddings.npy from curate_dataset.py")
     p.add_argument("--deep", required=True, type=Path, help="N x D' .npy of the same documents in the same order")
     p.add_argument("--n-clusters", type=int, default=30, help="k for both clusterings (default: 30)")

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from diversity_order.cli import add_output_flags, run_main, setup_logging
+from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
 from diversity_order.clustering import CLUSTER_BACKENDS
 from diversity_order.curate import CurateConfig, curate
 from diversity_order.ordering import ORDERINGS, WITHIN_CLUSTER_SORTS
@@ -26,7 +26,7 @@ def _percentages(text: str) -> tuple[float, ...]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
     p.add_argument("--output", required=True, type=Path, help="curated JSONL to write (caches and metadata go beside it)")
     p.add_argument("--model-dir", type=Path, default=None,
@@ -54,8 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g = p.add_argument_group("ordering (see README: 'Choosing an ordering')")
     g.add_argument("--ordering", default="stratified", choices=list(ORDERINGS),
                    help="how to order the documents (default: stratified, the reference's greedy). "
-                        "balanced: as many clusters per window as stratified, with token shares as even as "
-                        "token-balanced; score-based orderings need --score-field")
+                        "balanced: as many clusters per window as stratified on average, with token shares steadier "
+                        "than a random shuffle's and little head-to-tail drift. Score-based orderings need "
+                        "--score-field. See README, 'Choosing an ordering'")
     g.add_argument("--compare-strategies", action="store_true",
                    help="also run every applicable ordering at each --seq-len and write a table "
                         "(OUTPUT_strategies.md/.json) and diversity curves (OUTPUT_strategies.png)")
@@ -79,7 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="segment: sizes of the score segments, low to high (default: 30,40,30)")
     g.add_argument("--jitter-window", type=int, default=0, metavar="W",
                    help="score-based orderings: shuffle inside consecutive blocks of W documents (0 = off; default: 0)")
-    p.add_argument("--seed", type=int, default=42, help="random seed for k-means, PCA, sampling and UMAP (default: 42)")
+    p.add_argument("--seed", type=int, default=42,
+                   help="random seed for k-means, PCA, sampling, UMAP and the orderings' random choices (default: 42)")
     p.add_argument("--load-embeddings", type=Path, default=None,
                    help="precomputed N x D embeddings (.npy, input order), e.g. deep embeddings of the same records")
     p.add_argument("--pca-components", type=int, default=0,

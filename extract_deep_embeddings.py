@@ -21,12 +21,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from diversity_order.cli import add_output_flags, run_main, setup_logging
+from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
 from diversity_order.deep import DTYPES, DeepConfig, extract
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
     p.add_argument("--output", required=True, type=Path, help="embeddings to write (.npy, N x D float32, input order)")
     p.add_argument("--model-dir", required=True, type=Path, help="local Hugging Face model folder (tokenizer + weights)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import sys
@@ -14,6 +15,20 @@ import numpy as np
 from .errors import UserError
 
 log = logging.getLogger("diversity_order")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (``error: PROG: --flag ...``, exit 2), like the scripts' other errors.
+
+    argparse would print the whole usage block first; ``--help`` still shows it.
+    """
+
+    def __init__(self, description: str | None = None, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(description=description, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
 
 
 def add_output_flags(parser, progress: bool = True) -> None:

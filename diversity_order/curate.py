@@ -79,12 +79,13 @@ class CurateConfig:
              "--seq-len takes several values only with --compare-strategies (the curated file follows the first)"),
             (all(v >= 1 for v in self.extra_seq_lens), "--seq-len: every value must be at least 1 token"),
             (self.length_bins >= 1, f"--length-bins {self.length_bins}: must be at least 1 (1 = off)"),
-            (self.length_weight >= 0, f"--length-weight {self.length_weight}: must be 0 (off) or more"),
+            (0 <= self.length_weight < float("inf"),
+             f"--length-weight {self.length_weight}: must be a finite number, 0 (off) or more"),
             (self.folds >= 1, f"--folds {self.folds}: must be at least 1"),
             (self.sections >= 1, f"--sections {self.sections}: must be at least 1"),
             (0 <= self.transition_ratio <= 0.5, f"--transition-ratio {self.transition_ratio}: must be within 0..0.5"),
-            (len(self.segment_percentages) >= 1 and all(v > 0 for v in self.segment_percentages),
-             "--segment-percentages: give one or more positive numbers, e.g. 30,40,30"),
+            (len(self.segment_percentages) >= 1 and all(0 < v < float("inf") for v in self.segment_percentages),
+             "--segment-percentages: give one or more positive finite numbers, e.g. 30,40,30"),
             (self.jitter_window >= 0, f"--jitter-window {self.jitter_window}: must be 0 (off) or more"),
         ]
         for ok, message in checks:
@@ -364,15 +365,21 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     with timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
         labels = clustering.kmeans_labels(embeddings, config.n_clusters, config.seed, config.cluster_backend,
                                           config.cluster_fit_sample, device)
+    comparison = None
     if config.compare_strategies:
         seq_lens = list(dict.fromkeys([config.seq_len, *config.extra_seq_lens]))
         names = strategies.applicable_orderings(options.scores is not None)
+        if options.scores is None:
+            log.info("Score orderings (%s) are left out of the comparison: give --score-field NAME to include them",
+                     ", ".join(ordering.SCORE_ORDERINGS))
         with timer.stage(f"Comparing {len(names)} orderings at seq-len {', '.join(f'{v:,}' for v in seq_lens)}"):
             rows, curves = strategies.compare_strategies(labels, counts, config.n_clusters, seq_lens, options, names)
             report, table = strategies.write_report(output_stem(config.output), rows, curves, config.n_clusters,
-                                                    config.input.name)
+                                                    config.input.name, _comparison_options(config),
+                                                    plot=not config.no_plot)
         print(table, flush=True)
-        log.info("Strategy comparison: %s, %s, %s", report["markdown"], report["json"], report["plot"])
+        log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
+        comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: str(v) for k, v in report.items()}}
     with timer.stage(f"Ordering ({config.ordering})"):
         order = ordering.ORDERINGS[config.ordering](labels, counts, config.n_clusters, options)
     with timer.stage("Diversity statistics"):
@@ -380,11 +387,13 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         after = diversity.window_diversity(labels, counts, config.seq_len, order)
         summary_before, summary_after = diversity.summarize_windows(before), diversity.summarize_windows(after)
         shuffled = ordering.random_order(labels, counts, config.n_clusters, options)
+        orders = {"original": None, "curated": order, "random_shuffle": shuffled}
         quality = {name: diversity.ordering_quality(labels, counts, config.seq_len, o, config.n_clusters)
-                   for name, o in (("original", None), ("curated", order), ("random_shuffle", shuffled))}
+                   for name, o in orders.items()}
         similarity = diversity.similarity_stats(embeddings, config.seed)
     _log_improvement(summary_before, summary_after, config)
     _log_quality(quality)
+    field_quality = _balance_field_quality(config, options, counts, orders)
 
     if not config.stats_only:
         with timer.stage(f"Writing {config.output}"):
@@ -429,6 +438,8 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample},
         "token_window_diversity": {"original": summary_before, "curated": summary_after},
         "ordering_quality": quality,
+        "balance_field_quality": field_quality or None,
+        "strategy_comparison": comparison,
         "similarity_stats": similarity,
         "cluster_sizes": {str(k): int(sizes[k]) for k in by_size},
         "empty_documents": empty,
@@ -463,29 +474,83 @@ def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
 
 
+# Which orderings read each ordering flag (CurateConfig field -> flag, orderings).
+_FLAG_USERS = {
+    "within_cluster_sort": ("--within-cluster-sort", ("stratified", "round-robin", "bin-packing")),
+    "score_field": ("--score-field", ordering.SCORE_ORDERINGS),
+    "jitter_window": ("--jitter-window", ordering.SCORE_ORDERINGS),
+    "folds": ("--folds", ("folding", "zigzag", "stair", "saw")),
+    "sections": ("--sections", ("stair", "saw")),
+    "transition_ratio": ("--transition-ratio", ("stair", "saw")),
+    "segment_percentages": ("--segment-percentages", ("segment",)),
+    "length_bins": ("--length-bins", ("token-balanced",)),
+    "length_weight": ("--length-weight", ("token-balanced",)),
+    "balance_fields": ("--balance-field", ("token-balanced",)),
+}
+
+
+def _warn_unused_flags(config: CurateConfig) -> None:
+    """A flag set away from its default that the chosen ordering never reads is almost always a mistake."""
+    if config.compare_strategies:
+        return  # the comparison runs every ordering, so every flag is read by one of them
+    defaults = CurateConfig(input=config.input, output=config.output)
+    for name, (flag, users) in _FLAG_USERS.items():
+        if getattr(config, name) != getattr(defaults, name) and config.ordering not in users:
+            log.warning("%s is not used by --ordering %s (it is read by %s)", flag, config.ordering, ", ".join(users))
+
+
 def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> ordering.OrderingOptions:
     """OrderingOptions from the flags, with scores and balance-field categories read from the records."""
+    _warn_unused_flags(config)
     scores = None
-    if config.score_field is not None:
+    wants_scores = config.compare_strategies or config.ordering in ordering.SCORE_ORDERINGS
+    if config.score_field is not None and wants_scores:
         scores = records.read_scores(index, config.score_field)
         log.info("Scores from '%s': min %g, median %g, max %g", config.score_field, scores.min(), np.median(scores),
                  scores.max())
     groups = None
-    if config.balance_fields:
+    if config.balance_fields and (config.compare_strategies or config.ordering == "token-balanced"):
         columns = []
         for name in config.balance_fields:
             ids, categories = records.read_categories(index, name)
-            shown = ", ".join(categories[:8]) + (", ..." if len(categories) > 8 else "")
-            log.info("Balancing field '%s': %d categories (%s)", name, len(categories), shown)
+            shown = ", ".join(c if len(c) <= 30 else c[:27] + "..." for c in categories[:8])
+            log.info("Balancing field '%s': %d %s (%s%s)", name, len(categories),
+                     "category" if len(categories) == 1 else "categories", shown, ", ..." if len(categories) > 8 else "")
             columns.append(ids)
         groups = np.stack(columns, axis=1)
-        if config.ordering not in ("token-balanced",):
-            log.warning("--balance-field is used by --ordering token-balanced; %s ignores it", config.ordering)
     return ordering.OrderingOptions(
         within_cluster_sort=config.within_cluster_sort, seed=config.seed, seq_len=config.seq_len,
         length_bins=config.length_bins, length_weight=config.length_weight, balance_groups=groups, scores=scores,
         folds=config.folds, sections=config.sections, transition_ratio=config.transition_ratio,
         segment_percentages=tuple(config.segment_percentages), jitter_window=config.jitter_window)
+
+
+def _balance_field_quality(config: CurateConfig, options: ordering.OrderingOptions, counts: np.ndarray,
+                           orders: dict) -> dict:
+    """Uniformity and boundary shift of each --balance-field's categories (instead of clusters), per order."""
+    if options.balance_groups is None:
+        return {}
+    out = {}
+    for column, name in enumerate(config.balance_fields):
+        ids = options.balance_groups[:, column]
+        k = int(ids.max()) + 1
+        out[name] = {key: {m: v for m, v in diversity.ordering_quality(ids, counts, config.seq_len, o, k).items()
+                           if m in ("uniformity_mean", "uniformity_max", "boundary_shift")}
+                     for key, o in orders.items()}
+        q = out[name]
+        log.info("Field '%s' token shares: uniformity mean %s, boundary shift %s (input / curated / random shuffle)",
+                 name, " / ".join(f"{q[k]['uniformity_mean']:.4f}" for k in q),
+                 " / ".join(f"{q[k]['boundary_shift']:.4f}" for k in q))
+    return out
+
+
+def _comparison_options(config: CurateConfig) -> dict:
+    """The flags that shape the compared orderings, for the report."""
+    return {"within_cluster_sort": config.within_cluster_sort, "seed": config.seed,
+            "score_field": config.score_field, "jitter_window": config.jitter_window, "folds": config.folds,
+            "sections": config.sections, "transition_ratio": config.transition_ratio,
+            "segment_percentages": list(config.segment_percentages), "length_bins": config.length_bins,
+            "length_weight": config.length_weight, "balance_fields": list(config.balance_fields)}
 
 
 def _options_meta(config: CurateConfig) -> dict:

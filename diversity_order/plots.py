@@ -82,12 +82,14 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
     def title(name: str, s: dict) -> str:
         return f"{name}: mean diversity {s['mean']:.2f}, min {s['min']}, std {s['std']:.2f} ({s['n_sequences']:,} windows)"
 
-    for ax, order_here, text in (
-        (axes[0], np.arange(labels.size), title("Input order", summary_before)),
-        (axes[1], order, title(f"Curated order ({ordering_name})", summary_after)),
+    for ax, order_here, text, n_windows in (
+        (axes[0], np.arange(labels.size), title("Input order", summary_before), diversity_before.size),
+        (axes[1], order, title(f"Curated order ({ordering_name})", summary_after), diversity_after.size),
     ):
         strip = _colour_strip(labels[order_here], token_counts[order_here], colors)
-        ax.imshow(strip, aspect="auto", interpolation="nearest", extent=(0, total_windows, 0, 1))
+        # Packing never splits a document, so windows end part-empty: stretch the token axis over
+        # the packed windows so the strip lines up with the per-window curve below.
+        ax.imshow(strip, aspect="auto", interpolation="nearest", extent=(0, max(n_windows, total_windows), 0, 1))
         ax.set_yticks([])
         ax.set_title(text, fontsize=10)
     ax = axes[2]
@@ -103,11 +105,11 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
     fig.suptitle(f"Documents coloured by cluster (K = {n_clusters}) along the token stream, input vs curated order")
     if quality:
         names = {"original": "input", "curated": "curated", "random_shuffle": "random shuffle"}
-        text = "   |   ".join(
-            f"{names[key]}: uniformity {q['uniformity_mean']:.3f} (max {q['uniformity_max']:.2f}), "
-            f"boundary shift {q['boundary_shift']:.3f}" for key, q in quality.items() if key in names)
-        fig.text(0.5, -0.01, "Token-share uniformity (mean over windows) and epoch-boundary shift, lower is better:  "
-                 + text, ha="center", va="top", fontsize=8.5)
+        text = "      ".join(
+            f"{names[key]}: {q['uniformity_mean']:.3f} (max {q['uniformity_max']:.2f}), shift {q['boundary_shift']:.3f}"
+            for key, q in quality.items() if key in names)
+        fig.text(0.5, -0.005, "Token-share uniformity, mean over windows (max), and epoch-boundary shift; lower is "
+                 "better\n" + text, ha="center", va="top", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -252,9 +254,15 @@ def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) 
     plt = _pyplot()
     seq_lens = sorted({seq_len for _, seq_len in curves})
     names = list(dict.fromkeys(name for name, _ in curves))
-    # The three orderings the README compares get strong, distinct colours; the rest share tab20's others.
-    fixed = {"balanced": "#1f77b4", "stratified": "#ff7f0e", "random": "#333333"}
-    others = [c for i, c in enumerate(plt.get_cmap("tab20")(np.arange(20))) if i not in (0, 1, 2, 3, 14, 15)]
+    # A fixed colour per ordering, distinct within each family; score orderings dotted. The three
+    # the README compares (balanced, stratified, random) are drawn thick.
+    style = {
+        "balanced": ("#1f77b4", "-"), "stratified": ("#ff7f0e", "-"), "random": ("#222222", "--"),
+        "token-balanced": ("#2ca02c", "-"), "bin-packing": ("#d62728", "-"), "round-robin": ("#9467bd", "-"),
+        "original": ("#8c564b", "-"), "sorted": ("#e377c2", ":"), "folding": ("#7f7f7f", ":"),
+        "zigzag": ("#bcbd22", ":"), "segment": ("#17becf", ":"), "stair": ("#393b79", ":"), "saw": ("#ad494a", ":"),
+    }
+    fixed = ("balanced", "stratified", "random")
     fig, axes = plt.subplots(len(seq_lens), 1, figsize=(13, 3.6 * len(seq_lens)), squeeze=False)
     for ax, seq_len in zip(axes[:, 0], seq_lens):
         for i, name in enumerate(names):
@@ -263,10 +271,11 @@ def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) 
             smooth = np.convolve(values, np.ones(width) / width, mode="valid") if values.size >= width else values
             x = (np.arange(smooth.size) + width / 2) / max(values.size, 1)
             bold = name in fixed
-            ax.plot(x, smooth, lw=2.2 if bold else 1.0, alpha=1.0 if bold else 0.8,
-                    color=fixed.get(name, others[i % len(others)]), ls="--" if name == "random" else "-",
-                    label=f"{name} ({values.mean():.1f})", zorder=3 if bold else 2)
-        ax.set_title(f"seq-len {seq_len:,}: unique clusters per window (mean in the legend)", fontsize=10)
+            color, line = style.get(name, (plt.get_cmap("tab20")(i % 20), "-"))
+            ax.plot(x, smooth, lw=2.2 if bold else 1.2, alpha=1.0 if bold else 0.85, color=color, ls=line,
+                    label=f"{name} ({values.mean():.2f})", zorder=3 if bold else 2)
+        ax.set_title(f"seq-len {seq_len:,}: unique clusters per window, moving average over ~2% of the windows "
+                     f"(mean of all windows in the legend)", fontsize=10)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, None)
         ax.set_ylabel("unique clusters")

@@ -12,6 +12,7 @@ import array
 import contextlib
 import hashlib
 import json
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -225,27 +226,50 @@ def read_field_values(index: RecordIndex, field: str) -> list:
     return values
 
 
+def _record_keys(index: RecordIndex, row: int) -> str:
+    with open_binary(index.path) as handle:
+        handle.seek(int(index.starts[row]))
+        record = json.loads(handle.read(int(index.ends[row] - index.starts[row])))
+    return ", ".join(sorted(record)[:10]) or "none"
+
+
+def _finite_number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)  # a JSON integer past float range raises
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def read_scores(index: RecordIndex, field: str) -> np.ndarray:
     """A finite number per record from ``field`` (float64); a missing or non-numeric value is a UserError."""
     values = read_field_values(index, field)
     scores = np.empty(len(values), dtype=np.float64)
     for row, value in enumerate(values):
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
-        if not ok:
+        number = _finite_number(value)
+        if number is None:
             where = f"{index.path}:{int(index.line_numbers[row])}"
-            found = "no such field" if value is _MISSING else f"the value {json.dumps(value)[:40]}"
+            found = (f"no such field (this record has keys: {_record_keys(index, row)})" if value is _MISSING
+                     else f"the value {json.dumps(value)[:40]}")
             raise UserError(f"{where}: --score-field {field} needs a finite number in every record; found {found}")
-        scores[row] = value
+        scores[row] = number
     return scores
 
 
 def read_categories(index: RecordIndex, field: str) -> tuple[np.ndarray, list[str]]:
     """A category id per record from ``field`` (any JSON value; absent -> its own "(missing)" category).
 
-    Returns (ids in input order, category names by id, most frequent first).
+    Returns (ids in input order, category names by id, most frequent first). A field that no
+    record has is a UserError (most likely a misspelt name).
     """
+    values = read_field_values(index, field)
+    if values and all(v is _MISSING for v in values):
+        raise UserError(f"--balance-field {field}: no record has this field (the first record has keys: "
+                        f"{_record_keys(index, 0)})")
     keys = ["(missing)" if v is _MISSING else (v if isinstance(v, str) else json.dumps(v, sort_keys=True))
-            for v in read_field_values(index, field)]
+            for v in values]
     names, ids, sizes = np.unique(np.asarray(keys, dtype=object), return_inverse=True, return_counts=True)
     by_size = np.argsort(-sizes, kind="stable")
     rank = np.empty_like(by_size)

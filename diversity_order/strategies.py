@@ -39,6 +39,12 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
             if name in computed and name not in SEQ_LEN_AWARE:
                 order, seconds = computed[name]
             else:
+                warm = min(labels.size, 64)  # numba compiles on first call: keep that out of the timing
+                warm_options = replace(options, seq_len=seq_len,
+                                       scores=None if options.scores is None else options.scores[:warm],
+                                       balance_groups=None if options.balance_groups is None
+                                       else options.balance_groups[:warm])
+                ordering.ORDERINGS[name](labels[:warm], token_counts[:warm], n_clusters, warm_options)
                 started = time.perf_counter()
                 order = ordering.ORDERINGS[name](labels, token_counts, n_clusters, replace(options, seq_len=seq_len))
                 seconds = time.perf_counter() - started
@@ -66,13 +72,17 @@ def verdicts(rows: list[dict]) -> dict[int, list[str]]:
     return out
 
 
-def markdown_table(rows: list[dict], n_clusters: int, title: str) -> str:
+def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict | None = None) -> str:
     lines = [f"# Ordering strategies: {title}", "",
              f"K = {n_clusters} clusters. Diversity: unique clusters per packed window (higher is better). "
              "Uniformity: per window, the largest |cluster token share - global share| (lower is better). "
              "Shift: total-variation distance between the cluster mix of the first and last 5% of tokens "
              "(lower is better). Coverage: fraction of tokens before the last cluster first appears "
-             "(lower is better).", ""]
+             "(lower is better). Time: the ordering's run time (compiled code warmed up first); orderings that do "
+             "not depend on the sequence length run once and show that time at every length.", ""]
+    if options:
+        shown = ", ".join(f"{k}={v}" for k, v in options.items() if v not in (None, [], ()))
+        lines += [f"Options: {shown}.", ""]
     wins = verdicts(rows)
     for seq_len in sorted({r["seq_len"] for r in rows}):
         lines += [f"## seq-len {seq_len:,}", "",
@@ -97,16 +107,20 @@ def report_paths(stem: Path) -> dict[str, Path]:
             "plot": Path(f"{stem}_strategies.png")}
 
 
-def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, title: str) -> tuple[dict[str, Path], str]:
-    """Write ``stem_strategies.md``, ``.json`` and ``.png``; return (their paths, the Markdown table)."""
+def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, title: str, options: dict | None = None,
+                 plot: bool = True) -> tuple[dict[str, Path], str]:
+    """Write ``stem_strategies.md``, ``.json`` and (with ``plot``) ``.png``; return (the paths written, the table)."""
     from .atomic import atomic_open
     from .plots import plot_strategy_curves
 
     paths = report_paths(stem)
-    table = markdown_table(rows, n_clusters, title)
+    if not plot:
+        del paths["plot"]
+    table = markdown_table(rows, n_clusters, title, options)
     with atomic_open(paths["markdown"], "w") as handle:
         handle.write(table)
-    save_json(paths["json"], {"title": title, "n_clusters": n_clusters, "rows": rows,
+    save_json(paths["json"], {"title": title, "n_clusters": n_clusters, "options": options or {}, "rows": rows,
                               "winners": {str(k): v for k, v in verdicts(rows).items()}})
-    plot_strategy_curves(paths["plot"], curves, n_clusters, title)
+    if plot:
+        plot_strategy_curves(paths["plot"], curves, n_clusters, title)
     return paths, table

@@ -5,10 +5,11 @@ import logging
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
-from diversity_order import diversity
+from diversity_order import diversity, strategies
 from diversity_order.cli import run_main
 from diversity_order.ordering import ORDERINGS, SCORE_ORDERINGS, OrderingOptions
 
@@ -80,9 +81,25 @@ def test_compare_strategies_writes_table_json_and_plot(tmp_path, tiny_model_dir,
         quality = diversity.ordering_quality(labels, counts, row["seq_len"], expected, 5)
         assert {k: row[k] for k in quality} == quality
         assert f"| {row['ordering']} | {row['diversity']['mean']:.2f} |" in table
-    png = (tmp_path / "cur_strategies.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert not (tmp_path / "cur_strategies.png").exists()  # --no-plot skips the comparison's plot too
     assert out.exists() and meta["sequence_length"] == 2000  # the curated file follows the first --seq-len
+    assert meta["strategy_comparison"]["seq_lens"] == [2000, 500]
+    assert report["options"]["within_cluster_sort"] == "original" and "Options: within_cluster_sort=original" in table
+    assert "Score orderings (sorted, folding" in caplog.text  # says why they are missing
+
+
+def test_strategy_report_plot(tmp_path):
+    rng = np.random.default_rng(0)
+    labels, counts = rng.integers(0, 6, 3000), rng.integers(20, 900, 3000)
+    names = strategies.applicable_orderings(have_scores=True)
+    rows, curves = strategies.compare_strategies(labels, counts, 6, [4096, 16384],
+                                                 OrderingOptions(scores=rng.random(3000)), names)
+    paths, table = strategies.write_report(tmp_path / "x", rows, curves, 6, "random data")
+    png = paths["plot"].read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert paths["markdown"].read_text() == table
+    with Image.open(paths["plot"]) as image:  # one panel per seq-len: taller with two
+        assert image.size[1] > image.size[0] * 0.5
 
 
 def test_score_orderings_included_with_score_field(tmp_path, tiny_model_dir, scored_jsonl):
@@ -106,14 +123,23 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     del records[3]["quality"]
     write_jsonl(scored_jsonl, records)
     err = run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
-    assert f"{scored_jsonl}:4:" in err and "no such field" in err
+    assert f"{scored_jsonl}:4:" in err and "no such field (this record has keys: id, source, text, topic)" in err
+    records[3]["quality"] = 10**400  # a JSON integer past float range
+    write_jsonl(scored_jsonl, records)
+    assert f"{scored_jsonl}:4:" in run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
     records[3]["quality"] = "high"
     write_jsonl(scored_jsonl, records)
     assert f'error: {scored_jsonl}:4: --score-field quality needs a finite number in every record; found the value "high"' \
         == run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
-    with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
+    with pytest.raises(SystemExit) as exit_info:  # argparse's usage errors are one line too
         curate(*base, "--segment-percentages", "30,x")
-    assert exit_info.value.code == 2 and "expected numbers separated by commas" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: ") and "expected numbers separated by commas" in err
+    assert "--segment-percentages" in run_error(capsys, *base, "--segment-percentages", "inf,30")
+    assert "--length-weight" in run_error(capsys, *base, "--length-weight", "inf")
+    assert "no record has this field" in run_error(capsys, *base, "--ordering", "token-balanced",
+                                                   "--balance-field", "sourc")
 
 
 def test_balanced_beats_stratified_and_random_on_the_topical_corpus(tmp_path, tiny_model_dir):
@@ -130,3 +156,28 @@ def test_balanced_beats_stratified_and_random_on_the_topical_corpus(tmp_path, ti
     assert quality["curated"]["uniformity_mean"] < quality["random_shuffle"]["uniformity_mean"]
     assert quality["curated"]["boundary_shift"] < quality["random_shuffle"]["boundary_shift"]
     assert quality["curated"]["boundary_shift"] < quality["original"]["boundary_shift"]
+
+
+def test_flags_the_ordering_does_not_read_are_warned(tmp_path, tiny_model_dir, scored_jsonl, caplog):
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--no-plot", "--ordering", "balanced", "--within-cluster-sort", "length-asc", "--folds", 5,
+                  "--score-field", "nonexistent") == 0  # the score is not read: no error for the missing field
+    assert "--within-cluster-sort is not used by --ordering balanced" in caplog.text
+    assert "--folds is not used by --ordering balanced" in caplog.text
+    assert "--score-field is not used by --ordering balanced" in caplog.text
+
+
+def test_balance_field_shares_are_reported(tmp_path, tiny_model_dir, scored_jsonl):
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--seq-len", 2000, "--no-plot", "--ordering", "token-balanced", "--balance-field", "source") == 0
+    labels, order, meta = _outputs(tmp_path)
+    counts = np.load(tmp_path / "scored_token_counts.npy")
+    names = ["web", "code", "books"]
+    sources = np.array([names.index(json.loads(line)["source"]) for line in scored_jsonl.read_bytes().splitlines()])
+    ids = np.unique(sources, return_inverse=True)[1]  # any relabelling gives the same metrics
+    expected = diversity.ordering_quality(ids, counts, 2000, order, 3)
+    got = meta["balance_field_quality"]["source"]["curated"]
+    assert got["boundary_shift"] == expected["boundary_shift"] and got["uniformity_mean"] == expected["uniformity_mean"]
+    assert got["boundary_shift"] < meta["balance_field_quality"]["source"]["original"]["boundary_shift"]
