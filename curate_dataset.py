@@ -63,8 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--score-field", default=None, metavar="NAME",
                    help="numeric JSON field for the score-based orderings (sorted, folding, zigzag, segment, stair, saw)")
     g.add_argument("--balance-field", action="append", default=[], metavar="NAME",
-                   help="categorical JSON field (source, language, ...) that token-balanced keeps at its global "
-                        "token share, jointly with clusters; repeatable")
+                   help="categorical JSON field (source, language, ...) to balance as well as clusters: token-balanced "
+                        "keeps its token shares on track; balanced interleaves its values inside each cluster; repeatable")
     g.add_argument("--length-bins", type=int, default=16,
                    help="token-balanced: document-length quantile bins balanced with the clusters (1 = off; default: 16)")
     g.add_argument("--length-weight", type=float, default=1.0,

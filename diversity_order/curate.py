@@ -485,7 +485,7 @@ _FLAG_USERS = {
     "segment_percentages": ("--segment-percentages", ("segment",)),
     "length_bins": ("--length-bins", ("token-balanced",)),
     "length_weight": ("--length-weight", ("token-balanced",)),
-    "balance_fields": ("--balance-field", ("token-balanced",)),
+    "balance_fields": ("--balance-field", ("token-balanced", "balanced")),
 }
 
 
@@ -509,7 +509,7 @@ def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> order
         log.info("Scores from '%s': min %g, median %g, max %g", config.score_field, scores.min(), np.median(scores),
                  scores.max())
     groups = None
-    if config.balance_fields and (config.compare_strategies or config.ordering == "token-balanced"):
+    if config.balance_fields and (config.compare_strategies or config.ordering in ("token-balanced", "balanced")):
         columns = []
         for name in config.balance_fields:
             ids, categories = records.read_categories(index, name)
@@ -561,6 +561,8 @@ def _options_meta(config: CurateConfig) -> dict:
         meta["within_cluster_sort"] = config.within_cluster_sort
     if name in ("balanced", "bin-packing"):
         meta["seq_len"] = config.seq_len
+    if name == "balanced":
+        meta["balance_fields"] = list(config.balance_fields)
     if name == "token-balanced":
         meta.update(length_bins=config.length_bins, length_weight=config.length_weight,
                     balance_fields=list(config.balance_fields))

@@ -379,6 +379,26 @@ def _due_first(members, pool_starts, due, member_counts, seq_len, total_tokens, 
     return order
 
 
+def _interleave_groups(members: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Reorder each cluster's pool so its categories (rows of ``groups``) interleave in proportion.
+
+    Inside a cluster, the j-th of the n_c documents of category combination c is placed at
+    (j + 1/2) / n_c (systematic sampling): every prefix of the pool holds each combination within
+    one document of its share. Documents of one combination keep their (shuffled) pool order.
+    """
+    member_labels = labels[members]
+    rows = np.column_stack([member_labels, groups.reshape(labels.size, -1)[members]])
+    _, subgroup = np.unique(rows, axis=0, return_inverse=True)
+    subgroup = subgroup.reshape(-1)
+    position = np.arange(members.size)
+    by_subgroup = np.lexsort((position, subgroup))
+    sizes = np.bincount(subgroup)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    rank = np.empty(members.size, dtype=np.float64)
+    rank[by_subgroup] = np.arange(members.size) - starts[subgroup[by_subgroup]]
+    return members[np.lexsort((position, (rank + 0.5) / sizes[subgroup], member_labels))]
+
+
 # The schedule's mix of document-count time and token time, and how many windows ahead a
 # lacking cluster may be pulled forward. Tuned on the demo corpus and the synthetic corpora in
 # diversity_order.synthetic (benchmarks/bench_orderings.py); see BENCHMARKS.md.
@@ -397,13 +417,17 @@ def balanced_order(
     Documents then go earliest-due-first, except that a cluster the current window lacks goes first
     when its next document is due within two windows. Even spreading keeps token shares on track
     (uniformity) and head and tail alike (boundary shift); the window rule keeps the unique
-    clusters per window at or above the stratified order's.
+    clusters per window at or above the stratified order's. With ``balance_groups``
+    (--balance-field) each pool interleaves its documents' categories in proportion (see
+    ``_interleave_groups``) instead of leaving them in shuffled order.
     """
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if labels.size == 0:
         return np.zeros(0, dtype=np.int64)
     members, pool_starts = cluster_pools(labels, counts, n_clusters, "random", options.seed)
+    if options.balance_groups is not None:
+        members = _interleave_groups(members, labels, np.asarray(options.balance_groups, dtype=np.int64))
     member_labels = labels[members]
     member_counts = counts[members]
     sizes = np.diff(pool_starts)

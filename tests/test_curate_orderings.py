@@ -181,3 +181,32 @@ def test_balance_field_shares_are_reported(tmp_path, tiny_model_dir, scored_json
     got = meta["balance_field_quality"]["source"]["curated"]
     assert got["boundary_shift"] == expected["boundary_shift"] and got["uniformity_mean"] == expected["uniformity_mean"]
     assert got["boundary_shift"] < meta["balance_field_quality"]["source"]["original"]["boundary_shift"]
+
+
+def test_balanced_interleaves_balance_field_categories_inside_each_cluster():
+    # Within a cluster the balanced order keeps its pool order (due times grow along a pool), so
+    # every prefix of a cluster's documents holds each category within one document of its share.
+    rng = np.random.default_rng(3)
+    n, k = 3000, 7
+    labels = np.sort(rng.integers(0, k, n))
+    counts = rng.integers(20, 2000, n)
+    sources = np.where(np.arange(n) % 97 < 30, 0, rng.integers(1, 4, n))  # uneven categories
+    order = ORDERINGS["balanced"](labels, counts, k, OrderingOptions(seq_len=4096, balance_groups=sources[:, None]))
+    assert np.array_equal(np.sort(order), np.arange(n))
+    for cluster in range(k):
+        in_cluster = order[labels[order] == cluster]
+        seen = np.zeros(4)
+        totals = np.bincount(sources[in_cluster], minlength=4)
+        for m, doc in enumerate(in_cluster, start=1):
+            seen[sources[doc]] += 1
+            assert np.all(np.abs(seen - m * totals / in_cluster.size) <= 1.0 + 1e-9), (cluster, m)
+    # Without the field the same pools are only shuffled: the bound does not hold.
+    plain = ORDERINGS["balanced"](labels, counts, k, OrderingOptions(seq_len=4096))
+    worst = 0.0
+    for cluster in range(k):
+        in_cluster = plain[labels[plain] == cluster]
+        totals = np.bincount(sources[in_cluster], minlength=4)
+        prefix = np.cumsum(np.eye(4)[sources[in_cluster]], axis=0)
+        expected = np.arange(1, in_cluster.size + 1)[:, None] * totals / in_cluster.size
+        worst = max(worst, float(np.abs(prefix - expected).max()))
+    assert worst > 2
