@@ -12,6 +12,15 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
+def _push(out, n_out, value):
+    """Append to a growable output array (doubling when full); returns (array, new length)."""
+    if n_out == out.shape[0]:
+        out = np.concatenate((out, np.empty_like(out)))
+    out[n_out] = value
+    return out, n_out + 1
+
+
+@njit(cache=True, nogil=True)
 def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int) -> np.ndarray:
     # stamp[c] == window means cluster c is already in the current window's set S.
     stamp = np.full(n_clusters, -1, dtype=np.int64)
@@ -30,19 +39,13 @@ def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int
             fill += t
         else:
             if fill > 0:
-                if n_out == out.shape[0]:
-                    out = np.concatenate((out, np.empty(out.shape[0], dtype=np.int64)))
-                out[n_out] = unique
-                n_out += 1
+                out, n_out = _push(out, n_out, unique)
             window += 1
             stamp[c] = window
             unique = 1
             fill = t
             while fill >= seq_len:
-                if n_out == out.shape[0]:
-                    out = np.concatenate((out, np.empty(out.shape[0], dtype=np.int64)))
-                out[n_out] = unique
-                n_out += 1
+                out, n_out = _push(out, n_out, unique)
                 fill -= seq_len
                 window += 1
                 if fill > 0:
@@ -51,10 +54,7 @@ def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int
                 else:
                     unique = 0
     if unique > 0:
-        if n_out == out.shape[0]:
-            out = np.concatenate((out, np.empty(1, dtype=np.int64)))
-        out[n_out] = unique
-        n_out += 1
+        out, n_out = _push(out, n_out, unique)
     if n_out == 0:
         return np.zeros(1, dtype=np.int64)
     return out[:n_out].copy()
@@ -157,10 +157,7 @@ def _window_share_deviation(labels, token_counts, seq_len, shares):
                 if d > worst:
                     worst = d
                 window_tokens[k] = 0
-            if n_out == out.shape[0]:
-                out = np.concatenate((out, np.empty(out.shape[0], dtype=np.float64)))
-            out[n_out] = worst
-            n_out += 1
+            out, n_out = _push(out, n_out, worst)
             fill = 0
         if i == n:
             break
@@ -174,10 +171,7 @@ def _window_share_deviation(labels, token_counts, seq_len, shares):
             if d > worst_alone:
                 worst_alone = d
         while t >= seq_len:
-            if n_out == out.shape[0]:
-                out = np.concatenate((out, np.empty(out.shape[0], dtype=np.float64)))
-            out[n_out] = worst_alone
-            n_out += 1
+            out, n_out = _push(out, n_out, worst_alone)
             t -= seq_len
         if t > 0:
             window_tokens[c] += t
