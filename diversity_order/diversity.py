@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _push(out, n_out, value):
     """Append to a growable output array (doubling when full); returns (array, new length)."""
     if n_out == out.shape[0]:
