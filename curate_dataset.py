@@ -48,10 +48,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calibrate-k-samples", type=int, default=10000,
                    help="rows sampled for the silhouette during --calibrate-k (0 = all; default: 10000)")
     p.add_argument("--no-plot", action="store_true", help="skip ordering_comparison.png and cluster_cloud.png")
-    p.add_argument("--within-cluster-sort", default="original", choices=WITHIN_CLUSTER_SORTS,
+    g = p.add_argument_group("ordering (see README: 'Choosing an ordering')")
+    g.add_argument("--within-cluster-sort", default="original", choices=WITHIN_CLUSTER_SORTS,
                    help="order of documents inside each cluster's pool for stratified, round-robin and bin-packing "
                         "(default: original; random is a seeded shuffle)")
-    g = p.add_argument_group("ordering (see README: 'Choosing an ordering')")
     g.add_argument("--ordering", default="stratified", choices=list(ORDERINGS),
                    help="how to order the documents (default: stratified, the reference's greedy). "
                         "balanced: as many clusters per window as stratified on average, with token shares steadier "
