@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 
 from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
-from diversity_order.ordering import ORDERINGS, SCORE_ORDERINGS
-
-CLUSTER_ORDERINGS = [name for name in ORDERINGS if name not in SCORE_ORDERINGS]
+from diversity_order.ordering import CLUSTER_ORDERINGS
 
 log = logging.getLogger("diversity_order")
 

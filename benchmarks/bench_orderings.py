@@ -31,7 +31,7 @@ from diversity_order import ordering, strategies  # noqa: E402
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus  # noqa: E402
 
 SEQ_LENS = [4096, 16384, 131072]
-CLUSTER_ORDERINGS = [n for n in ordering.ORDERINGS if n not in ordering.SCORE_ORDERINGS]
+CLUSTER_ORDERINGS = list(ordering.CLUSTER_ORDERINGS)
 
 
 def quality_part(corpora: dict) -> dict:

@@ -162,11 +162,10 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
         ordr = check_order(_load_npy(order, "--order"), n, f"--order {order}")
         source += f", order from {order}"
     else:
-        from .ordering import ORDERINGS, SCORE_ORDERINGS, OrderingOptions
+        from .ordering import CLUSTER_ORDERINGS, ORDERINGS, OrderingOptions
 
-        if ordering not in ORDERINGS or ordering in SCORE_ORDERINGS:
-            raise UserError(f"--ordering {ordering}: choose a cluster ordering "
-                            f"({', '.join(n for n in ORDERINGS if n not in SCORE_ORDERINGS)})")
+        if ordering not in CLUSTER_ORDERINGS:
+            raise UserError(f"--ordering {ordering}: choose a cluster ordering ({', '.join(CLUSTER_ORDERINGS)})")
         ordr = ORDERINGS[ordering](lab, counts, k, OrderingOptions(seed=seed, seq_len=seq_len))
         source += f", {ordering} order recomputed"
     return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source)

@@ -385,11 +385,12 @@ def _curate(config: CurateConfig, device, ctx: distributed.DistContext) -> Curat
     with timer.stage("Diversity statistics"):
         before = diversity.window_diversity(labels, counts, config.seq_len)
         after = diversity.window_diversity(labels, counts, config.seq_len, order)
-        summary_before, summary_after = diversity.summarize_windows(before), diversity.summarize_windows(after)
         shuffled = ordering.random_order(labels, counts, config.n_clusters, options)
         orders = {"original": None, "curated": order, "random_shuffle": shuffled}
-        quality = {name: diversity.ordering_quality(labels, counts, config.seq_len, o, config.n_clusters)
+        windows = {"original": before, "curated": after, "random_shuffle": None}
+        quality = {name: diversity.ordering_quality(labels, counts, config.seq_len, o, config.n_clusters, windows[name])
                    for name, o in orders.items()}
+        summary_before, summary_after = quality["original"]["diversity"], quality["curated"]["diversity"]
         similarity = diversity.similarity_stats(embeddings, config.seed)
     _log_improvement(summary_before, summary_after, config)
     _log_quality(quality)
@@ -544,36 +545,21 @@ def _balance_field_quality(config: CurateConfig, options: ordering.OrderingOptio
     return out
 
 
+def _flag_value(config: CurateConfig, name: str):
+    value = getattr(config, name)
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _comparison_options(config: CurateConfig) -> dict:
     """The flags that shape the compared orderings, for the report."""
-    return {"within_cluster_sort": config.within_cluster_sort, "seed": config.seed,
-            "score_field": config.score_field, "jitter_window": config.jitter_window, "folds": config.folds,
-            "sections": config.sections, "transition_ratio": config.transition_ratio,
-            "segment_percentages": list(config.segment_percentages), "length_bins": config.length_bins,
-            "length_weight": config.length_weight, "balance_fields": list(config.balance_fields)}
+    return {**{name: _flag_value(config, name) for name in _FLAG_USERS}, "seed": config.seed}
 
 
 def _options_meta(config: CurateConfig) -> dict:
     """The flags that shaped this ordering (only those it reads), for the metadata."""
-    name = config.ordering
-    meta: dict = {}
-    if name in ("stratified", "round-robin", "bin-packing"):
-        meta["within_cluster_sort"] = config.within_cluster_sort
-    if name in ("balanced", "bin-packing"):
+    meta = {name: _flag_value(config, name) for name, (_, users) in _FLAG_USERS.items() if config.ordering in users}
+    if config.ordering in ordering.SEQ_LEN_AWARE:
         meta["seq_len"] = config.seq_len
-    if name == "balanced":
-        meta["balance_fields"] = list(config.balance_fields)
-    if name == "token-balanced":
-        meta.update(length_bins=config.length_bins, length_weight=config.length_weight,
-                    balance_fields=list(config.balance_fields))
-    if name in ordering.SCORE_ORDERINGS:
-        meta.update(score_field=config.score_field, jitter_window=config.jitter_window)
-        if name in ("folding", "zigzag", "stair", "saw"):
-            meta["folds"] = config.folds
-        if name in ("stair", "saw"):
-            meta.update(sections=config.sections, transition_ratio=config.transition_ratio)
-        if name == "segment":
-            meta["segment_percentages"] = list(config.segment_percentages)
     return meta
 
 

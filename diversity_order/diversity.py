@@ -246,11 +246,16 @@ def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | N
 
 
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,
-                     n_clusters: int) -> dict:
-    """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage."""
+                     n_clusters: int, per_window_diversity: np.ndarray | None = None) -> dict:
+    """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage.
+
+    ``per_window_diversity``: this order's ``window_diversity``, when the caller has it already.
+    """
     deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters)
+    if per_window_diversity is None:
+        per_window_diversity = window_diversity(labels, token_counts, seq_len, order)
     return {
-        "diversity": summarize_windows(window_diversity(labels, token_counts, seq_len, order)),
+        "diversity": summarize_windows(per_window_diversity),
         "uniformity_max": round(float(deviation.max()), 4),
         "uniformity_mean": round(float(deviation.mean()), 4),
         "boundary_shift": round(boundary_shift(labels, token_counts, order, n_clusters), 4),

@@ -136,7 +136,6 @@ def original_order(
     return np.arange(np.asarray(labels).shape[0], dtype=np.int64)
 
 
-
 def _pools(labels, token_counts, n_clusters, options: OrderingOptions):
     return cluster_pools(labels, token_counts, n_clusters, options.within_cluster_sort, options.seed)
 
@@ -567,8 +566,11 @@ ORDERINGS: dict[str, Ordering] = {
     "saw": saw_order,
 }
 
-# Orderings that read per-document scores (--score-field) rather than clusters.
+# Orderings that read per-document scores (--score-field) rather than clusters, and the rest.
 SCORE_ORDERINGS = ("sorted", "folding", "zigzag", "segment", "stair", "saw")
+CLUSTER_ORDERINGS = tuple(name for name in ORDERINGS if name not in SCORE_ORDERINGS)
+# Orderings whose output depends on options.seq_len (they simulate the trainer's windows).
+SEQ_LEN_AWARE = ("balanced", "bin-packing")
 
 
 def ordering_meta_name(name: str) -> str:

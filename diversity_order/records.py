@@ -97,7 +97,7 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
     if text_field not in record:
-        keys = ", ".join(sorted(record)[:10]) or "none"
+        keys = _keys_text(record)
         raise UserError(
             f"{where}: no field '{text_field}' (this record has keys: {keys}); "
             f"choose the text field with --text-field"
@@ -226,11 +226,15 @@ def read_field_values(index: RecordIndex, field: str) -> list:
     return values
 
 
+def _keys_text(record: dict) -> str:
+    return ", ".join(sorted(record)[:10]) or "none"
+
+
 def _record_keys(index: RecordIndex, row: int) -> str:
+    """The keys of record ``row``, read again from the file (for error messages only)."""
     with open_binary(index.path) as handle:
         handle.seek(int(index.starts[row]))
-        record = json.loads(handle.read(int(index.ends[row] - index.starts[row])))
-    return ", ".join(sorted(record)[:10]) or "none"
+        return _keys_text(json.loads(handle.read(int(index.ends[row] - index.starts[row]))))
 
 
 def _finite_number(value) -> float | None:

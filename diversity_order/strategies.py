@@ -19,13 +19,9 @@ from .atomic import save_json
 
 log = logging.getLogger(__name__)
 
-# Orderings whose output depends on the packed sequence length; the others are computed once.
-SEQ_LEN_AWARE = ("balanced", "bin-packing")
-
-
 def applicable_orderings(have_scores: bool) -> list[str]:
     """Every registered ordering, score-based ones only when there are scores."""
-    return [name for name in ordering.ORDERINGS if have_scores or name not in ordering.SCORE_ORDERINGS]
+    return list(ordering.ORDERINGS) if have_scores else list(ordering.CLUSTER_ORDERINGS)
 
 
 def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int, seq_lens: list[int],
@@ -36,7 +32,7 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
     computed: dict[str, tuple[np.ndarray, float]] = {}
     for seq_len in seq_lens:
         for name in names:
-            if name in computed and name not in SEQ_LEN_AWARE:
+            if name in computed and name not in ordering.SEQ_LEN_AWARE:  # computed once
                 order, seconds = computed[name]
             else:
                 warm = min(labels.size, 64)  # numba compiles on first call: keep that out of the timing
@@ -49,8 +45,9 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                 order = ordering.ORDERINGS[name](labels, token_counts, n_clusters, replace(options, seq_len=seq_len))
                 seconds = time.perf_counter() - started
                 computed[name] = (order, seconds)
-            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters)
             curves[(name, seq_len)] = diversity.window_diversity(labels, token_counts, seq_len, order)
+            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters,
+                                                 curves[(name, seq_len)])
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
     return rows, curves
