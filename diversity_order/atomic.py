@@ -27,6 +27,17 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
+def remove_stale_temps(path: Path | str) -> None:
+    """Delete the temp files that interrupted atomic writes to ``path`` left (``.NAME.*.tmp``).
+
+    Only call this when no other process can be writing ``path`` (e.g. after the work is done).
+    """
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
     """Open a temp file beside ``path``; on a clean exit rename it over ``path``."""

@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 
 from . import caches, distributed
-from .atomic import save_json, save_npy
+from .atomic import remove_stale_temps, save_json, save_npy
 from .errors import UserError
 from .records import RecordIndex, iter_text_batches, scan_jsonl
 
@@ -538,6 +538,7 @@ class Partial:
         for path in (self.data_path, self.done_path, self.key_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+            remove_stale_temps(path)  # debris of a checkpoint write a killed run never finished
 
 
 # ----------------------------------------------------------------------------- main loop

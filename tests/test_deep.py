@@ -333,17 +333,24 @@ def test_torchrun_data_parallel_x_tensor_parallel_resumes_after_kill(data, tiny_
     out = tmp_path / "emb.npy"
     script = tmp_path / "run.py"
     script.write_text(f"""
-import logging, os, signal, sys
+import logging, os, signal, sys, time
+from pathlib import Path
 from diversity_order import deep
 logging.basicConfig(level=logging.INFO)
 kill_after = int(sys.argv[1])
 calls = [0]
+seen = Path({str(tmp_path)!r})
 def forward(model, ids, mask):
     calls[0] += 1
     if calls[0] == 1:
         mesh = model.layers[0].self_attn.q_proj.weight.device_mesh
         print(f"rank {{os.environ['RANK']}} sharded over {{sorted(mesh.mesh.flatten().tolist())}}", flush=True)
+        (seen / f"seen{{os.environ['RANK']}}").touch()
     if kill_after and os.environ["RANK"] == "0" and calls[0] > kill_after:
+        # Let every rank report its sharding first (the other group runs independently of this one).
+        deadline = time.monotonic() + 60
+        while not all((seen / f"seen{{r}}").exists() for r in range(4)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
     return deep.default_forward(model, ids, mask)
 result = deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
@@ -541,3 +548,16 @@ def test_progress_lines_in_logs_without_a_bar(data, tiny_model_dir, tmp_path, ca
     assert all("docs/s" in line and "tokens/s" in line and "ETA" in line and "peak RSS" in line for line in lines)
     runs = len(data[1]) - 1  # the empty document gets its defined result without a forward pass
     assert lines[-1].startswith(f"Deep embeddings: {runs} of {runs} documents (100%)")
+
+
+def test_finished_run_removes_temp_files_of_killed_checkpoint_writes(data, tiny_model_dir, baseline, tmp_path):
+    # A process killed while writing a checkpoint leaves its temp file; the run that finishes the
+    # work removes it with the partials (it was never trusted: its name is not the checkpoint's).
+    out = tmp_path / "emb.npy"
+    stray = tmp_path / ".emb.npy.partial.done.npy.abc123.tmp"
+    stray.write_bytes(b"half")
+    unrelated = tmp_path / ".other.npy.abc123.tmp"
+    unrelated.write_bytes(b"not ours")
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    assert out.read_bytes() == baseline.read_bytes()
+    assert not stray.exists() and unrelated.exists()
