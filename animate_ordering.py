@@ -8,7 +8,7 @@ UMAP video (OUTPUT_umap.mp4, with --umap B_umap2d.npy): every point grey, lit in
 colour when placed. A PNG of each video's last frame is written beside it.
 
 Pass --meta B_meta.json (or --labels/--order) to show exactly the clusters and order a curate
-run wrote; without them the embeddings are re-clustered (as the reference always does).
+run wrote; without them the embeddings are re-clustered (as the original toolkit always does).
 Needs ffmpeg: the one on PATH, else the binary of the imageio-ffmpeg package.
 """
 
@@ -20,8 +20,10 @@ import sys
 import time
 from pathlib import Path
 
+from diversity_order.arrays import load_npy
 from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
-from diversity_order.ordering import CLUSTER_ORDERINGS
+from diversity_order.defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from diversity_order.orderings import CLUSTER_ORDERINGS
 
 log = logging.getLogger("diversity_order")
 
@@ -36,10 +38,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="B_meta.json of a curate run: use its saved labels, order, and sequence length")
     p.add_argument("--labels", type=Path, default=None, help="cluster per document (B_labels.npy); overrides --meta's")
     p.add_argument("--order", type=Path, default=None, help="curated permutation (B_order.npy); overrides --meta's")
-    p.add_argument("--n-clusters", type=int, default=None, help="k when re-clustering (default: 30)")
+    p.add_argument("--n-clusters", type=int, default=None, help=f"k when re-clustering (default: {DEFAULT_N_CLUSTERS})")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="training sequence length in tokens (default: --meta's, else 131072)")
-    p.add_argument("--seed", type=int, default=42, help="k-means and ordering seed when recomputing (default: 42)")
+                   help=f"training sequence length in tokens (default: --meta's, else {DEFAULT_SEQ_LEN})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"k-means and ordering seed when recomputing (default: {DEFAULT_SEED})")
     p.add_argument("--ordering", default="stratified", choices=list(CLUSTER_ORDERINGS),
                    help="ordering to recompute when no --order/--meta order is given (default: stratified)")
     p.add_argument("--n-frames", type=int, default=600, help="frames per video (default: 600)")
@@ -86,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.umap is not None:
         import numpy as np
 
-        projection = animate._load_npy(args.umap, "--umap")
-        projection = np.asarray(projection)
+        projection = np.asarray(load_npy(args.umap, "--umap"))
 
     started = time.perf_counter()
     bars = animate.BarFrames(inputs, width, height)

@@ -15,7 +15,9 @@ import logging
 import sys
 from pathlib import Path
 
-from diversity_order.cli import ArgumentParser, add_output_flags, load_matrix, run_main, setup_logging
+from diversity_order.arrays import load_matrix
+from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
+from diversity_order.defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED
 
 log = logging.getLogger("diversity_order")
 
@@ -24,11 +26,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--shallow", required=True, type=Path, help="N x D .npy, e.g. B_embeddings.npy from curate_dataset.py")
     p.add_argument("--deep", required=True, type=Path, help="N x D' .npy of the same documents in the same order")
-    p.add_argument("--n-clusters", type=int, default=30, help="k for both clusterings (default: 30)")
+    p.add_argument("--n-clusters", type=int, default=DEFAULT_N_CLUSTERS,
+                   help=f"k for both clusterings (default: {DEFAULT_N_CLUSTERS})")
     p.add_argument("--pca-components", type=int, default=0, help="PCA before clustering, both sets (0 = off; default: 0)")
     p.add_argument("--pca-deep-only", type=int, default=None,
                    help="PCA components for the deep set only (overrides --pca-components for it; 0 = off)")
-    p.add_argument("--seed", type=int, default=42, help="seed for PCA, k-means and UMAP (default: 42)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed for PCA, k-means and UMAP (default: {DEFAULT_SEED})")
     p.add_argument("--plot", type=Path, default=None,
                    help="write side-by-side UMAP scatters here (PNG), and the contingency heat map "
                         "beside it as NAME_contingency.png")
@@ -40,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.verbose)
-    from diversity_order import compare as cmp
+    from diversity_order import cluster_compare as cmp
+    from diversity_order import plots
     from diversity_order.atomic import save_json
 
     shallow = load_matrix(args.shallow, "--shallow")
@@ -51,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     print(cmp.format_report(result.report))
     if args.plot is not None:
         kept = result.kept_rows
-        cmp.plot_contingency(cmp.contingency_plot_path(args.plot), result)
+        plots.plot_contingency(cmp.contingency_plot_path(args.plot), result)
         log.info("Contingency heat map written to %s", cmp.contingency_plot_path(args.plot))
-        cmp.plot_umap_side_by_side(args.plot, shallow[kept], deep[kept], result, args.seed)
+        plots.plot_umap_side_by_side(args.plot, shallow[kept], deep[kept], result, args.seed)
         log.info("UMAP comparison written to %s", args.plot)
         result.report["plots"] = [str(args.plot), str(cmp.contingency_plot_path(args.plot))]
     if args.json is not None:

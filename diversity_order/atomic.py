@@ -27,6 +27,11 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
+def give_plain_permissions(path: Path | str) -> None:
+    """The permissions a plain ``open()`` would give a new file (read/write as the umask allows)."""
+    os.chmod(path, 0o666 & ~_UMASK)
+
+
 def remove_stale_temps(path: Path | str) -> None:
     """Delete the temp files that interrupted atomic writes to ``path`` left (``.NAME.*.tmp``).
 
@@ -45,8 +50,7 @@ def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp creates 0600 files; give the result the permissions a plain open() would.
-        os.chmod(tmp_name, 0o666 & ~_UMASK)
+        give_plain_permissions(tmp_name)  # mkstemp creates 0600 files
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()

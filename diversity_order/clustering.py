@@ -1,7 +1,7 @@
 """Clustering: k-means labels, optional PCA, and k calibration by cosine silhouette.
 
-k-means is scikit-learn's MiniBatchKMeans with the reference's settings, so given the same
-embeddings, k and seed, the labels are the reference's. The silhouette used to calibrate k
+k-means is scikit-learn's MiniBatchKMeans with the original toolkit's settings, so given the same
+embeddings, k and seed, the labels are the original toolkit's. The silhouette used to calibrate k
 is computed blockwise with BLAS (memory O(block * n), not an n x n matrix); it equals
 ``sklearn.metrics.silhouette_score(..., metric="cosine")`` on the same sample.
 """
@@ -12,6 +12,9 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+
+from .defaults import DEFAULT_SEED
+from .runtime import Progress
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +34,12 @@ def make_kmeans(n_clusters: int, seed: int):
     return MiniBatchKMeans(n_clusters=n_clusters, random_state=seed, batch_size=4096, n_init=3)
 
 
-def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = 42, backend: str = "sklearn",
+def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",
                   fit_sample: int = 0, device=None) -> np.ndarray:
     """Cluster ids in [0, n_clusters) for every row.
 
-    ``sklearn`` (default) is the reference's MiniBatchKMeans, fitted on all rows: the same
-    labels as the reference. ``faiss`` and ``torch`` are faster Lloyd k-means (torch runs on
+    ``sklearn`` (default) is the original toolkit's MiniBatchKMeans, fitted on all rows: the same
+    labels as the original toolkit. ``faiss`` and ``torch`` are faster Lloyd k-means (torch runs on
     ``device``, a GPU when given). ``fit_sample`` > 0 fits the centres on that many seeded
     random rows and assigns every row to its nearest centre in batches.
     """
@@ -172,7 +175,7 @@ class PCAInfo:
         }
 
 
-def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = 42) -> tuple[np.ndarray, PCAInfo | None]:
+def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = DEFAULT_SEED) -> tuple[np.ndarray, PCAInfo | None]:
     """PCA to min(n_components, N-1, D) dimensions, then each row back to unit length.
 
     Returns the input unchanged and None when no component can be kept (N == 1).
@@ -204,7 +207,7 @@ class CosineSilhouette:
     memory when it is small enough (so a k sweep computes it once), else recomputed blockwise.
     """
 
-    def __init__(self, embeddings: np.ndarray, sample_size: int | None, seed: int = 42,
+    def __init__(self, embeddings: np.ndarray, sample_size: int | None, seed: int = DEFAULT_SEED,
                  block_rows: int = 2048, keep_matrix_bytes: int = 1 << 30, device=None):
         from sklearn.utils import check_random_state
 
@@ -289,7 +292,7 @@ class CalibrationRow:
                 "size_median": self.size_median, "size_max": self.size_max}
 
 
-def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = 42,
+def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = DEFAULT_SEED,
                 k_values=CALIBRATION_K_VALUES, progress: bool = True,
                 device=None) -> tuple[list[CalibrationRow], int | None]:
     """Sweep k: k-means on all rows, silhouette on a sample (0 = all rows).
@@ -301,12 +304,14 @@ def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = 42
     candidates = [k for k in k_values if k < n]
     silhouette = CosineSilhouette(embeddings, sample_size if sample_size else None, seed, device=device)
     rows = []
-    for k in _maybe_tqdm(candidates, "Calibrating k", progress):
-        labels = kmeans_labels(embeddings, k, seed)
-        score = silhouette.score(labels)
-        sizes = np.bincount(labels, minlength=k)
-        rows.append(CalibrationRow(k, score,
-                                   int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
+    with Progress(len(candidates), "Calibrating k", unit="values of k", rate_unit="k", bar=progress) as bar:
+        for k in candidates:
+            labels = kmeans_labels(embeddings, k, seed)
+            score = silhouette.score(labels)
+            sizes = np.bincount(labels, minlength=k)
+            rows.append(CalibrationRow(k, score,
+                                       int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
+            bar.update(1)
     return rows, recommend_k(rows)
 
 
@@ -317,11 +322,3 @@ def recommend_k(rows: list[CalibrationRow]) -> int | None:
     peak = max(scored, key=lambda r: r.silhouette)
     good = [r.k for r in scored if r.silhouette >= CALIBRATION_TOLERANCE * peak.silhouette]
     return max(good) if good else peak.k
-
-
-def _maybe_tqdm(items, desc: str, enabled: bool):
-    if not enabled:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, leave=False, disable=None)  # None: no bar when stderr is not a terminal

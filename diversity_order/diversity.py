@@ -1,14 +1,18 @@
-"""Diversity statistics: unique clusters per packed window, and embedding similarity.
+"""Ordering measures: unique clusters per packed window, token-share uniformity, epoch-boundary
+shift and coverage; and embedding similarity.
 
-``window_diversity`` simulates a trainer packing documents, in order, into ``seq_len``-token
-windows without splitting documents across a window boundary, exactly as the reference does,
-compiled with numba (one pass, an O(K) stamp array instead of a Python set per window).
+The window measures walk documents, in order, through the trainer's ``seq_len``-token windows
+with the packing rule of ``packing.py`` (documents whole by default, exactly as the original
+toolkit counts), compiled with numba: one pass, an O(K) stamp array instead of a set per window.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from .defaults import DEFAULT_SEED
+from .packing import n_pieces, packing_model, piece_tokens, place
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -20,39 +24,38 @@ def _push(out, n_out, value):
     return out, n_out + 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _close_counting(out, n_out, unique, fill, window):
+    """Close the open window: a finished window if it holds tokens. Returns (out, n_out, window, unique, fill)."""
+    if fill > 0:
+        out, n_out = _push(out, n_out, unique)
+    return out, n_out, window + 1, 0, 0
+
+
 @njit(cache=True, nogil=True)
-def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int) -> np.ndarray:
-    # stamp[c] == window means cluster c is already in the current window's set S.
+def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int,
+                      model: int) -> np.ndarray:
+    # stamp[c] == window means cluster c is already in the open window's set; `unique` is its size.
     stamp = np.full(n_clusters, -1, dtype=np.int64)
     window = 0
-    unique = 0  # |S|
-    fill = 0  # F, tokens in the current window
+    unique = 0
+    fill = 0
     out = np.empty(labels.shape[0] * 2 + 1, dtype=np.int64)
     n_out = 0
     for i in range(labels.shape[0]):
         c = labels[i]
-        t = token_counts[i]
-        if fill + t <= seq_len:
+        close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
+        if close_first:
+            out, n_out, window, unique, fill = _close_counting(out, n_out, unique, fill, window)
+        for piece in range(n_pieces(n_full, tail)):
+            if piece > 0:
+                out, n_out, window, unique, fill = _close_counting(out, n_out, unique, fill, window)
             if stamp[c] != window:
                 stamp[c] = window
                 unique += 1
-            fill += t
-        else:
-            if fill > 0:
-                out, n_out = _push(out, n_out, unique)
-            window += 1
-            stamp[c] = window
-            unique = 1
-            fill = t
-            while fill >= seq_len:
-                out, n_out = _push(out, n_out, unique)
-                fill -= seq_len
-                window += 1
-                if fill > 0:
-                    stamp[c] = window
-                    unique = 1
-                else:
-                    unique = 0
+            fill += piece_tokens(piece, head, n_full, tail, seq_len)
+        if close_last:
+            out, n_out, window, unique, fill = _close_counting(out, n_out, unique, fill, window)
     if unique > 0:
         out, n_out = _push(out, n_out, unique)
     if n_out == 0:
@@ -61,12 +64,14 @@ def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int
 
 
 def window_diversity(
-    labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None
+    labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
+    packing: str = "whole",
 ) -> np.ndarray:
     """Unique clusters in each ``seq_len`` window when documents are packed in ``order``.
 
-    Documents are never split: one that does not fit closes the window; one longer than
-    ``seq_len`` fills whole windows by itself. No windows at all gives ``[0]``.
+    ``packing`` is the trainer's packing model (see ``packing.py``); with "whole" documents are
+    never split: one that does not fit closes the window; one longer than ``seq_len`` fills whole
+    windows by itself. No windows at all gives ``[0]``.
     """
     if seq_len < 1:
         raise ValueError("seq_len must be at least 1")
@@ -76,11 +81,11 @@ def window_diversity(
         order = np.asarray(order, dtype=np.int64)
         labels, counts = labels[order], counts[order]
     n_clusters = int(labels.max()) + 1 if labels.size else 1
-    return _window_diversity(labels, counts, int(seq_len), n_clusters)
+    return _window_diversity(labels, counts, int(seq_len), n_clusters, packing_model(packing))
 
 
 def summarize_windows(diversity: np.ndarray) -> dict:
-    """mean and population std rounded to 2 decimals, min, max, n_sequences (as the reference)."""
+    """mean and population std rounded to 2 decimals, min, max, n_sequences (as the original toolkit)."""
     values = np.asarray(diversity, dtype=np.float64)
     return {
         "mean": round(float(values.mean()), 2),
@@ -91,7 +96,7 @@ def summarize_windows(diversity: np.ndarray) -> dict:
     }
 
 
-def similarity_stats(embeddings: np.ndarray, seed: int = 42, max_samples: int = 5000) -> dict:
+def similarity_stats(embeddings: np.ndarray, seed: int = DEFAULT_SEED, max_samples: int = 5000) -> dict:
     """Pairwise cosine similarity over a seeded sample of at most ``max_samples`` unit rows.
 
     Upper triangle without the diagonal; mean, std and median to 4 decimals, the number of
@@ -129,62 +134,49 @@ def global_token_shares(labels: np.ndarray, token_counts: np.ndarray, n_clusters
     return tokens / total if total > 0 else tokens
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _close_measuring(out, n_out, window_tokens, fill, shares):
+    """Close the open window: if it holds tokens, record max_k |its share of k - tau_k|. Returns (out, n_out, fill)."""
+    if fill > 0:
+        worst = 0.0
+        for k in range(shares.shape[0]):
+            d = abs(window_tokens[k] / fill - shares[k])
+            if d > worst:
+                worst = d
+            window_tokens[k] = 0
+        out, n_out = _push(out, n_out, worst)
+    return out, n_out, 0
+
+
 @njit(cache=True, nogil=True)
-def _window_share_deviation(labels, token_counts, seq_len, shares):
-    # Same packing as _window_diversity; per window, max_k |tokens_k / window_tokens - tau_k|.
-    n_clusters = shares.shape[0]
-    window_tokens = np.zeros(n_clusters, dtype=np.int64)
+def _window_share_deviation(labels, token_counts, seq_len, shares, model):
+    # Per finished window, max_k |tokens_k / window_tokens - tau_k|; windows packed as in _window_diversity.
+    window_tokens = np.zeros(shares.shape[0], dtype=np.int64)
     out = np.empty(16, dtype=np.float64)
     n_out = 0
     fill = 0
-    i = 0
-    n = labels.shape[0]
-    while i <= n:
-        close = i == n
-        if not close:
-            c = labels[i]
-            t = token_counts[i]
-            if fill + t <= seq_len:
-                window_tokens[c] += t
-                fill += t
-                i += 1
-                continue
-            close = True
-        if fill > 0:
-            worst = 0.0
-            for k in range(n_clusters):
-                d = abs(window_tokens[k] / fill - shares[k])
-                if d > worst:
-                    worst = d
-                window_tokens[k] = 0
-            out, n_out = _push(out, n_out, worst)
-            fill = 0
-        if i == n:
-            break
-        # The document that did not fit opens the next window; one longer than seq_len fills
-        # whole windows alone (share 1 for its cluster), as in the diversity count.
+    for i in range(labels.shape[0]):
         c = labels[i]
-        t = token_counts[i]
-        worst_alone = 0.0
-        for k in range(n_clusters):
-            d = (1.0 - shares[k]) if k == c else shares[k]
-            if d > worst_alone:
-                worst_alone = d
-        while t >= seq_len:
-            out, n_out = _push(out, n_out, worst_alone)
-            t -= seq_len
-        if t > 0:
-            window_tokens[c] += t
-            fill = t
-        i += 1
+        close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
+        if close_first:
+            out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+        for piece in range(n_pieces(n_full, tail)):
+            if piece > 0:
+                out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+            tokens = piece_tokens(piece, head, n_full, tail, seq_len)
+            window_tokens[c] += tokens
+            fill += tokens
+        if close_last:
+            out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+    out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
     return out[:n_out].copy()
 
 
 def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
-                           n_clusters: int | None = None) -> np.ndarray:
+                           n_clusters: int | None = None, packing: str = "whole") -> np.ndarray:
     """Token-share uniformity per packed window: max over clusters of |share in window - global share|.
 
-    The objective of seed 004 evaluated on the trainer's windows (packed as in ``window_diversity``).
+    The token-share greedy's objective, evaluated on the trainer's windows (packed as in ``window_diversity``).
     0 means the window holds exactly the corpus mix; 1 is the worst possible.
     """
     if seq_len < 1:
@@ -196,7 +188,7 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     if order is not None:
         order = np.asarray(order, dtype=np.int64)
         labels, counts = labels[order], counts[order]
-    deviation = _window_share_deviation(labels, counts, int(seq_len), shares)
+    deviation = _window_share_deviation(labels, counts, int(seq_len), shares, packing_model(packing))
     return deviation if deviation.size else np.zeros(1)
 
 
@@ -246,14 +238,14 @@ def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | N
 
 
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,
-                     n_clusters: int, per_window_diversity: np.ndarray | None = None) -> dict:
+                     n_clusters: int, per_window_diversity: np.ndarray | None = None, packing: str = "whole") -> dict:
     """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage.
 
     ``per_window_diversity``: this order's ``window_diversity``, when the caller has it already.
     """
-    deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters)
+    deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters, packing)
     if per_window_diversity is None:
-        per_window_diversity = window_diversity(labels, token_counts, seq_len, order)
+        per_window_diversity = window_diversity(labels, token_counts, seq_len, order, packing)
     return {
         "diversity": summarize_windows(per_window_diversity),
         "uniformity_max": round(float(deviation.max()), 4),

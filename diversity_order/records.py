@@ -23,6 +23,7 @@ import numpy as np
 
 from .atomic import atomic_open
 from .errors import UserError
+from .runtime import Progress
 
 # Bytes read per block when streaming texts; the block holds whole lines only.
 _READ_BLOCK_BYTES = 16 << 20
@@ -133,20 +134,18 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
     # Compact typed arrays: 32 bytes per record, not ~120 as Python int lists would take.
     starts, ends = array.array("q"), array.array("q")
     line_numbers, fingerprints = array.array("q"), array.array("Q")
-    bar = _progress_bar(size, f"Indexing {path.name}", progress)
     done = 0
-    for line_number, start, content in _iter_lines(path):
-        if content.strip():
-            text = _record_text(content, path, line_number, text_field)
-            starts.append(start)
-            ends.append(start + len(content))
-            line_numbers.append(line_number)
-            fingerprints.append(text_fingerprint(text))
-        if bar is not None and start - done > (8 << 20):
-            bar.update(start - done)
-            done = start
-    if bar is not None:
-        bar.close()
+    with Progress(size, f"Indexing {path.name}", unit="MB", rate_unit="MB", bar=progress, scale=1 << 20) as bar:
+        for line_number, start, content in _iter_lines(path):
+            if content.strip():
+                text = _record_text(content, path, line_number, text_field)
+                starts.append(start)
+                ends.append(start + len(content))
+                line_numbers.append(line_number)
+                fingerprints.append(text_fingerprint(text))
+            if start - done > (8 << 20):
+                bar.update(start - done)
+                done = start
     if not starts:
         raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     return RecordIndex(
@@ -365,12 +364,3 @@ def check_output_path(input_path: Path, output_path: Path) -> None:
         same = os.path.samefile(input_path, output_path)
     if same:
         raise UserError(f"--output {output_path} is the input file; choose another output path")
-
-
-def _progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    # disable=None: no bar when stderr is not a terminal (log files stay readable).
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)

@@ -147,7 +147,7 @@ def ref_calibration(x, samples, seed, k_values=(5, 10, 15, 20, 25, 30, 40, 50, 7
 
 
 # --- Orderings beyond the reference's stratified greedy, and the token-share metrics ------------------
-# Plain loops written from the docstrings in diversity_order/ordering.py and diversity.py.
+# Plain loops written from the docstrings in diversity_order/orderings/ and diversity.py.
 
 
 class RefWindow:
@@ -353,3 +353,37 @@ def ref_stable_and_transitions(sorted_items, n_sections, transition_ratio, n_fol
         lo, hi = max(0, edge - half), min(n, edge + half)
         out[lo:hi] = ref_folds(sorted_items[lo:hi], n_folds, zigzag)
     return out
+
+
+# Split packing: documents concatenated into one token stream, cut every seq_len tokens.
+def ref_split_windows(labels_in_order, counts_in_order, seq_len):
+    """Per window (in order), {cluster: tokens it has there}. A document with t > 0 tokens at
+    stream offset s is in windows s // L .. (s + t - 1) // L; one with no tokens is in the window
+    of the token before it (window 0 at the start)."""
+    windows = {}
+    offset = 0
+    for cluster, tokens in zip(labels_in_order, counts_in_order):
+        if tokens == 0:
+            w = (offset - 1) // seq_len if offset > 0 else 0
+            windows.setdefault(w, {}).setdefault(cluster, 0)
+            continue
+        for position in range(offset, offset + tokens):
+            bucket = windows.setdefault(position // seq_len, {})
+            bucket[cluster] = bucket.get(cluster, 0) + 1
+        offset += tokens
+    return [windows[w] for w in sorted(windows)]
+
+
+def ref_split_window_diversity(labels_in_order, counts_in_order, seq_len):
+    windows = ref_split_windows(labels_in_order, counts_in_order, seq_len)
+    return [len(w) for w in windows] or [0]
+
+
+def ref_split_window_share_deviation(labels_in_order, counts_in_order, seq_len, n_clusters):
+    shares = ref_global_token_shares(labels_in_order, counts_in_order, n_clusters)
+    out = []
+    for window in ref_split_windows(labels_in_order, counts_in_order, seq_len):
+        total = sum(window.values())
+        if total:
+            out.append(max(abs(window.get(k, 0) / total - shares[k]) for k in range(n_clusters)))
+    return out or [0.0]

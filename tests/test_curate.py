@@ -11,7 +11,7 @@ from conftest import topical_records, write_jsonl
 from diversity_order import embed
 from diversity_order.cli import run_main
 from diversity_order.diversity import summarize_windows, window_diversity
-from diversity_order.ordering import OrderingOptions, stratified_order
+from diversity_order.orderings import OrderingOptions, stratified_order
 from reference_impl import ref_stratified_order, ref_summary, ref_window_diversity
 
 

@@ -405,7 +405,7 @@ def _counting_forward(log_rows):
 
 @pytest.fixture
 def encode_spy(monkeypatch):
-    """Texts passed to the tokenizer (deep.py tokenizes only through encode_batch)."""
+    """Texts passed to the tokenizer (deep extraction tokenizes only through encode_batch)."""
     from diversity_order.tokenizer import DocumentTokenizer
 
     texts = []
@@ -541,7 +541,7 @@ def test_a_model_that_reads_no_tokens_is_refused(data, tiny_model_dir, tmp_path,
 def test_progress_lines_in_logs_without_a_bar(data, tiny_model_dir, tmp_path, caplog, monkeypatch):
     # No bar is drawn (--no-progress / a log file): a line with rates, ETA and memory replaces it.
     caplog.set_level("INFO")
-    monkeypatch.setattr(deep, "PROGRESS_LOG_SECONDS", 0)
+    monkeypatch.setenv("DIVERSITY_ORDER_PROGRESS_SECONDS", "0")
     deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir, batch_size=4))
     lines = [r.getMessage() for r in caplog.records if " documents (" in r.getMessage()]
     assert len(lines) >= 2

@@ -39,7 +39,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_place_by_neighbours_puts_anchor_copies_on_their_anchors():
-    from diversity_order.plots import place_by_neighbours
+    from diversity_order.projection import place_by_neighbours
 
     rng = np.random.default_rng(0)
     anchors = rng.normal(size=(50, 8)).astype(np.float32)
@@ -49,12 +49,12 @@ def test_place_by_neighbours_puts_anchor_copies_on_their_anchors():
 
 
 def test_big_inputs_use_a_sample_and_neighbour_placement(monkeypatch):
-    from diversity_order import plots
+    from diversity_order import projection
 
-    monkeypatch.setattr(plots, "UMAP_FIT_SAMPLE", 60)
+    monkeypatch.setattr(projection, "UMAP_FIT_SAMPLE", 60)
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.normal(loc, 0.05, size=(100, 6)) for loc in (-3, 3)]).astype(np.float32)
-    xy = plots.umap_projection(x, seed=0)
+    xy = projection.umap_projection(x, seed=0)
     assert xy.shape == (200, 2) and np.isfinite(xy).all()
     # The two far-apart groups stay apart in the picture.
     gap = np.linalg.norm(xy[:100].mean(0) - xy[100:].mean(0))

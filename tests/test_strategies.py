@@ -9,20 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diversity_order import diversity, strategies
-from diversity_order.ordering import (
-    BALANCED_COUNT_WEIGHT,
-    BALANCED_HORIZON,
+from diversity_order import diversity
+from diversity_order import ordering_report as strategies
+from diversity_order.orderings import (
     ORDERINGS,
     SCORE_ORDERINGS,
     WITHIN_CLUSTER_SORTS,
     OrderingOptions,
+    applicable_orderings,
     balanced_order,
     bin_packing_order,
     length_bins,
     round_robin_order,
     token_balanced_order,
 )
+from diversity_order.orderings.window_greedy import BALANCED_COUNT_WEIGHT, BALANCED_HORIZON
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus
 from reference_impl import (
     ref_balanced_order,
@@ -569,9 +570,9 @@ def small_corpus():
 
 
 def test_applicable_orderings():
-    assert strategies.applicable_orderings(True) == list(ORDERINGS)
-    assert strategies.applicable_orderings(False) == list(CLUSTER_ORDERINGS)
-    assert not set(SCORE_ORDERINGS) & set(strategies.applicable_orderings(False))
+    assert applicable_orderings(True) == list(ORDERINGS)
+    assert applicable_orderings(False) == list(CLUSTER_ORDERINGS)
+    assert not set(SCORE_ORDERINGS) & set(applicable_orderings(False))
 
 
 @pytest.mark.parametrize("have_scores", [False, True])
@@ -579,7 +580,7 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
     labels, counts, k, scores = small_corpus
     seq_lens = [4096, 16384]
     options = OrderingOptions(scores=scores if have_scores else None, jitter_window=3)
-    names = strategies.applicable_orderings(have_scores)
+    names = applicable_orderings(have_scores)
     rows, curves = strategies.compare_strategies(labels, counts, k, seq_lens, options, names)
     assert [(r["seq_len"], r["ordering"]) for r in rows] == [(s, n) for s in seq_lens for n in names]
     assert set(curves) == {(n, s) for s in seq_lens for n in names}
