@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 DIM_TOWARD = np.array([235, 235, 235], dtype=np.float32)  # unplaced documents: blended toward light grey
 DIM_KEEP = 0.25  # share of the cluster colour an unplaced document keeps
 CURVE_RGB = np.array([214, 39, 40], dtype=np.uint8)
-GREY_POINT = np.array([200, 200, 200], dtype=np.uint8)
 
 
 # ---------------------------------------------------------------- inputs
@@ -393,7 +392,7 @@ class UmapFrames:
     """Paints the UMAP video: all points grey, each lit in its cluster colour once placed."""
 
     def __init__(self, inputs: AnimationInputs, projection: np.ndarray, width: int = 1080, height: int = 1080):
-        from .plots import cluster_colors
+        from .plots import UNPLACED_RGB, cluster_colors
 
         xy = np.asarray(projection, dtype=np.float64)
         n = inputs.labels.size
@@ -424,7 +423,7 @@ class UmapFrames:
         inside = finite & (cols >= left + r) & (cols < right - r) & (rows >= top + r) & (rows < bottom - r)
         self.rows, self.cols, self.inside = rows, cols, inside
         self.canvas = self.background.copy()
-        self._paint(np.flatnonzero(inside), GREY_POINT)
+        self._paint(np.flatnonzero(inside), np.asarray(UNPLACED_RGB, dtype=np.uint8))
 
     def _paint(self, docs: np.ndarray, colour: np.ndarray) -> None:
         docs = docs[self.inside[docs]]

@@ -312,6 +312,10 @@ def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = DE
             rows.append(CalibrationRow(k, score,
                                        int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
             bar.update(1)
+            # One line per k as it completes: a sweep takes minutes, and it should not look stalled.
+            log.info("k = %d: silhouette %s, cluster sizes %d / %g / %d (%d of %d)", k,
+                     "n/a" if score is None else f"{score:.4f}", sizes.min(), np.median(sizes), sizes.max(),
+                     len(rows), len(candidates))
     return rows, recommend_k(rows)
 
 

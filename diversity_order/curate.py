@@ -3,7 +3,7 @@
 ``curate(config)`` runs the stages below in order, each one function a reader can find by name:
 
     index_input -> counts_and_embeddings -> reduce -> cluster -> order_and_measure
-                -> write_outputs -> plot -> write_metadata
+                -> write_outputs -> describe -> plot -> write_metadata
 
 ``calibrate(config)`` (``--calibrate-k``) shares the first three stages, then sweeps k instead.
 Per-document state stays in flat arrays indexed by input position, carried between the stages
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import clustering, distributed, diversity, features, ordering_report, plots, records
-from .atomic import save_json, save_npy
+from . import clustering, distributed, diversity, features, ordering_report, outputs, plots, records
+from .atomic import atomic_open, save_json, save_npy
 from .defaults import DEFAULT_N_CLUSTERS
-from .errors import UserError
+from .errors import MAX_COUNT, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
 from .projection import projection_or_none
@@ -64,12 +64,14 @@ class CurateConfig:
         return self.ordering_options.seed
 
     def validate(self) -> None:
+        """Flags in range and outputs writable, before any long work (each failure one line naming the flag)."""
+        check_range(self.n_clusters, "--n-clusters", 1, 2**31)
+        check_range(self.embed_batch_size, "--embed-batch-size", 1, 2**31)
+        check_range(self.calibrate_k_samples, "--calibrate-k-samples", 0, MAX_COUNT, "0 = all")
+        check_range(self.pca_components, "--pca-components", 0, 2**31, "0 = off")
+        check_range(self.cluster_fit_sample, "--cluster-fit-sample", 0, MAX_COUNT, "0 = all")
+        check_range(self.gpu, "--gpu", 0, 2**16)
         checks = [
-            (self.n_clusters >= 1, f"--n-clusters {self.n_clusters}: must be at least 1"),
-            (self.embed_batch_size >= 1, f"--embed-batch-size {self.embed_batch_size}: must be at least 1"),
-            (self.calibrate_k_samples >= 0, f"--calibrate-k-samples {self.calibrate_k_samples}: must be 0 (all) or more"),
-            (self.pca_components >= 0, f"--pca-components {self.pca_components}: must be 0 (off) or more"),
-            (self.cluster_fit_sample >= 0, f"--cluster-fit-sample {self.cluster_fit_sample}: must be 0 (all) or more"),
             (self.cluster_backend in clustering.CLUSTER_BACKENDS,
              f"--cluster-backend {self.cluster_backend}: choose one of {', '.join(clustering.CLUSTER_BACKENDS)}"),
             (self.ordering in ORDERINGS, f"--ordering {self.ordering}: choose one of {', '.join(ORDERINGS)}"),
@@ -77,39 +79,17 @@ class CurateConfig:
              f"--ordering {self.ordering} orders by a per-document score: name its JSON field with --score-field"),
             (not self.extra_seq_lens or self.compare_strategies,
              "--seq-len takes several values only with --compare-strategies (the curated file follows the first)"),
-            (all(v >= 1 for v in self.extra_seq_lens), "--seq-len: every value must be at least 1 token"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+        for value in self.extra_seq_lens:
+            check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()
-        records.check_output_path(self.input, self.output)
-
-
-def output_stem(output: Path) -> Path:
-    """``dir/name.jsonl[.gz|.zst]`` -> ``dir/name``: the prefix of the files written beside it."""
-    name = output.name
-    for compressed in ("", *records.COMPRESSED_SUFFIXES):
-        for suffix in (".jsonl", ".json", ".ndjson"):
-            if name.endswith(suffix + compressed):
-                return output.with_name(name[: -len(suffix + compressed)])
-    return output
-
-
-def output_paths(config: CurateConfig) -> dict[str, Path]:
-    out_stem, in_stem = output_stem(config.output), output_stem(config.input)
-    folder = config.output.parent
-    return {
-        "embeddings": Path(f"{out_stem}_embeddings.npy"),
-        "token_counts": Path(f"{in_stem}_token_counts.npy"),
-        "meta": Path(f"{out_stem}_meta.json"),
-        "labels": Path(f"{out_stem}_labels.npy"),
-        "order": Path(f"{out_stem}_order.npy"),
-        "umap": Path(f"{out_stem}_umap2d.npy"),
-        "calibration": Path(f"{out_stem}_calibration.json"),
-        "ordering_plot": folder / "ordering_comparison.png",
-        "cloud_plot": folder / "cluster_cloud.png",
-    }
+        written = outputs.output_paths(self.input, self.output)
+        if self.load_embeddings is not None:
+            del written["embeddings"]  # precomputed embeddings: no shallow cache is written
+        outputs.check_locations(self.output, written, {"--input": self.input, "--load-embeddings": self.load_embeddings})
 
 
 @dataclass
@@ -143,7 +123,7 @@ class Run:
     pca_info: clustering.PCAInfo | None = None
     labels: np.ndarray | None = None
     order: np.ndarray | None = None
-    windows: dict = field(default_factory=dict)  # per-window diversity: "original", "curated"
+    windows: dict = field(default_factory=dict)  # per order ("original", "curated", "random_shuffle"): window_counts
     quality: dict = field(default_factory=dict)  # ordering_quality per order
     field_quality: dict = field(default_factory=dict)
     similarity: dict = field(default_factory=dict)
@@ -165,6 +145,7 @@ def curate(config: CurateConfig) -> CurateResult | None:
         cluster(run)
         order_and_measure(run)
         write_outputs(run)
+        describe(run)
         plot(run)
         meta = write_metadata(run)
         return CurateResult(meta, run.labels, run.order, run.counts, run.embeddings, run.paths,
@@ -192,7 +173,7 @@ def _start(config: CurateConfig) -> Run:
     device, ctx = start(config.device, config.gpu)
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
-    return Run(config, device, ctx, paths=output_paths(config))
+    return Run(config, device, ctx, paths=outputs.output_paths(config.input, config.output))
 
 
 def _finish(run: Run) -> None:
@@ -297,14 +278,15 @@ def order_and_measure(run: Run) -> None:
         run.order = ORDERINGS[config.ordering](labels, counts, k, run.options)
     with run.timer.stage("Diversity statistics"):
         packing = run.options.packing
-        run.windows = {"original": diversity.window_diversity(labels, counts, seq_len, None, packing),
-                       "curated": diversity.window_diversity(labels, counts, seq_len, run.order, packing)}
         orders = _compared_orders(run)
-        run.quality = {name: diversity.ordering_quality(labels, counts, seq_len, order, k, run.windows.get(name),
-                                                        packing) for name, order in orders.items()}
+        run.windows = {name: diversity.window_counts(labels, counts, seq_len, order, packing)
+                       for name, order in orders.items()}
+        run.quality = {name: diversity.ordering_quality(labels, counts, seq_len, order, k, run.windows[name], packing)
+                       for name, order in orders.items()}
         run.similarity = diversity.similarity_stats(run.embeddings, config.seed)
     _log_improvement(run.quality["original"]["diversity"], run.quality["curated"]["diversity"], config)
     _log_quality(run.quality)
+    _warn_if_degenerate(run)
     run.field_quality = _balance_field_quality(run, orders)
 
 
@@ -324,7 +306,7 @@ def _compare_strategies(run: Run) -> None:
     with run.timer.stage(f"Comparing {len(names)} orderings at seq-len {', '.join(f'{v:,}' for v in seq_lens)}"):
         rows, curves = ordering_report.compare_strategies(run.labels, run.counts, config.n_clusters, seq_lens,
                                                           options, names)
-        report, table = ordering_report.write_report(output_stem(config.output), rows, curves, config.n_clusters,
+        report, table = ordering_report.write_report(outputs.output_stem(config.output), rows, curves, config.n_clusters,
                                                      config.input.name, registry.comparison_options(options),
                                                      plot=not config.no_plot)
     print(table, flush=True)
@@ -333,19 +315,52 @@ def _compare_strategies(run: Run) -> None:
 
 
 def write_outputs(run: Run) -> None:
-    """The curated file (unless --stats-only), and the labels and order it was written with."""
-    config, paths = run.config, run.paths
+    """The curated file (unless --stats-only), and the labels and order it was written with.
+
+    A --stats-only trial beside an existing curated file never replaces the files that describe
+    that file's order (an earlier run's metadata, labels, order, plots): its own go to ``B_stats-only_*``.
+    """
+    config = run.config
     if not config.stats_only:
         with run.timer.stage(f"Writing {config.output}"):
             written = records.write_reordered(run.index, run.order, config.output)
         log.info("Wrote %d records (%.1f MB) to %s", run.n, written / 1e6, config.output)
-    elif config.output.exists():
-        log.warning("--stats-only: %s was not written; the file there is from an earlier run and does not "
-                    "follow this run's %s", config.output, paths["order"].name)
-    else:
+    elif not config.output.exists():
         log.info("--stats-only: the curated JSONL was not written")
-    save_npy(paths["labels"], run.labels)
-    save_npy(paths["order"], run.order)
+    else:
+        same = _same_as_saved(run)
+        run.paths = outputs.stats_only_paths(run.paths, config.output)
+        log.info("--stats-only: %s is left as it is (it follows %s); this run's metadata, labels, order and plots "
+                 "are %s%s_*", config.output, "this same order" if same else "another order, an earlier run's",
+                 outputs.output_stem(config.output).name, outputs.STATS_ONLY_TAG)
+    save_npy(run.paths["labels"], run.labels)
+    save_npy(run.paths["order"], run.order)
+
+
+def _same_as_saved(run: Run) -> bool:
+    """Whether the labels and order saved beside the output are this run's."""
+    try:
+        return (np.array_equal(np.load(run.paths["order"]), run.order)
+                and np.array_equal(np.load(run.paths["labels"]), run.labels))
+    except (OSError, ValueError):
+        return False
+
+
+def describe(run: Run) -> None:
+    """``B_clusters.md`` / ``.json``: what each cluster is (see cluster_report)."""
+    from . import cluster_report
+
+    config = run.config
+    with run.timer.stage("Describing the clusters"):
+        tokenizer = run.model.tokenizer("") if config.model_dir is not None else None
+        clusters = cluster_report.describe_clusters(run.index, run.labels, run.counts, run.embeddings,
+                                                    config.n_clusters, tokenizer, config.seed)
+        text = cluster_report.markdown(clusters, config.input.name, config.n_clusters, tokenizer is not None)
+        with atomic_open(run.paths["clusters_md"], "w") as handle:
+            handle.write(text)
+        save_json(run.paths["clusters_json"], {"input": str(config.input), "n_clusters": config.n_clusters,
+                                               "clusters": clusters})
+    log.info("What the clusters are: %s", run.paths["clusters_md"])
 
 
 def plot(run: Run) -> None:
@@ -354,7 +369,7 @@ def plot(run: Run) -> None:
         return
     with run.timer.stage("Plots"):
         plots.plot_ordering_comparison(paths["ordering_plot"], run.labels, run.counts, run.order, config.n_clusters,
-                                       run.windows["original"], run.windows["curated"],
+                                       run.windows["original"][0], run.windows["curated"][0],
                                        run.quality["original"]["diversity"], run.quality["curated"]["diversity"],
                                        config.seq_len, run.quality, config.ordering)
         projection = projection_or_none(paths["umap"], run.embeddings, run.index.fingerprints, config.seed)
@@ -423,6 +438,29 @@ def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:
              "-> curated mean %.2f (min %d, std %.2f, %d windows): %+.0f%%",
              f"{config.seq_len:,}", config.n_clusters, before["mean"], before["min"], before["std"],
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
+
+
+def _warn_if_degenerate(run: Run) -> None:
+    """Say so when the data or the flags leave no room to improve diversity (else "+0%" reads like a failure)."""
+    config = run.config
+    present = int(np.unique(run.labels).size)
+    unique, documents = run.windows["curated"]
+    if present < config.n_clusters:
+        log.warning("k-means filled only %d of the %d clusters (identical or too few distinct documents?)",
+                    present, config.n_clusters)
+    if present == 1:
+        log.warning("Every document is in one cluster: no order can change the clusters per window "
+                    "(--n-clusters %d)", config.n_clusters)
+    elif unique.size == 1:
+        log.warning("All %s tokens fit in one %s-token window: no order can change its diversity; compare orders at "
+                    "a shorter --seq-len (e.g. --compare-strategies --seq-len 4096 16384)",
+                    f"{int(run.counts.sum()):,}", f"{config.seq_len:,}")
+    elif np.median(documents) <= 1:
+        log.warning("Most %s-token windows hold a single document (the documents are about as long as --seq-len): "
+                    "each such window holds one cluster whatever the order", f"{config.seq_len:,}")
+    log.info("Curated order: %.1f%% of the most clusters these windows could hold (a window holds at most as many "
+             "clusters as documents); input order %.1f%%", 100 * run.quality["curated"]["efficiency"],
+             100 * run.quality["original"]["efficiency"])
 
 
 def _warn_unused_flags(config: CurateConfig) -> None:

@@ -25,63 +25,89 @@ def _push(out, n_out, value):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _close_counting(out, n_out, unique, fill, window):
-    """Close the open window: a finished window if it holds tokens. Returns (out, n_out, window, unique, fill)."""
+def _close_counting(out, docs_out, n_out, unique, docs, fill, window):
+    """Close the open window: a finished window if it holds tokens. Returns (out, docs_out, n_out, window, unique, docs, fill)."""
     if fill > 0:
-        out, n_out = _push(out, n_out, unique)
-    return out, n_out, window + 1, 0, 0
+        out, _ = _push(out, n_out, unique)
+        docs_out, n_out = _push(docs_out, n_out, docs)
+    return out, docs_out, n_out, window + 1, 0, 0, 0
 
 
 @njit(cache=True, nogil=True)
-def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int,
-                      model: int) -> np.ndarray:
-    # stamp[c] == window means cluster c is already in the open window's set; `unique` is its size.
+def _window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int, model: int):
+    # Per window: unique clusters and documents present. stamp[c] == window means cluster c is
+    # already in the open window's set; `unique` is its size, `docs` the documents placed in it.
     stamp = np.full(n_clusters, -1, dtype=np.int64)
     window = 0
     unique = 0
+    docs = 0
     fill = 0
     out = np.empty(labels.shape[0] * 2 + 1, dtype=np.int64)
+    docs_out = np.empty_like(out)
     n_out = 0
     for i in range(labels.shape[0]):
         c = labels[i]
         close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
         if close_first:
-            out, n_out, window, unique, fill = _close_counting(out, n_out, unique, fill, window)
+            out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill,
+                                                                               window)
         for piece in range(n_pieces(n_full, tail)):
             if piece > 0:
-                out, n_out, window, unique, fill = _close_counting(out, n_out, unique, fill, window)
+                out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs,
+                                                                                   fill, window)
             if stamp[c] != window:
                 stamp[c] = window
                 unique += 1
+            docs += 1
             fill += piece_tokens(piece, head, n_full, tail, seq_len)
         if close_last:
-            out, n_out, window, unique, fill = _close_counting(out, n_out, unique, fill, window)
+            out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill,
+                                                                               window)
     if unique > 0:
-        out, n_out = _push(out, n_out, unique)
+        out, _ = _push(out, n_out, unique)
+        docs_out, n_out = _push(docs_out, n_out, docs)
     if n_out == 0:
-        return np.zeros(1, dtype=np.int64)
-    return out[:n_out].copy()
+        return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    return out[:n_out].copy(), docs_out[:n_out].copy()
+
+
+def _in_order(labels, token_counts, order):
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.int64)
+    if order is not None:
+        order = np.asarray(order, dtype=np.int64)
+        labels, counts = labels[order], counts[order]
+    return labels, counts
+
+
+def window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
+                  packing: str = "whole") -> tuple[np.ndarray, np.ndarray]:
+    """Per ``seq_len`` window, in order: (unique clusters, documents present), documents packed in ``order``.
+
+    ``packing`` is the trainer's packing model (see ``packing.py``); with "whole" documents are
+    never split: one that does not fit closes the window; one longer than ``seq_len`` fills whole
+    windows by itself. No windows at all gives ``[0]``, ``[0]``.
+    """
+    if seq_len < 1:
+        raise ValueError("seq_len must be at least 1")
+    labels, counts = _in_order(labels, token_counts, order)
+    n_clusters = int(labels.max()) + 1 if labels.size else 1
+    return _window_counts(labels, counts, int(seq_len), n_clusters, packing_model(packing))
 
 
 def window_diversity(
     labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
     packing: str = "whole",
 ) -> np.ndarray:
-    """Unique clusters in each ``seq_len`` window when documents are packed in ``order``.
+    """Unique clusters in each ``seq_len`` window when documents are packed in ``order`` (see ``window_counts``)."""
+    return window_counts(labels, token_counts, seq_len, order, packing)[0]
 
-    ``packing`` is the trainer's packing model (see ``packing.py``); with "whole" documents are
-    never split: one that does not fit closes the window; one longer than ``seq_len`` fills whole
-    windows by itself. No windows at all gives ``[0]``.
-    """
-    if seq_len < 1:
-        raise ValueError("seq_len must be at least 1")
-    labels = np.asarray(labels, dtype=np.int64)
-    counts = np.asarray(token_counts, dtype=np.int64)
-    if order is not None:
-        order = np.asarray(order, dtype=np.int64)
-        labels, counts = labels[order], counts[order]
-    n_clusters = int(labels.max()) + 1 if labels.size else 1
-    return _window_diversity(labels, counts, int(seq_len), n_clusters, packing_model(packing))
+
+def efficiency(unique: np.ndarray, documents: np.ndarray, n_present: int) -> float:
+    """Unique clusters over the most possible: a window holds at most min(clusters present in the data,
+    documents in the window) clusters. 1.0 means no ordering could do better on these windows."""
+    bound = np.minimum(documents, n_present).sum()
+    return float(unique.sum() / bound) if bound else 1.0
 
 
 def summarize_windows(diversity: np.ndarray) -> dict:
@@ -238,16 +264,18 @@ def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | N
 
 
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,
-                     n_clusters: int, per_window_diversity: np.ndarray | None = None, packing: str = "whole") -> dict:
+                     n_clusters: int, windows: tuple[np.ndarray, np.ndarray] | None = None,
+                     packing: str = "whole") -> dict:
     """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage.
 
-    ``per_window_diversity``: this order's ``window_diversity``, when the caller has it already.
+    ``windows``: this order's ``window_counts``, when the caller has them already.
     """
     deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters, packing)
-    if per_window_diversity is None:
-        per_window_diversity = window_diversity(labels, token_counts, seq_len, order, packing)
+    unique, documents = windows if windows is not None else window_counts(labels, token_counts, seq_len, order, packing)
+    present = int(np.unique(np.asarray(labels)).size)
     return {
-        "diversity": summarize_windows(per_window_diversity),
+        "diversity": summarize_windows(unique),
+        "efficiency": round(efficiency(unique, documents, present), 4),
         "uniformity_max": round(float(deviation.max()), 4),
         "uniformity_mean": round(float(deviation.mean()), 4),
         "boundary_shift": round(boundary_shift(labels, token_counts, order, n_clusters), 4),

@@ -16,6 +16,7 @@ import numpy as np
 from . import caches, distributed, embed
 from .arrays import load_matrix
 from .errors import UserError
+from .model_folder import check_model_dir
 from .records import RecordIndex
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,7 @@ class ModelParts:
     def require_dir(self, why: str) -> Path:
         if self.model_dir is None:
             raise UserError(f"--model-dir is required {why}")
-        if not self.model_dir.is_dir():
-            raise UserError(f"--model-dir {self.model_dir}: folder not found")
-        return self.model_dir
+        return check_model_dir(self.model_dir)
 
     def tokenizer(self, why: str):
         if self._tokenizer is None:

@@ -42,9 +42,10 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                 order = ORDERINGS[name](labels, token_counts, n_clusters, replace(options, seq_len=seq_len))
                 seconds = time.perf_counter() - started
                 computed[name] = (order, seconds)
-            curves[(name, seq_len)] = diversity.window_diversity(labels, token_counts, seq_len, order, options.packing)
-            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters,
-                                                 curves[(name, seq_len)], options.packing)
+            windows = diversity.window_counts(labels, token_counts, seq_len, order, options.packing)
+            curves[(name, seq_len)] = windows[0]
+            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters, windows,
+                                                 options.packing)
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
     return rows, curves

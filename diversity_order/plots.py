@@ -19,20 +19,26 @@ from .orderings import SPECS
 log = logging.getLogger(__name__)
 
 
+# Documents not placed yet (the UMAP video) are drawn in this grey; no cluster colour comes near it.
+UNPLACED_RGB = (200, 200, 200)
+_MIN_DISTANCE_TO_UNPLACED = 48.0  # RGB distance: clearly another colour
+
+
 def cluster_colors(n_clusters: int) -> np.ndarray:
-    """RGBA per cluster, all distinct up to 60 clusters.
+    """RGBA per cluster, all distinct and none close to ``UNPLACED_RGB``, up to 51 clusters.
 
     The original toolkit resamples ``tab20`` to K colours, which repeats colours past K = 20 (at
-    the default K = 30, ten pairs of clusters look the same). Up to 20 clusters this is tab20
-    as in the original toolkit; up to 60, tab20 + tab20b + tab20c; beyond, a shuffled sweep of turbo.
+    the default K = 30, ten pairs of clusters look the same) and includes greys that read as
+    "not placed". Here: tab20, tab20b and tab20c in turn, less the colours near that grey; beyond
+    51 clusters, a shuffled sweep of turbo (which has no greys).
     """
     import matplotlib
 
     k = max(n_clusters, 1)
-    if k <= 20:
-        return matplotlib.colormaps["tab20"].resampled(k)(np.arange(k))
-    if k <= 60:
-        palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
+    palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
+    distance = np.linalg.norm(palette[:, :3] * 255 - np.asarray(UNPLACED_RGB), axis=1)
+    palette = palette[distance >= _MIN_DISTANCE_TO_UNPLACED]
+    if k <= len(palette):
         return palette[:k]
     shuffled = np.random.RandomState(0).permutation(k)
     return matplotlib.colormaps["turbo"](shuffled / max(k - 1, 1))

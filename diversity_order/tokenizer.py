@@ -69,6 +69,13 @@ class DocumentTokenizer:
         flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
 
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """How each token reads on its own (e.g. " the"), for reports; one batched call."""
+        singles = [[int(t)] for t in token_ids]
+        if self._backend is not None:
+            return self._backend.decode_batch(singles, skip_special_tokens=False)
+        return [self._hf.decode(ids) for ids in singles]
+
     def encode(self, text: str) -> list[int]:
         """One document's ids, the way the reference computes them."""
         return list(self._hf.encode(text, add_special_tokens=False))

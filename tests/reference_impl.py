@@ -387,3 +387,34 @@ def ref_split_window_share_deviation(labels_in_order, counts_in_order, seq_len, 
         if total:
             out.append(max(abs(window.get(k, 0) / total - shares[k]) for k in range(n_clusters)))
     return out or [0.0]
+
+
+def ref_window_documents(labels_in_order, counts_in_order, seq_len, split=False):
+    """Documents present in each window, windows as ref_window_diversity (whole) or ref_split_windows (split)."""
+    if split:
+        docs, offset = {}, 0
+        for tokens in counts_in_order:
+            first = ((offset - 1) // seq_len if offset > 0 else 0) if tokens == 0 else offset // seq_len
+            last = first if tokens == 0 else (offset + tokens - 1) // seq_len
+            for w in range(first, last + 1):
+                docs[w] = docs.get(w, 0) + 1
+            offset += tokens
+        return [docs[w] for w in sorted(docs)] or [0]
+    out = []
+    S, D, F = set(), 0, 0
+    for c, t in zip(labels_in_order, counts_in_order):
+        if F + t <= seq_len:
+            S.add(c)
+            D += 1
+            F += t
+        else:
+            if F > 0:
+                out.append(D)
+            S, D, F = {c}, 1, t
+            while F >= seq_len:
+                out.append(D)
+                F -= seq_len
+                S, D = ({c}, 1) if F > 0 else (set(), 0)
+    if S:
+        out.append(D)
+    return out or [0]

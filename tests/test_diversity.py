@@ -78,3 +78,25 @@ def test_split_packing_by_hand():
     labels, counts = np.array([0, 1, 2]), np.array([7, 6, 12])
     assert window_diversity(labels, counts, 10, packing="split").tolist() == [2, 2, 1]
     assert window_diversity(labels, counts, 10).tolist() == [1, 1, 1, 1]  # whole: 7 | 6 | 10 | 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(lambda k: st.lists(
+        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60)),
+    st.sampled_from([1, 5, 10, 11, 24]),
+    st.booleans(),
+)
+def test_documents_per_window_and_efficiency(docs, seq_len, split):
+    """The bound a window's diversity is measured against: it cannot hold more clusters than documents."""
+    from diversity_order.diversity import efficiency, window_counts
+    from reference_impl import ref_window_documents
+
+    labels = np.array([c for c, _ in docs], dtype=np.int64)
+    counts = np.array([t for _, t in docs], dtype=np.int64)
+    unique, documents = window_counts(labels, counts, seq_len, packing="split" if split else "whole")
+    assert documents.tolist() == ref_window_documents(labels.tolist(), counts.tolist(), seq_len, split)
+    assert (unique <= documents).all()
+    present = len(set(labels.tolist()))
+    bound = sum(min(d, present) for d in documents.tolist())
+    assert efficiency(unique, documents, present) == (unique.sum() / bound if bound else 1.0)

@@ -69,26 +69,22 @@ class OrderingOptions:
 
     def validate(self) -> None:
         """Raise a UserError naming the flag of the first option out of range."""
-        from ..errors import UserError
+        from ..errors import MAX_COUNT, UserError, check_range
 
+        check_range(self.seq_len, "--seq-len", 1, MAX_COUNT, "tokens")
+        check_range(self.seed, "--seed", 0, 2**32 - 1)
+        if self.within_cluster_sort not in WITHIN_CLUSTER_SORTS:
+            raise UserError(f"--within-cluster-sort {self.within_cluster_sort}: choose one of "
+                            f"{', '.join(WITHIN_CLUSTER_SORTS)}")
+        check_range(self.length_bins, "--length-bins", 1, 2**20, "1 = off")
+        check_range(self.length_weight, "--length-weight", 0, math.inf, "0 = off")
+        check_range(self.folds, "--folds", 1, MAX_COUNT)
+        check_range(self.sections, "--sections", 1, MAX_COUNT)
+        check_range(self.transition_ratio, "--transition-ratio", 0, 0.5)
+        check_range(self.jitter_window, "--jitter-window", 0, MAX_COUNT, "0 = off")
         percentages = self.segment_percentages
-        checks = [
-            (self.seq_len >= 1, f"--seq-len {self.seq_len}: must be at least 1 token"),
-            (self.within_cluster_sort in WITHIN_CLUSTER_SORTS,
-             f"--within-cluster-sort {self.within_cluster_sort}: choose one of {', '.join(WITHIN_CLUSTER_SORTS)}"),
-            (self.length_bins >= 1, f"--length-bins {self.length_bins}: must be at least 1 (1 = off)"),
-            (0 <= self.length_weight < math.inf,
-             f"--length-weight {self.length_weight}: must be a finite number, 0 (off) or more"),
-            (self.folds >= 1, f"--folds {self.folds}: must be at least 1"),
-            (self.sections >= 1, f"--sections {self.sections}: must be at least 1"),
-            (0 <= self.transition_ratio <= 0.5, f"--transition-ratio {self.transition_ratio}: must be within 0..0.5"),
-            (len(percentages) >= 1 and all(0 < v < math.inf for v in percentages),
-             "--segment-percentages: give one or more positive finite numbers, e.g. 30,40,30"),
-            (self.jitter_window >= 0, f"--jitter-window {self.jitter_window}: must be 0 (off) or more"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UserError(message)
+        if not (len(percentages) >= 1 and all(0 < v < math.inf for v in percentages)):
+            raise UserError("--segment-percentages: give one or more positive finite numbers, e.g. 30,40,30")
 
 
 def flag_fields() -> list:

@@ -1,4 +1,11 @@
-"""What the four scripts share: argument parsing, logging set-up, and turning user errors into one line."""
+"""The command line: one module per script (``curate_dataset``, ``extract_deep_embeddings``,
+``compare_clusterings``, ``animate_ordering``), and here what they share: argument parsing, logging
+set-up, and turning user errors (and Ctrl-C) into one line.
+
+Each script module imports only the standard library at the top; the package's heavy imports
+(numpy, torch, numba) happen inside ``main``, under ``run_main``, so a Ctrl-C at any moment ends
+with one line rather than a traceback. ``console()`` is the installed command's entry point.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from .errors import UserError
+from ..errors import UserError
 
 log = logging.getLogger("diversity_order")
 
@@ -42,13 +49,16 @@ def setup_logging(verbose: bool = False) -> None:
     )
 
 
+INTERRUPTED = "interrupted: files already written are complete; nothing half-written was kept"
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a script's main; user errors become one line on stderr and exit code 2."""
+    """Run a script's main; user errors become one line on stderr and exit code 2, Ctrl-C exit code 130."""
     try:
         return main(argv) or 0
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: files already written are complete; nothing half-written was kept", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
