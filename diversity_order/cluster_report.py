@@ -21,6 +21,7 @@ from collections import Counter
 
 import numpy as np
 
+from . import matrix
 from .records import RecordIndex, iter_text_batches
 
 log = logging.getLogger(__name__)
@@ -113,19 +114,18 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
     """Per cluster: its cohesion (mean cosine of members to the normalised centre) and the rows nearest it."""
     import torch
 
-    sums = torch.zeros((n_clusters, embeddings.shape[1]), dtype=torch.float64)
-    for lo in range(0, labels.size, chunk):  # index_add: O(rows x dim), where np.add.at is ~100x slower
-        x = torch.from_numpy(np.asarray(embeddings[lo: lo + chunk], dtype=np.float64))
-        sums.index_add_(0, torch.from_numpy(labels[lo: lo + chunk]), x)
+    sums = torch.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=torch.float64)
+    for lo, hi, block in matrix.blocks(embeddings, chunk):  # index_add: O(rows x dim); np.add.at is ~100x slower
+        sums.index_add_(0, torch.from_numpy(labels[lo:hi]), torch.from_numpy(block.astype(np.float64)))
     sums = sums.numpy()
     norms = np.linalg.norm(sums, axis=1, keepdims=True)
     centres = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
     cosine = np.empty(labels.size)
-    for lo in range(0, labels.size, chunk):
-        x = np.asarray(embeddings[lo: lo + chunk], dtype=np.float64)
+    for lo, hi, block in matrix.blocks(embeddings, chunk):
+        x = block.astype(np.float64)
         lengths = np.linalg.norm(x, axis=1)
-        dots = (x * centres[labels[lo: lo + chunk]]).sum(1)
-        cosine[lo: lo + x.shape[0]] = np.divide(dots, lengths, out=np.zeros_like(dots), where=lengths > 0)
+        dots = (x * centres[labels[lo:hi]]).sum(1)
+        cosine[lo:hi] = np.divide(dots, lengths, out=np.zeros_like(dots), where=lengths > 0)
     by_cluster = np.lexsort((-cosine, labels))
     starts = np.searchsorted(labels[by_cluster], np.arange(n_clusters + 1))
     cohesion = np.bincount(labels, weights=cosine, minlength=n_clusters) / np.maximum(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import caches
+from . import caches, matrix
 from .defaults import DEFAULT_SEED
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,10 @@ UMAP_FIT_SAMPLE = 10000
 def embeddings_key(embeddings: np.ndarray) -> str:
     """A hash of the embedding matrix (strided for big ones) to key the 2-D projection cache."""
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(str(embeddings.shape).encode())
-    stride = max(1, embeddings.shape[0] // 65536)
-    digest.update(np.ascontiguousarray(embeddings[::stride]).tobytes())
+    n = matrix.shape(embeddings)[0]
+    digest.update(str(tuple(matrix.shape(embeddings))).encode())
+    stride = max(1, n // 65536)
+    digest.update(np.ascontiguousarray(matrix.read_rows(embeddings, np.arange(0, n, stride))).tobytes())
     return digest.hexdigest()
 
 
@@ -67,11 +68,12 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
 
     _enable_umap_jit_cache()
 
-    n, dim = embeddings.shape
+    n, dim = matrix.shape(embeddings)
     components = min(50, dim, max(n - 1, 1))
     # random_state makes UMAP single-threaded anyway; saying n_jobs=1 silences its warning.
     reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed, n_jobs=1)
     if n <= UMAP_FIT_SAMPLE:
+        embeddings = matrix.load(embeddings)
         reduced = PCA(components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
         return reducer.fit_transform(reduced).astype(np.float32)
     # Big inputs: PCA and UMAP are fitted on a seeded sample; every other point is projected
@@ -79,13 +81,14 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
     # positions, batch by batch (BLAS; seconds per million points, where UMAP's own transform
     # takes minutes and a PCA of every row would hold another copy of the embeddings).
     sample = np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False))
-    pca = PCA(components, random_state=seed).fit(embeddings[sample]) if components < dim else None
+    sampled = matrix.read_rows(embeddings, sample)
+    pca = PCA(components, random_state=seed).fit(sampled) if components < dim else None
     project = (lambda rows: pca.transform(rows).astype(np.float32)) if pca else (lambda rows: np.asarray(rows, np.float32))
-    anchors = project(embeddings[sample])
+    anchors = project(sampled)
     anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
     out = np.empty((n, 2), dtype=np.float32)
-    for lo in range(0, n, 100_000):
-        out[lo : lo + 100_000] = place_by_neighbours(project(embeddings[lo : lo + 100_000]), anchors, anchor_xy)
+    for lo, hi, block in matrix.blocks(embeddings, 100_000):
+        out[lo:hi] = place_by_neighbours(project(block), anchors, anchor_xy)
     return out
 
 
@@ -126,7 +129,7 @@ def projection_or_none(path: Path, embeddings: np.ndarray, fingerprints: np.ndar
     except ImportError:
         log.warning("umap-learn is not installed: cluster_cloud.png shows cluster sizes instead")
         return None
-    if embeddings.shape[0] < 4:
+    if matrix.shape(embeddings)[0] < 4:
         log.warning("Too few documents for a 2-D projection: cluster_cloud.png shows cluster sizes instead")
         return None
     return cached_umap(path, embeddings, fingerprints, seed)
