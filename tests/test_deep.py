@@ -561,3 +561,88 @@ def test_finished_run_removes_temp_files_of_killed_checkpoint_writes(data, tiny_
     deep.extract(_config(data[0], out, tiny_model_dir))
     assert out.read_bytes() == baseline.read_bytes()
     assert not stray.exists() and unrelated.exists()
+
+
+# ----------------------------------------------------------------------------- model fingerprint
+
+def _same_size_weight_change(model_dir):
+    """Change one weight of ``model_dir``'s safetensors in place: same names, shapes and file size."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    size = path.stat().st_size
+    tensors = load_file(path)
+    name = next(n for n in sorted(tensors) if n.endswith("mlp.down_proj.weight"))
+    tensors[name][0, 0] += 0.5
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert path.stat().st_size == size
+
+
+def test_changed_weights_of_the_same_size_recompute_every_row(data, tiny_model_dir, tmp_path, caplog):
+    # A fine-tune has the same file names and sizes as its base: only the content tells them apart.
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, model))
+    before = np.load(out)
+    _same_size_weight_change(model)
+    rows = []
+    caplog.set_level("INFO")
+    result = deep.extract(_config(data[0], out, model), forward=_counting_forward(rows))
+    assert not result.nothing_to_do and len(rows) == result.docs == len(data[1]) - 1  # all but the empty record
+    assert "computed with a different model; recomputing all rows" in caplog.text
+    assert not np.allclose(np.load(out)[1:], before[1:], atol=1e-4)  # the new weights' vectors
+
+
+def _hub_snapshot(tmp_path, model_dir):
+    """``model_dir`` laid out as a Hugging Face hub cache: snapshots/<rev>/NAME -> ../../blobs/<hash>."""
+    import hashlib
+    import shutil
+
+    repo = tmp_path / "hub" / "models--tiny"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(model_dir.iterdir()):
+        content = path.read_bytes()
+        # LFS files are named by their sha256, small git files by a 40-digit git hash.
+        name = hashlib.sha256(content).hexdigest() if path.suffix == ".safetensors" else \
+            hashlib.sha1(content).hexdigest()
+        shutil.copyfile(path, blobs / name)
+        (snapshot / path.name).symlink_to(Path("..") / ".." / "blobs" / name)
+    return snapshot
+
+
+def test_fingerprint_reads_no_weights_a_hub_cache_names_and_sees_a_blob_changed_through_its_link(
+        tiny_model_dir, tmp_path, monkeypatch):
+    from diversity_order.deep import model as model_module
+
+    snapshot = _hub_snapshot(tmp_path, tiny_model_dir)
+    read = []
+    original = model_module._sha256
+    monkeypatch.setattr(model_module, "_sha256", lambda path: read.append(path.name) or original(path))
+    plain = model_module.model_fingerprint(tiny_model_dir)
+    assert "model.safetensors" in read
+    read.clear()
+    # The same content keys the same rows, whether used from the cache or from a plain copy.
+    assert model_module.model_fingerprint(snapshot) == plain
+    assert "model.safetensors" not in read and "config.json" in read
+
+    # Weights written through the link (torch.save, an in-place edit) change the blob, which keeps
+    # its name but is now newer than its link: the name is no longer trusted, the content is hashed.
+    import shutil
+
+    scratch = tmp_path / "scratch"
+    shutil.copytree(tiny_model_dir, scratch)
+    _same_size_weight_change(scratch)
+    link = snapshot / "model.safetensors"
+    link.write_bytes((scratch / "model.safetensors").read_bytes())
+    assert link.is_symlink()
+    blob = link.resolve()
+    link_mtime = os.lstat(link).st_mtime_ns
+    os.utime(blob, ns=(link_mtime + 10**9, link_mtime + 10**9))  # filesystems with coarse clocks
+    read.clear()
+    assert model_module.model_fingerprint(snapshot) != plain
+    assert "model.safetensors" in read

@@ -6,11 +6,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
+import os
+import re
 import sys
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import UserError
+
+log = logging.getLogger("diversity_order.deep")
 
 # forward(model, input_ids, attention_mask) -> last hidden state (batch x length x hidden).
 ForwardFn = Callable[..., "object"]
@@ -152,13 +159,87 @@ def config_max_positions(model_dir: Path) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
+# Files of a model folder whose content decides the vectors: the weights the loader reads, and
+# every small file beside them (config.json, tokenizer files, weight index). Bigger files that are
+# not those weights (other frameworks' weights, ONNX, GGUF, unused .bin next to .safetensors) are
+# never read by AutoModel.from_pretrained, so they are not hashed.
+SMALL_FILE_BYTES = 64 << 20
+NOT_MODEL_FILES = (".md", ".png", ".jpg", ".jpeg", ".gif", ".gitattributes")
+TORCH_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
+_LFS_BLOB = re.compile(r"[0-9a-f]{64}")
+
+
+def fingerprint_files(model_dir: Path) -> list[Path]:
+    """The files ``model_fingerprint`` hashes, sorted by name."""
+    files = [p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".")
+             and not p.name.endswith(NOT_MODEL_FILES) and not p.name.upper().startswith("LICENSE")]
+    # transformers prefers safetensors; only without them does it read the torch pickles.
+    weights = (".safetensors",) if any(p.suffix == ".safetensors" for p in files) else TORCH_WEIGHTS
+    return sorted((p for p in files if p.suffix in weights or p.stat().st_size <= SMALL_FILE_BYTES),
+                  key=lambda p: p.name)
+
+
+def _cached_blob_digest(path: Path) -> str | None:
+    """The sha256 a Hugging Face cache snapshot already carries, where it can be trusted.
+
+    In a hub cache, ``snapshots/<rev>/NAME`` is a symlink to ``blobs/<sha256 of the content>``
+    for large (LFS) files. The name stays if the blob is later written through the link (a
+    fine-tune saved into the snapshot), so it is only trusted when the blob is no newer than its
+    link: the hub writes the blob first, then links it. Anything else is hashed.
+    """
+    if not path.is_symlink():
+        return None
+    blob = path.resolve()
+    if blob.parent.name != "blobs" or not _LFS_BLOB.fullmatch(blob.name):
+        return None
+    return blob.name if blob.stat().st_mtime_ns <= os.lstat(path).st_mtime_ns else None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _hash_files(model_dir: Path) -> str:
+    files = fingerprint_files(model_dir)
+    sizes = {p: p.stat().st_size for p in files}
+    digests = {p: _cached_blob_digest(p) for p in files}
+    to_read = [p for p in files if digests[p] is None]
+    read_bytes = sum(sizes[p] for p in to_read)
+    if read_bytes > 1 << 30:  # worth a line in a log file before it starts: ~1 s per GB on one core
+        log.info("Hashing the model's files (%.1f GB) to key the caches ...", read_bytes / 1e9)
+    started = time.perf_counter()
+    # sha256 (not blake2b): CPUs with SHA extensions hash it 2-3x faster, and it is the name the hub
+    # cache gives a blob, so a model used from the cache or copied out of it keys the same rows.
+    # Shards are hashed in parallel (hashlib releases the GIL while hashing).
+    workers = max(1, min(len(to_read), os.cpu_count() or 1, 8))
+    with ThreadPoolExecutor(workers) as pool:
+        digests.update(zip(to_read, pool.map(_sha256, to_read)))
+    seconds = time.perf_counter() - started
+    log.info("Model fingerprint: %d files, %.0f MB read and hashed in %.1f s (%.0f MB/s)%s", len(files),
+             read_bytes / 1e6, seconds, read_bytes / 1e6 / max(seconds, 1e-9),
+             f"; {len(files) - len(to_read)} taken from the hub cache's blob names" if len(to_read) < len(files) else "")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{sizes[path]}\0{digests[path]}\n".encode())
+    return digest.hexdigest()[:32]
+
+
 def model_fingerprint(model_dir: Path) -> str:
-    """Hash of config.json and the weight files' names and sizes (cheap, no reading weights)."""
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.iterdir()):
-        if path.suffix in (".safetensors", ".bin", ".pt", ".json") and path.is_file():
-            digest.update(f"{path.name}:{path.stat().st_size};".encode())
-    return digest.hexdigest()
+    """A hash of the content of the files that decide the vectors (``fingerprint_files``).
 
+    Under torchrun one process per node reads the files (each node may hold its own copy), and
+    every rank gets the same answer; copies that differ between nodes are refused.
+    """
+    import torch.distributed as dist
 
+    if not (dist.is_available() and dist.is_initialized()):
+        return _hash_files(model_dir)
+    mine = _hash_files(model_dir) if int(os.environ.get("LOCAL_RANK", "0")) == 0 else None
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    found = sorted({f for f in everyone if f is not None})
+    if len(found) != 1:
+        raise UserError(f"--model-dir {model_dir}: the model files differ between nodes (fingerprints "
+                        f"{', '.join(found)}); give every node the same copy")
+    return found[0]
