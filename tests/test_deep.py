@@ -646,3 +646,222 @@ def test_fingerprint_reads_no_weights_a_hub_cache_names_and_sees_a_blob_changed_
     read.clear()
     assert model_module.model_fingerprint(snapshot) != plain
     assert "model.safetensors" in read
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _mask_writes(monkeypatch):
+    """The done count of every checkpoint written (the mask is the last file a checkpoint writes)."""
+    from diversity_order.deep import checkpoint as checkpoint_module
+
+    counts = []
+    original = checkpoint_module.save_npy
+
+    def spy(path, array):
+        if str(path).endswith(".partial.done.npy"):
+            counts.append(int(np.asarray(array).sum()))
+        return original(path, array)
+
+    monkeypatch.setattr(checkpoint_module, "save_npy", spy)
+    return counts
+
+
+def _expected_checkpoints(batches, every_docs, every_seconds, already_done):
+    """Done counts at each checkpoint by the rule: after the batch that brings the documents since the
+    last checkpoint to ``every_docs`` or the seconds (1 per batch here) to ``every_seconds``, whichever
+    first; then one at the end for the rows since. Returns the counts and which rule fired."""
+    counts, rules, since, clock, last, done = [], set(), 0, 0.0, 0.0, already_done
+    for size in batches:
+        since, clock, done = since + size, clock + 1.0, done + size
+        if since >= every_docs or clock - last >= every_seconds:
+            counts.append(done)
+            rules.add("docs" if since >= every_docs else "seconds")
+            since, last = 0, clock
+    if not counts or counts[-1] != done:
+        counts.append(done)
+    return counts, rules
+
+
+@pytest.mark.parametrize("every_docs, every_seconds", [(5, float("inf")), (5, 3.5)])
+def test_checkpoints_every_checkpoint_docs_or_seconds_whichever_first_and_no_more(
+        data, tiny_model_dir, baseline_bs2, tmp_path, monkeypatch, every_docs, every_seconds):
+    from diversity_order.deep import batches as batches_module
+
+    clock = [0.0]
+    monkeypatch.setattr(batches_module, "monotonic", lambda: clock[0])
+    sizes = []
+
+    def forward(model, ids, mask):  # each batch takes one second on the loop's clock
+        clock[0] += 1.0
+        sizes.append(ids.shape[0])
+        return deep.default_forward(model, ids, mask)
+
+    writes = _mask_writes(monkeypatch)
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2, checkpoint_docs=every_docs,
+                         checkpoint_seconds=every_seconds), forward=forward)
+    # The empty record is done before the loop: the first checkpoint saves it too.
+    expected, rules = _expected_checkpoints(sizes, every_docs, every_seconds, already_done=1)
+    assert writes == expected
+    assert rules == ({"docs"} if every_seconds == float("inf") else {"docs", "seconds"})  # both rules exercised
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+
+
+def test_checkpoint_intervals_must_be_positive(data, tiny_model_dir, tmp_path, capsys):
+    base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--model-dir", str(tiny_model_dir),
+            "--device", "cpu", "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, base + ["--checkpoint-docs", "0"]) == 2
+    assert "error: --checkpoint-docs 0: must be at least 1" in capsys.readouterr().err
+    assert run_main(extract_deep_embeddings.main, base + ["--checkpoint-seconds", "0"]) == 2
+    assert "error: --checkpoint-seconds 0.0: must be more than 0" in capsys.readouterr().err
+
+
+def test_a_checkpoint_writes_only_the_rows_finished_since_the_last(tmp_path, monkeypatch):
+    # Rewriting the whole share at every checkpoint made a long run's checkpoints ever slower
+    # (1M rows x 4096 floats: 16 GB per checkpoint).
+    from diversity_order.deep import checkpoint as checkpoint_module
+    from diversity_order.distributed import DistContext
+
+    written = []
+
+    class Spy:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, payload):
+            written.append(len(payload))
+            return self.handle.write(payload)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+    monkeypatch.setattr(checkpoint_module, "open", lambda *a, **kw: Spy(open(*a, **kw)), raising=False)
+    dim, key = 16, {"version": 1, "records": 1000}
+    partial = checkpoint_module.Partial(tmp_path / "o.npy", DistContext(), np.arange(1000), dim, key)
+    partial.start()
+    assert partial.data_path.stat().st_size >= 1000 * dim * 4  # the whole share's room, taken at the start
+    rng = np.random.default_rng(0)
+    for rows in (np.arange(10), np.asarray([500, 501, 502, 7 + 990, 20]), np.asarray([], dtype=np.int64)):
+        written.clear()
+        partial.data[rows] = rng.normal(size=(rows.size, dim)).astype(np.float32)
+        partial.done[rows] = True
+        partial.checkpoint()
+        assert sum(written) == rows.size * dim * 4
+    assert partial.writes == 2  # nothing new: nothing written
+
+    again = checkpoint_module.Partial(tmp_path / "o.npy", DistContext(), np.arange(1000), dim, key)
+    np.testing.assert_array_equal(again.done, partial.done)
+    np.testing.assert_array_equal(again.data[again.done], partial.data[partial.done])
+
+
+def _interrupt_after(calls):
+    seen = [0]
+
+    def forward(model, ids, mask):
+        seen[0] += 1
+        if seen[0] > calls:
+            raise KeyboardInterrupt
+        return deep.default_forward(model, ids, mask)
+    return forward
+
+
+def test_restart_before_any_checkpoint_is_quiet_and_a_damaged_checkpoint_warns(data, tiny_model_dir, baseline,
+                                                                              tmp_path, caplog):
+    out = tmp_path / "emb.npy"
+    key, rows_file, mask = (tmp_path / f"emb.npy.partial.{s}" for s in ("json", "npy", "done.npy"))
+    caplog.set_level("INFO")
+    # Stopped at its first batch: the key is written, no checkpoint yet.
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir), forward=_interrupt_after(0))
+    assert key.exists() and not mask.exists()
+    rows_file.unlink(missing_ok=True)  # as a run of before this change left it: the key alone
+    caplog.clear()
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    assert out.read_bytes() == baseline.read_bytes()
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.getMessage()]
+    assert "no rows checkpointed yet" in caplog.text
+
+    def damage_truncate():
+        rows_file.write_bytes(rows_file.read_bytes()[:-100])
+
+    def damage_shape():
+        np.save(rows_file, np.ones((3, 32), dtype=np.float32))
+
+    for damage in (damage_truncate, damage_shape):
+        out.unlink()
+        with pytest.raises(KeyboardInterrupt):
+            deep.extract(_config(data[0], out, tiny_model_dir, checkpoint_docs=4), forward=_interrupt_after(3))
+        assert mask.exists() and np.load(mask).sum() > 0
+        damage()
+        caplog.clear()
+        rows = []
+        deep.extract(_config(data[0], out, tiny_model_dir), forward=_counting_forward(rows))
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.getMessage()]
+        assert len(warnings) == 1 and "emb.npy.partial.npy: checkpoint damaged" in warnings[0]
+        assert len(rows) == len(data[1]) - 1  # every row computed again
+        assert out.read_bytes() == baseline.read_bytes()
+
+
+def test_disk_full_while_checkpointing_stops_with_one_line_and_the_last_checkpoint_resumes(
+        data, tiny_model_dir, baseline_bs2, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from diversity_order.deep import checkpoint as checkpoint_module
+
+    out = tmp_path / "emb.npy"
+    original = checkpoint_module.save_npy
+    writes = [0]
+
+    def full_after_two(path, array):
+        writes[0] += 1
+        if writes[0] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(path, array)
+
+    monkeypatch.setattr(checkpoint_module, "save_npy", full_after_two)
+    args = ["--input", str(data[0]), "--output", str(out), "--model-dir", str(tiny_model_dir), "--device", "cpu",
+            "--dtype", "float32", "--token-budget", "2048", "--batch-size", "2", "--checkpoint-docs", "4",
+            "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    saved = int(np.load(tmp_path / "emb.npy.partial.done.npy").sum())
+    assert errors == [f"error: cannot write the checkpoint emb.npy.partial.npy in {tmp_path}: No space left on "
+                      f"device; the last checkpoint ({saved} of {len(data[1])} rows) is intact: free space or fix "
+                      f"the folder, then rerun to resume"]
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+
+    monkeypatch.setattr(checkpoint_module, "save_npy", original)
+    rows = []
+    result = deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2), forward=_counting_forward(rows))
+    assert result.docs == len(rows) == len(data[1]) - saved
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+
+
+def test_no_room_for_the_checkpoint_is_said_before_any_work(data, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    import errno
+    from types import SimpleNamespace
+
+    from diversity_order.deep import checkpoint as checkpoint_module
+    from diversity_order.errors import UserError
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.os, "posix_fallocate", full, raising=False)
+    rows = []
+    with pytest.raises(UserError, match=r"cannot create the checkpoint .*emb.npy.partial.npy \(0.00 GB\): No space "
+                                        r"left on device; free space or choose another --output folder"):
+        deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir), forward=_counting_forward(rows))
+    assert rows == [] and not (tmp_path / "emb.npy.partial.npy").exists()
+
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    caplog.set_level("INFO")
+    deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir))
+    assert "writing the output at the end needs 0.00 GB" in caplog.text

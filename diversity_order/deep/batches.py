@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
+from time import monotonic  # a name of this module, so tests can give the loop a clock
 
 import numpy as np
 
@@ -104,7 +104,9 @@ class BatchLoop:
     checkpoint_seconds: float
 
     def run(self, todo: np.ndarray, result: DeepResult, progress: Progress) -> None:
-        since_checkpoint, last_checkpoint = 0, time.monotonic()
+        # A checkpoint every checkpoint_docs documents or checkpoint_seconds, whichever comes first
+        # (either resets both), at the end of the batch that crosses it: a batch is never cut.
+        since_checkpoint, last_checkpoint = 0, monotonic()
         try:
             # Batches are cut greedily over the whole to-do list (never at tokenization chunks), so
             # a resumed run, starting where a finished batch ended, cuts the same batches again.
@@ -120,9 +122,12 @@ class BatchLoop:
                 since_checkpoint += done
                 progress.update(done, work=tokens)
                 if since_checkpoint >= self.checkpoint_docs or \
-                        time.monotonic() - last_checkpoint >= self.checkpoint_seconds:
+                        monotonic() - last_checkpoint >= self.checkpoint_seconds:
                     self.partial.checkpoint()
-                    since_checkpoint, last_checkpoint = 0, time.monotonic()
+                    since_checkpoint, last_checkpoint = 0, monotonic()
+            # The rows since the last checkpoint too (only those are written): the output written
+            # next needs as much disk again, and should that fail, a rerun only writes it.
+            self.partial.checkpoint()
         except BaseException:
             if result.docs:
                 with contextlib.suppress(Exception):

@@ -73,6 +73,10 @@ def check_config(config: DeepConfig) -> None:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if config.checkpoint_docs < 1:
+        raise UserError(f"--checkpoint-docs {config.checkpoint_docs}: must be at least 1")
+    if not config.checkpoint_seconds > 0:  # also NaN; inf means by documents only
+        raise UserError(f"--checkpoint-seconds {config.checkpoint_seconds}: must be more than 0")
     if config.dtype not in DTYPES:
         raise UserError(f"--dtype {config.dtype}: expected one of {', '.join(DTYPES)}")
     if config.tp < 1:
