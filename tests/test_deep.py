@@ -865,3 +865,33 @@ def test_no_room_for_the_checkpoint_is_said_before_any_work(data, tiny_model_dir
     caplog.set_level("INFO")
     deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir))
     assert "writing the output at the end needs 0.00 GB" in caplog.text
+
+
+def test_sigterm_checkpoints_before_ending(data, tiny_model_dir, baseline_bs2, tmp_path):
+    """Slurm preemption, ``timeout`` and ``docker stop`` send SIGTERM: the rows done so far are saved."""
+    out = tmp_path / "emb.npy"
+    script = f"""
+import logging, os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from diversity_order import deep
+logging.basicConfig(level=logging.INFO)
+calls = [0]
+def forward(model, ids, mask):
+    calls[0] += 1
+    if calls[0] == 6:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return deep.default_forward(model, ids, mask)
+deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
+             device="cpu", dtype="float32", token_budget=2048, batch_size=2, checkpoint_docs=1000, progress=False),
+             forward=forward)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + 15, proc.stderr[-2000:]
+    done = np.load(tmp_path / "emb.npy.partial.done.npy")
+    assert done.sum() >= 2 * 5  # the five batches finished before the signal (and the one it interrupted)
+    assert "Terminated (SIGTERM)" in proc.stderr and not out.exists()
+    rows = []
+    result = deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2), forward=_counting_forward(rows))
+    assert result.docs == len(data[1]) - int(done.sum())
+    assert out.read_bytes() == baseline_bs2.read_bytes()

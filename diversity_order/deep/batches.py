@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 from dataclasses import dataclass
 from time import monotonic  # a name of this module, so tests can give the loop a clock
 
@@ -84,6 +86,29 @@ class Embedder:
         self.budget = min(self.max_budget, max(self.budget + 1, int(self.budget * SUCCESS_GROWTH)))
 
 
+class Terminated(SystemExit):
+    """SIGTERM during the batch loop (Slurm preemption or time limit, ``timeout``, ``docker stop``)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While open, SIGTERM raises ``Terminated`` so the rows since the last checkpoint are saved;
+    Python's default would end the process at once and lose them (up to ``checkpoint_seconds``)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # not ours to change
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signum)  # the exit status a shell reports for a process SIGTERM ended
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def free_cache(device) -> None:
     import torch
 
@@ -108,30 +133,35 @@ class BatchLoop:
         # (either resets both), at the end of the batch that crosses it: a batch is never cut.
         since_checkpoint, last_checkpoint = 0, monotonic()
         try:
-            # Batches are cut greedily over the whole to-do list (never at tokenization chunks), so
-            # a resumed run, starting where a finished batch ended, cuts the same batches again.
-            todo_lengths = self.tokens.lengths[todo]
-            pos = 0
-            while pos < todo.size:
-                count = self.embedder.batch_count(todo_lengths[pos:])
-                done = self._one_batch(todo[pos : pos + count], int(todo_lengths[pos : pos + count].max()), result)
-                if done == 0:
-                    continue  # shrunk after an out-of-memory: the same documents again, fewer at a time
-                tokens = int(todo_lengths[pos : pos + done].sum())
-                pos += done
-                since_checkpoint += done
-                progress.update(done, work=tokens)
-                if since_checkpoint >= self.checkpoint_docs or \
-                        monotonic() - last_checkpoint >= self.checkpoint_seconds:
-                    self.partial.checkpoint()
-                    since_checkpoint, last_checkpoint = 0, monotonic()
-            # The rows since the last checkpoint too (only those are written): the output written
-            # next needs as much disk again, and should that fail, a rerun only writes it.
-            self.partial.checkpoint()
-        except BaseException:
+            with _sigterm_raises():
+                # Batches are cut greedily over the whole to-do list (never at tokenization chunks), so
+                # a resumed run, starting where a finished batch ended, cuts the same batches again.
+                todo_lengths = self.tokens.lengths[todo]
+                pos = 0
+                while pos < todo.size:
+                    count = self.embedder.batch_count(todo_lengths[pos:])
+                    done = self._one_batch(todo[pos : pos + count], int(todo_lengths[pos : pos + count].max()),
+                                           result)
+                    if done == 0:
+                        continue  # shrunk after an out-of-memory: the same documents again, fewer at a time
+                    tokens = int(todo_lengths[pos : pos + done].sum())
+                    pos += done
+                    since_checkpoint += done
+                    progress.update(done, work=tokens)
+                    if since_checkpoint >= self.checkpoint_docs or \
+                            monotonic() - last_checkpoint >= self.checkpoint_seconds:
+                        self.partial.checkpoint()
+                        since_checkpoint, last_checkpoint = 0, monotonic()
+                # The rows since the last checkpoint too (only those are written): the output written
+                # next needs as much disk again, and should that fail, a rerun only writes it.
+                self.partial.checkpoint()
+        except BaseException as exc:
             if result.docs:
                 with contextlib.suppress(Exception):
                     self.partial.checkpoint()
+            if isinstance(exc, Terminated):
+                log.warning("Terminated (SIGTERM): %d of %d rows of this share are checkpointed; rerun to resume",
+                            int(self.partial.saved.sum()), self.partial.done.size)
             raise
 
     def _one_batch(self, batch: np.ndarray, longest: int, result: DeepResult) -> int:
