@@ -895,3 +895,22 @@ deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_
     result = deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2), forward=_counting_forward(rows))
     assert result.docs == len(data[1]) - int(done.sum())
     assert out.read_bytes() == baseline_bs2.read_bytes()
+
+
+def test_non_finite_hidden_states_are_said(data, tiny_model_dir, tmp_path, caplog):
+    # float16 overflows in many models: the NaN rows must not pass unnoticed until curate.
+    calls = [0]
+
+    def forward(model, ids, mask):
+        hidden = deep.default_forward(model, ids, mask)
+        calls[0] += 1
+        return hidden * float("nan") if calls[0] == 2 else hidden
+
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir), forward=forward)
+    emb = np.load(out)
+    bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+    assert 0 < bad.size <= 8  # the second batch
+    warning = next(r.getMessage() for r in caplog.records if "NaN or inf" in r.getMessage())
+    assert warning.startswith(f"{bad.size} document(s) got a vector with NaN or inf") and \
+        warning.endswith("records " + ", ".join(map(str, bad)))

@@ -184,6 +184,12 @@ class BatchLoop:
             self.partial.data[self.position[row]] = np.nan  # not marked done, so a rerun retries it
             result.skipped.append((row, int(self.tokens.lengths[row])))
             return 1
+        bad = ~np.isfinite(vectors).all(axis=1)
+        if bad.any():  # kept as NaN rows (curate warns about them), but said now, not discovered later
+            rows = sorted(batch[bad].tolist())
+            log.warning("%d document(s) got a vector with NaN or inf: the model's hidden states are not finite "
+                        "(float16 overflows in many models: try --dtype bfloat16 or float32); records %s%s",
+                        len(rows), ", ".join(map(str, rows[:10])), " ..." if len(rows) > 10 else "")
         for row, vector in zip(batch.tolist(), vectors):
             self.partial.data[self.position[row]] = vector
             self.partial.done[self.position[row]] = True
