@@ -914,3 +914,38 @@ def test_non_finite_hidden_states_are_said(data, tiny_model_dir, tmp_path, caplo
     warning = next(r.getMessage() for r in caplog.records if "NaN or inf" in r.getMessage())
     assert warning.startswith(f"{bad.size} document(s) got a vector with NaN or inf") and \
         warning.endswith("records " + ", ".join(map(str, bad)))
+
+
+def test_torchrun_ranks_must_hash_the_same_model(tiny_model_dir, tmp_path):
+    """Each rank hashes its own folder (nodes may hold their own copies); copies that differ are refused."""
+    import shutil
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    shutil.copytree(tiny_model_dir, same)
+    shutil.copytree(tiny_model_dir, other)
+    _same_size_weight_change(other)
+    script = tmp_path / "fingerprint.py"
+    script.write_text(f"""
+import os, sys
+import torch.distributed as dist
+from pathlib import Path
+from diversity_order.deep.model import model_fingerprint
+from diversity_order.errors import UserError
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+folder = {str(tiny_model_dir)!r} if rank == 0 else sys.argv[1]
+try:
+    print(f"rank {{rank}} fingerprint {{model_fingerprint(Path(folder))}}", flush=True)
+except UserError as exc:
+    print(f"rank {{rank}} error {{exc}}", flush=True)
+dist.destroy_process_group()
+""")
+    agree = _torchrun(2, [script, same])
+    assert agree.returncode == 0, agree.stderr[-3000:]
+    values = {line.split()[-1] for line in agree.stdout.splitlines() if "fingerprint" in line}
+    assert len(values) == 1 and len(agree.stdout.splitlines()) == 2
+    differ = _torchrun(2, [script, other])
+    assert differ.returncode == 0, differ.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} error --model-dir " in differ.stdout
+    assert "the model files of ranks [1] differ from rank 0's" in differ.stdout

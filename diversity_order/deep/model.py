@@ -200,25 +200,27 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _hash_files(model_dir: Path) -> str:
+def _hash_files(model_dir: Path, speak: bool = True, workers: int | None = None) -> str:
     files = fingerprint_files(model_dir)
     sizes = {p: p.stat().st_size for p in files}
     digests = {p: _cached_blob_digest(p) for p in files}
     to_read = [p for p in files if digests[p] is None]
     read_bytes = sum(sizes[p] for p in to_read)
-    if read_bytes > 1 << 30:  # worth a line in a log file before it starts: ~1 s per GB on one core
+    if speak and read_bytes > 1 << 30:  # a line before it starts: a big model takes a while
         log.info("Hashing the model's files (%.1f GB) to key the caches ...", read_bytes / 1e9)
     started = time.perf_counter()
     # sha256 (not blake2b): CPUs with SHA extensions hash it 2-3x faster, and it is the name the hub
     # cache gives a blob, so a model used from the cache or copied out of it keys the same rows.
     # Shards are hashed in parallel (hashlib releases the GIL while hashing).
-    workers = max(1, min(len(to_read), os.cpu_count() or 1, 8))
+    workers = max(1, min(len(to_read), workers or os.cpu_count() or 1, 8))
     with ThreadPoolExecutor(workers) as pool:
         digests.update(zip(to_read, pool.map(_sha256, to_read)))
     seconds = time.perf_counter() - started
-    log.info("Model fingerprint: %d files, %.0f MB read and hashed in %.1f s (%.0f MB/s)%s", len(files),
-             read_bytes / 1e6, seconds, read_bytes / 1e6 / max(seconds, 1e-9),
-             f"; {len(files) - len(to_read)} taken from the hub cache's blob names" if len(to_read) < len(files) else "")
+    if speak:
+        log.info("Model fingerprint: %d files, %.0f MB read and hashed in %.1f s (%.0f MB/s)%s", len(files),
+                 read_bytes / 1e6, seconds, read_bytes / 1e6 / max(seconds, 1e-9),
+                 f"; {len(files) - len(to_read)} known from the hub cache's blob names"
+                 if len(to_read) < len(files) else "")
     digest = hashlib.sha256()
     for path in files:
         digest.update(f"{path.name}\0{sizes[path]}\0{digests[path]}\n".encode())
@@ -228,18 +230,20 @@ def _hash_files(model_dir: Path) -> str:
 def model_fingerprint(model_dir: Path) -> str:
     """A hash of the content of the files that decide the vectors (``fingerprint_files``).
 
-    Under torchrun one process per node reads the files (each node may hold its own copy), and
-    every rank gets the same answer; copies that differ between nodes are refused.
+    Under torchrun every rank hashes its own view of the folder (reads after the first come from
+    the page cache) rather than waiting for one rank's: a wait that long could outlast the
+    process group's timeout. Ranks whose folders differ (nodes with other copies) are refused.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return _hash_files(model_dir)
-    mine = _hash_files(model_dir) if int(os.environ.get("LOCAL_RANK", "0")) == 0 else None
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    mine = _hash_files(model_dir, speak=dist.get_rank() == 0, workers=max(1, (os.cpu_count() or 1) // per_node))
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    found = sorted({f for f in everyone if f is not None})
-    if len(found) != 1:
-        raise UserError(f"--model-dir {model_dir}: the model files differ between nodes (fingerprints "
-                        f"{', '.join(found)}); give every node the same copy")
-    return found[0]
+    if len(set(everyone)) != 1:
+        differ = sorted(rank for rank, value in enumerate(everyone) if value != everyone[0])
+        raise UserError(f"--model-dir {model_dir}: the model files of ranks {differ} differ from rank 0's (other "
+                        f"copies on other nodes?); give every rank the same model")
+    return mine
