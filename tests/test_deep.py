@@ -897,6 +897,42 @@ deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_
     assert out.read_bytes() == baseline_bs2.read_bytes()
 
 
+def test_stderr_to_a_file_says_what_it_does_from_the_start(data, tiny_model_dir, tmp_path):
+    """The real script with stderr redirected to a file (nohup, Slurm, CI): no bars, but a line for
+    each stage as it starts, the model's loading time, and progress lines with rates, ETA and memory
+    from the first batch on."""
+    import re
+
+    out, log_file = tmp_path / "emb.npy", tmp_path / "stderr.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVERSITY_ORDER_PROGRESS_SECONDS": "0"}
+    with open(log_file, "w") as stderr:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "extract_deep_embeddings.py"), "--input", str(data[0]), "--output", str(out),
+             "--model-dir", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--token-budget", "2048",
+             "--batch-size", "8"], stdout=subprocess.PIPE, stderr=stderr, env=env, timeout=300)
+    text = log_file.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+
+    def first(needle):
+        return next(i for i, line in enumerate(lines) if needle in line)
+
+    runs = len(data[1]) - 1
+    progress = [i for i, line in enumerate(lines) if re.search(r"Deep embeddings: \d+ of \d+ documents", line)]
+    order = [first("Model fingerprint: "), first("Tokenizing: "), first("Loading the model from"),
+             first("Model loaded in"), progress[0]]
+    assert order == sorted(order), text
+    assert re.search(r"Model loaded in \d+\.\d s: LlamaModel, \d+M parameters, hidden size 32", lines[order[3]])
+    assert re.search(r"Tokenizing: .* docs/s, .* tokens/s, ETA \d+:\d\d:\d\d, peak RSS", lines[order[1]])
+    # The first progress line comes right after the first batch (8 documents at most), not an interval later.
+    assert re.search(rf"Deep embeddings: [1-8] of {runs} documents", lines[progress[0]])
+    assert len(progress) >= 3 and f"Deep embeddings: {runs} of {runs} documents (100%)" in lines[progress[-1]]
+    for i in progress:
+        assert re.search(r"docs/s, [\d,]+ tokens/s, ETA \d+:\d\d:\d\d, peak RSS \d+\.\d GiB$", lines[i]), lines[i]
+    assert "\r" not in text and "it/s" not in text  # no progress bar drawn into the file
+    assert np.load(out).shape == (len(data[1]), 32)
+
+
 def test_non_finite_hidden_states_are_said(data, tiny_model_dir, tmp_path, caplog):
     # float16 overflows in many models: the NaN rows must not pass unnoticed until curate.
     calls = [0]

@@ -69,6 +69,13 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, at
             extra["tp_plan"] = "auto"
     if mesh is not None:
         extra["device_mesh"] = mesh  # from_pretrained's own argument (a mesh with a "tp" dimension)
+    # Loading takes from seconds to many minutes with no output of its own in a log file: say when
+    # it starts and how long it took (the first rank only: under torchrun every rank loads).
+    speaks = _first_rank()
+    if speaks:
+        log.info("Loading the model from %s (%s on %s%s) ...", model_dir, str(dtype).replace("torch.", ""),
+                 device, ", tensor parallel" if tensor_parallel else "")
+    started = time.perf_counter()
     try:
         with _sharding_on(mesh, device) if mesh is not None else contextlib.nullcontext():
             model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True, **extra)
@@ -84,7 +91,18 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, at
                         f"(no token-embedding table); use a causal LM or a text encoder")
     if mesh is not None:
         _check_sharded_on(model, mesh["tp"])
-    return (model if tensor_parallel else model.to(device)).eval()
+    model = (model if tensor_parallel else model.to(device)).eval()
+    if speaks:
+        log.info("Model loaded in %.1f s: %s, %.0fM parameters, hidden size %s", time.perf_counter() - started,
+                 type(model).__name__, sum(p.numel() for p in model.parameters()) / 1e6,
+                 getattr(model.config, "hidden_size", "?"))
+    return model
+
+
+def _first_rank() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 @contextlib.contextmanager
