@@ -4,14 +4,16 @@ Writes a float32 N x D .npy in input order (L2-normalised means over real tokens
 curate_dataset.py --load-embeddings. Tokens are tokenizer.encode(text, add_special_tokens=False),
 like the shallow path. Documents run sorted by length in padded batches sized from a token
 budget; out-of-memory shrinks the batch, and a document that fits in no batch is skipped
-(NaN row, listed in OUTPUT.skipped.json). Progress is checkpointed (OUTPUT.partial.*) and a
-rerun resumes. A rerun over an edited, extended or reordered input recomputes only the records
-whose text is not already in OUTPUT (checked with OUTPUT.fingerprints.npy / OUTPUT.cache.json);
-token ids are cached in OUTPUT.tokens.*. Under torchrun --nproc_per_node=N each rank embeds a
-share (data parallel), or with --tp N holds 1/N of the weights (tensor parallel); with
---tp N and a multiple of N processes, groups of N consecutive ranks each hold one sharded copy
-and the groups split the documents (data parallel x tensor parallel).
-See diversity_order/deep.py for the details.
+(NaN row, listed in OUTPUT.skipped.json). Progress is checkpointed (OUTPUT.partial.*; SIGTERM
+checkpoints too) and a rerun resumes. A rerun over an edited, extended or reordered input
+recomputes only the records whose text is not already in OUTPUT (checked with
+OUTPUT.fingerprints.npy / OUTPUT.cache.json), or every record when the content of the model's
+weights, config or tokenizer files changed; token ids are cached in OUTPUT.tokens.*. Under
+torchrun --nproc_per_node=N each rank embeds a share (data parallel), or with --tp N holds 1/N
+of the weights (tensor parallel); with --tp N and a multiple of N processes, groups of N
+consecutive ranks each hold one sharded copy and the groups split the documents (data parallel
+x tensor parallel).
+See diversity_order/deep/ for the details.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, prog="extract_deep_embeddings.py")
     p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
     p.add_argument("--output", required=True, type=Path, help="embeddings to write (.npy, N x D float32, input order)")
-    p.add_argument("--model-dir", required=True, type=Path, help="local Hugging Face model folder (tokenizer + weights)")
+    p.add_argument("--model-dir", required=True, type=Path,
+                   help="local Hugging Face model folder (tokenizer + weights); the content of its files keys the "
+                        "reused rows")
     p.add_argument("--batch-size", type=int, default=64,
                    help="most documents per forward pass; the token budget may choose fewer (default: 64)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default: auto)")
@@ -47,9 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token-budget", type=int, default=None,
                    help="tokens per batch (documents x longest length); default: from free GPU memory, 16384 on CPU")
     p.add_argument("--checkpoint-docs", type=int, default=5000,
-                   help="write a resumable checkpoint every this many documents (default: 5000)")
+                   help="write a resumable checkpoint (the rows done since the last one) every this many "
+                        "documents or --checkpoint-seconds, whichever comes first (default: 5000)")
     p.add_argument("--checkpoint-seconds", type=float, default=600.0,
-                   help="... or every this many seconds (default: 600)")
+                   help="... or every this many seconds, whichever comes first (default: 600)")
     p.add_argument("--attn-implementation", default=None,
                    help="attention kernel passed to transformers (e.g. sdpa, eager, flash_attention_2); "
                         "default: the model's own choice")
