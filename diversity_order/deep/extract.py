@@ -72,6 +72,8 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
     config.output = Path(config.output)
     config.model_dir = Path(config.model_dir)
     check_config(config)
+    # Said first: importing torch and loading the tokenizer take tens of seconds on a busy node.
+    log.info("Deep embeddings of %s with %s -> %s: starting", config.input, config.model_dir, config.output)
     device, ctx = start(config.device, config.gpu)
     try:
         layout = Layout.of(ctx, config.tp, device)
