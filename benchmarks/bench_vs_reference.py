@@ -107,6 +107,15 @@ def build_mixed_corpus(target: Path, docs: int, seed: int = 0, max_chunks_per_fi
             "per_source": per_source, "builder": "build_mixed_corpus", "seed": seed}
 
 
+def _corpus_description(corpus: Path) -> dict:
+    """The description saved beside a corpus built earlier, if the corpus is still the one described."""
+    try:
+        info = json.loads(corpus.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if corpus.is_file() and corpus.stat().st_size == info.get("bytes") else {}
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -141,7 +150,11 @@ def run_measured(cmd: list[str], log_path: Path, env: dict) -> dict:
     if process.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise SystemExit(f"{' '.join(cmd)} failed ({process.returncode}):\n{tail}")
-    return {"wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}  # Linux: KB
+    # CPU seconds (user + system, all threads) move less than wall time when other work shares
+    # the machine; the load average says whether it did.
+    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux reports KB
+            "load_average_1min_after": round(os.getloadavg()[0], 2)}
 
 
 def _fresh_run_dir(work: Path, name: str, corpus: Path) -> tuple[Path, Path]:
@@ -168,10 +181,11 @@ def run_reference(reference_dir: Path, python: str, corpus: Path, model: Path, k
     return result
 
 
-def run_ours(python: str, corpus: Path, model: Path, k: int, seed: int, work: Path, env: dict, tag: str) -> dict:
+def run_ours(ours_dir: Path, python: str, corpus: Path, model: Path, k: int, seed: int, work: Path, env: dict,
+             tag: str) -> dict:
     folder, data = _fresh_run_dir(work, f"ours_{tag}", corpus)
     output = folder / "curated.jsonl"
-    cmd = [python, str(ROOT / "curate_dataset.py"), "--input", str(data), "--output", str(output),
+    cmd = [python, str(ours_dir / "curate_dataset.py"), "--input", str(data), "--output", str(output),
            "--model-dir", str(model), "--n-clusters", str(k), "--seed", str(seed), "--seq-len", str(SEQ_LEN),
            "--no-plot", "--no-progress", "--device", "cpu"]
     result = run_measured(cmd, folder / "run.log", env)
@@ -199,10 +213,14 @@ def _sorted_lines_digest(path: Path) -> tuple[int, str]:
     return len(lines), digest.hexdigest()
 
 
-def check_outputs(corpus: Path, reference: dict, ours: dict) -> dict:
+def check_outputs(corpus: Path, reference: dict | None, ours: dict) -> dict:
     n_in, want = _sorted_lines_digest(corpus)
-    n_ref, ref_digest = _sorted_lines_digest(Path(reference["output"]))
     n_ours, ours_digest = _sorted_lines_digest(Path(ours["output"]))
+    if reference is None:
+        if (n_ours, ours_digest) != (n_in, want):
+            raise SystemExit(f"our output is not a permutation of the input ({n_ours} of {n_in} records)")
+        return {"records_input": n_in, "records_ours": n_ours, "ours_permutation_of_input": True}
+    n_ref, ref_digest = _sorted_lines_digest(Path(reference["output"]))
     checks = {"records_input": n_in, "records_reference": n_ref, "records_ours": n_ours,
               "same_record_count": n_ref == n_ours == n_in,
               "both_permutations_of_input": ref_digest == ours_digest == want,
@@ -215,7 +233,7 @@ def check_outputs(corpus: Path, reference: dict, ours: dict) -> dict:
 # --- import profile -----------------------------------------------------------------------------
 
 
-def import_profile(python: str, model: Path, work: Path, env: dict, top: int = 12) -> dict:
+def import_profile(ours_dir: Path, python: str, model: Path, work: Path, env: dict, top: int = 12) -> dict:
     """Where our import time goes: ``-X importtime`` of a real run on a 300-document corpus.
 
     Every import a run makes, by top-level package (cumulative microseconds of each package's
@@ -225,7 +243,7 @@ def import_profile(python: str, model: Path, work: Path, env: dict, top: int = 1
     if not corpus.exists():
         build_mixed_corpus(corpus, 300)
     folder, data = _fresh_run_dir(work, "ours_importtime", corpus)
-    cmd = [python, "-X", "importtime", str(ROOT / "curate_dataset.py"), "--input", str(data), "--output",
+    cmd = [python, "-X", "importtime", str(ours_dir / "curate_dataset.py"), "--input", str(data), "--output",
            str(folder / "curated.jsonl"), "--model-dir", str(model), "--n-clusters", "5", "--no-plot",
            "--no-progress", "--device", "cpu"]
     started = time.perf_counter()
@@ -250,14 +268,15 @@ def import_profile(python: str, model: Path, work: Path, env: dict, top: int = 1
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| documents | tokens | reference wall | ours wall | speed-up | target | reference peak RSS | "
-             "ours peak RSS | ours / reference RSS |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| documents | tokens | reference wall | ours wall | speed-up | target | CPU s reference / ours | "
+             "reference peak RSS | ours peak RSS | ours / reference RSS |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ref, ours = row["reference"], row["ours"]
         target = TARGET_SPEEDUP.get(row["docs"])
         lines.append(f"| {row['docs']:,} | {ours['total_tokens']:,} | {ref['wall_s']:.1f} s | {ours['wall_s']:.1f} s | "
                      f"**{row['speedup']:.2f}x** | {f'>= {target:g}x' if target else ''} | "
+                     f"{ref['cpu_s']:.1f} / {ours['cpu_s']:.1f} ({row['cpu_ratio']:.2f}x) | "
                      f"{ref['peak_rss_mb']:,.0f} MB | {ours['peak_rss_mb']:,.0f} MB | {row['rss_ratio']:.2f} |")
     return "\n".join(lines)
 
@@ -275,7 +294,11 @@ def stage_table(rows: list[dict]) -> str:
             rss = row["ours"]["stage_peak_rss_mb"].get(name)
             cells.append("" if seconds is None else f"{seconds:.2f} s ({rss:,.0f} MB)")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| **wall** | " + " | ".join(f"**{row['ours']['wall_s']:.2f} s**" for row in rows) + " |")
+    lines.append("| **wall (CPU)** | " + " | ".join(f"**{row['ours']['wall_s']:.2f} s** ({row['ours']['cpu_s']:.1f} s)"
+                                                  for row in rows) + " |")
+    lines.append("| peak RSS | " + " | ".join(f"{row['ours']['peak_rss_mb']:,.0f} MB" for row in rows) + " |")
+    lines.append("| embed loop: tokens/s | " + " | ".join(
+        f"{row['ours']['embed_loop']['tokens_per_s']:,}" if row["ours"]["embed_loop"] else "" for row in rows) + " |")
     return "\n".join(lines)
 
 
@@ -295,6 +318,15 @@ def machine() -> dict:
             "platform": platform.platform(), **versions}
 
 
+def _describe_checkout(folder: Path) -> dict:
+    def git(*cmd: str) -> str:
+        done = subprocess.run(["git", "-C", str(folder), *cmd], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"dir": str(folder), "commit": git("rev-parse", "HEAD") or None,
+            "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reference-dir", required=True, type=Path, help="a checkout of eous/diversity-ordered-training")
@@ -304,10 +336,14 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=ROOT / "demo" / "SmolLM2-135M")
     p.add_argument("--n-clusters", type=int, default=30)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--only-ours", action="store_true",
+                   help="skip the reference (to profile our stages, e.g. before and after a change)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each tool per size; the fastest counts")
     p.add_argument("--reference-python", default=sys.executable,
                    help="interpreter for the reference (default: this one; it needs numpy, torch, transformers, "
                         "safetensors, scikit-learn)")
+    p.add_argument("--ours-dir", type=Path, default=ROOT,
+                   help="checkout of this project to run as 'ours' (default: this one), e.g. an older commit")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_vs_reference")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results_vs_reference.json")
     args = p.parse_args()
@@ -319,10 +355,12 @@ def main() -> None:
     # Warm-up, untimed: both tools once on a small corpus, so neither pays first-run costs in the
     # timings (numba compiling our kernels into its on-disk cache, the OS reading libraries and
     # the model from disk). Our warm-up run also gives the import profile.
-    import_profile(sys.executable, model, args.work, env)
-    profile = import_profile(sys.executable, model, args.work, env)  # the second: files cached, kernels compiled
-    run_reference(args.reference_dir.resolve(), args.reference_python, args.work / "importtime_corpus.jsonl", model,
-                  5, args.seed, args.work, env, "warmup")
+    ours_dir = args.ours_dir.resolve()
+    import_profile(ours_dir, sys.executable, model, args.work, env)
+    profile = import_profile(ours_dir, sys.executable, model, args.work, env)  # the second: files cached, kernels compiled
+    if not args.only_ours:
+        run_reference(args.reference_dir.resolve(), args.reference_python, args.work / "importtime_corpus.jsonl",
+                      model, 5, args.seed, args.work, env, "warmup")
 
     rows = []
     for docs in args.docs:
@@ -335,34 +373,48 @@ def main() -> None:
                     dst.write(line)
             corpus_info = {"path": str(args.input), "docs": docs, "bytes": corpus.stat().st_size,
                            "sha256": _sha256(corpus), "builder": "first records of --input"}
+        elif _corpus_description(corpus).get("builder") == "build_mixed_corpus":
+            corpus_info = _corpus_description(corpus)  # built by an earlier run in this --work folder
         else:
             started = time.perf_counter()
             corpus_info = build_mixed_corpus(corpus, docs)
+            corpus.with_suffix(".json").write_text(json.dumps(corpus_info))
             print(f"built {corpus} ({corpus_info['bytes'] / 1e6:.1f} MB, {corpus_info['per_source']}) "
                   f"in {time.perf_counter() - started:.1f} s", flush=True)
         best_ref = best_ours = None
         for repeat in range(args.repeats):
             # Alternate, ours first, so a slow patch of a shared machine hits both.
-            ours = run_ours(sys.executable, corpus, model, args.n_clusters, args.seed, args.work, env, f"{docs}")
-            print(f"{docs:,} docs, ours:      {ours['wall_s']:.1f} s, {ours['peak_rss_mb']:,.0f} MB", flush=True)
-            ref = run_reference(args.reference_dir.resolve(), args.reference_python, corpus, model, args.n_clusters,
-                                args.seed, args.work, env, f"{docs}")
-            print(f"{docs:,} docs, reference: {ref['wall_s']:.1f} s, {ref['peak_rss_mb']:,.0f} MB", flush=True)
-            checks = check_outputs(corpus, ref, ours)
+            ours = run_ours(ours_dir, sys.executable, corpus, model, args.n_clusters, args.seed, args.work, env, f"{docs}")
+            print(f"{docs:,} docs, ours:      {ours['wall_s']:.1f} s (cpu {ours['cpu_s']:.1f} s), "
+                  f"{ours['peak_rss_mb']:,.0f} MB", flush=True)
+            if args.only_ours:
+                ref = None
+                checks = check_outputs(corpus, None, ours)
+            else:
+                ref = run_reference(args.reference_dir.resolve(), args.reference_python, corpus, model,
+                                    args.n_clusters, args.seed, args.work, env, f"{docs}")
+                print(f"{docs:,} docs, reference: {ref['wall_s']:.1f} s (cpu {ref['cpu_s']:.1f} s), "
+                      f"{ref['peak_rss_mb']:,.0f} MB", flush=True)
+                checks = check_outputs(corpus, ref, ours)
             best_ours = ours if best_ours is None or ours["wall_s"] < best_ours["wall_s"] else best_ours
-            best_ref = ref if best_ref is None or ref["wall_s"] < best_ref["wall_s"] else best_ref
-        rows.append({"docs": docs, "corpus": corpus_info, "reference": best_ref, "ours": best_ours, "checks": checks,
-                     "speedup": round(best_ref["wall_s"] / best_ours["wall_s"], 2),
-                     "rss_ratio": round(best_ours["peak_rss_mb"] / best_ref["peak_rss_mb"], 2)})
+            if ref is not None and (best_ref is None or ref["wall_s"] < best_ref["wall_s"]):
+                best_ref = ref
+        row = {"docs": docs, "corpus": corpus_info, "reference": best_ref, "ours": best_ours, "checks": checks}
+        if best_ref is not None:
+            row.update(speedup=round(best_ref["wall_s"] / best_ours["wall_s"], 2),
+                       cpu_ratio=round(best_ref["cpu_s"] / best_ours["cpu_s"], 2),
+                       rss_ratio=round(best_ours["peak_rss_mb"] / best_ref["peak_rss_mb"], 2))
+        rows.append(row)
 
-    table, stages = markdown_table(rows), stage_table(rows)
-    result = {"machine": machine(), "load_average_before": [round(x, 2) for x in load_before],
+    table = "" if args.only_ours else markdown_table(rows)
+    stages = stage_table(rows)
+    result = {"machine": machine(), "ours": _describe_checkout(ours_dir), "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "repeats": args.repeats,
               "n_clusters": args.n_clusters, "seed": args.seed, "seq_len": SEQ_LEN, "model": str(args.model),
               "reference_patch": f"{REFERENCE_CUDA_LINE!r} -> 'device = \"cpu\"' in a temp copy",
               "rows": rows, "import_profile": profile, "markdown_table": table, "markdown_stages": stages}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n" + table + "\n\nOur stages (seconds, peak RSS after the stage):\n\n" + stages)
+    print(("\n" + table if table else "") + "\n\nOur stages (seconds, peak RSS after the stage):\n\n" + stages)
     print(f"\nImports: {profile['total_import_s']} s in all; {profile['by_package_s']}")
     print(f"\nwritten {args.out}")
 
