@@ -2,13 +2,15 @@
 
 One tokenization pass feeds both the token counts and the embeddings (the reference encodes
 every document twice, one at a time). Batches go to the fast (Rust) tokenizer's
-``encode_batch``, which spreads them over all cores. The ids are exactly
+``encode_batch_fast``, which spreads them over all cores and, unlike ``encode_batch``, does
+not compute each token's character offsets, which we never read. The ids are exactly
 ``tokenizer.encode(text, add_special_tokens=False)``: no special tokens, no truncation.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -42,6 +44,9 @@ class DocumentTokenizer:
             raise UserError(f"--model-dir {model_dir}: cannot load a tokenizer ({first_line})") from None
         self.model_dir = model_dir
         self._backend = getattr(self._hf, "backend_tokenizer", None) if self._hf.is_fast else None
+        if self._backend is not None:
+            # Same ids as encode_batch (tokenizers >= 0.21 has it); offsets come back as zeros.
+            self._encode_ids_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         self.fingerprint = self._fingerprint()
 
     @property
@@ -61,12 +66,13 @@ class DocumentTokenizer:
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all ``texts`` concatenated (int64), and each text's token count."""
         if self._backend is not None:
-            encodings = self._backend.encode_batch(texts, add_special_tokens=False)
+            encodings = self._encode_ids_batch(texts, add_special_tokens=False)
             id_lists = [encoding.ids for encoding in encodings]
         else:
             id_lists = [self._hf.encode(text, add_special_tokens=False) for text in texts]
-        lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=int(lengths.sum()))
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        # chain.from_iterable walks the lists in C: half the time of a generator expression.
+        flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
 
     def encode(self, text: str) -> list[int]:
