@@ -91,7 +91,7 @@ def summarize_windows(diversity: np.ndarray) -> dict:
     }
 
 
-def similarity_stats(embeddings: np.ndarray, seed: int = 42, max_samples: int = 5000, block_rows: int = 256) -> dict:
+def similarity_stats(embeddings: np.ndarray, seed: int = 42, max_samples: int = 5000, block_rows: int = 512) -> dict:
     """Pairwise cosine similarity over a seeded sample of at most ``max_samples`` unit rows.
 
     Upper triangle without the diagonal; mean, std and median to 4 decimals, the number of
