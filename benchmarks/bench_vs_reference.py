@@ -281,7 +281,14 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _stage_name(name: str) -> str:
+    return "Writing the curated JSONL" if name.startswith("Writing ") else name  # the name holds the output path
+
+
 def stage_table(rows: list[dict]) -> str:
+    for row in rows:
+        for key in ("stages_s", "stage_peak_rss_mb"):
+            row["ours"][key] = {_stage_name(name): value for name, value in row["ours"][key].items()}
     names = list(dict.fromkeys(name for row in rows for name in row["ours"]["stages_s"]))
     header = "| stage | " + " | ".join(f"{row['docs']:,} docs" for row in rows) + " |"
     lines = [header, "|---|" + "---|" * len(rows)]
