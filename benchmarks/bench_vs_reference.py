@@ -1,6 +1,6 @@
 """Whole pipeline, ours vs the reference toolkit, in one run: wall time and peak RSS.
 
-    .venv/bin/python benchmarks/bench_vs_reference.py --reference-dir /tmp/reference [--docs 20000 100000]
+    .venv/bin/python benchmarks/bench_vs_reference.py --reference-dir DIR [--docs 20000 100000]
         [--input JSONL] [--model demo/SmolLM2-135M] [--repeats 1] [--out benchmarks/results_vs_reference.json]
 
 The reference is eous/diversity-ordered-training (public; bring it with ``git clone``). Nothing
