@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_vs_reference.py --reference-dir DIR [--docs 20000 100000]
         [--input JSONL] [--model demo/SmolLM2-135M] [--repeats 1] [--out benchmarks/results_vs_reference.json]
+        [--only-ours] [--ours-dir OTHER_CHECKOUT]
 
 The reference is eous/diversity-ordered-training (public; bring it with ``git clone``). Nothing
-of it is copied into this repository: at run time its ``curate_dataset.py`` is copied into a
-temp folder with its one CUDA line (``device = f"cuda:{args.gpu}"``) rewritten to ``"cpu"``,
+of it is copied into this repository: at run time its ``curate_dataset.py`` is copied into the
+run's folder under ``--work`` with its one CUDA line (``device = f"cuda:{args.gpu}"``) rewritten to ``"cpu"``,
 and run from there.
 
 Both tools run as subprocesses of this script on the same JSONL, the same model folder, the same
