@@ -390,7 +390,7 @@ def main() -> None:
             print(f"built {corpus} ({corpus_info['bytes'] / 1e6:.1f} MB, {corpus_info['per_source']}) "
                   f"in {time.perf_counter() - started:.1f} s", flush=True)
         best_ref = best_ours = None
-        for repeat in range(args.repeats):
+        for _ in range(args.repeats):
             # Alternate, ours first, so a slow patch of a shared machine hits both.
             ours = run_ours(ours_dir, sys.executable, corpus, model, args.n_clusters, args.seed, args.work, env, f"{docs}")
             print(f"{docs:,} docs, ours:      {ours['wall_s']:.1f} s (cpu {ours['cpu_s']:.1f} s), "
@@ -416,7 +416,8 @@ def main() -> None:
 
     table = "" if args.only_ours else markdown_table(rows)
     stages = stage_table(rows)
-    result = {"machine": machine(), "ours": _describe_checkout(ours_dir), "load_average_before": [round(x, 2) for x in load_before],
+    result = {"machine": machine(), "ours": _describe_checkout(ours_dir),
+              "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "repeats": args.repeats,
               "n_clusters": args.n_clusters, "seed": args.seed, "seq_len": SEQ_LEN, "model": str(args.model),
               "reference_patch": f"{REFERENCE_CUDA_LINE!r} -> 'device = \"cpu\"' in a temp copy",
