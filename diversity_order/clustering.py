@@ -53,10 +53,15 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
     sample = sample_rows(n, fit_sample, seed) if 0 < fit_sample < n else None
     fit_rows = matrix.load(embeddings) if sample is None else matrix.read_rows(embeddings, sample)
     if backend == "sklearn":
+        from threadpoolctl import threadpool_limits
+
         model = make_kmeans(n_clusters, seed)
-        if sample is None:
-            return model.fit_predict(fit_rows).astype(np.int64)
-        centres = model.fit(fit_rows).cluster_centers_
+        # One BLAS thread: MiniBatchKMeans's small batches gain nothing from more, and on a few cores
+        # BLAS, OpenMP and torch threads spinning against each other made the fit 4x slower.
+        with threadpool_limits(limits=1, user_api="blas"):
+            if sample is None:
+                return model.fit_predict(fit_rows).astype(np.int64)
+            centres = model.fit(fit_rows).cluster_centers_
     elif backend == "faiss":
         centres = _faiss_centres(fit_rows, n_clusters, seed)
     else:

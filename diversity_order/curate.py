@@ -413,6 +413,7 @@ def write_metadata(run: Run) -> dict:
         "labels_file": str(paths["labels"]),
         "order_file": str(paths["order"]),
         "timings_seconds": run.timer.seconds,
+        "cpu_seconds": run.timer.cpu_seconds,
         "peak_rss_mb": run.timer.peak_rss_mb,
     }
     save_json(paths["meta"], meta)

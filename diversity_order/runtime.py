@@ -122,17 +122,20 @@ class StageTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}  # this process's CPU time: comparable on a busy machine
         self.peak_rss_mb: dict[str, float] = {}
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         log.info("%s ...", name)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         yield
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
+        self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0) + cpu, 3)
         self.peak_rss_mb[name] = peak_rss_mb()
-        log.info("%s done in %.1f s (peak memory so far %.0f MB)", name, elapsed, self.peak_rss_mb[name])
+        log.info("%s done in %.1f s (%.1f CPU-s; peak memory so far %.0f MB)", name, elapsed, cpu,
+                 self.peak_rss_mb[name])
 
 
 def peak_rss_mb() -> float:
