@@ -11,13 +11,17 @@ from __future__ import annotations
 import array
 import contextlib
 import hashlib
+import io
 import json
 import math
 import mmap
 import os
+import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -25,30 +29,276 @@ from .atomic import atomic_open
 from .errors import UserError
 from .runtime import Progress
 
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+# What a file's first bytes say it is, for files that cannot be JSONL (a JSONL file starts with
+# whitespace, "{" or a UTF-8 byte order mark, which none of these do).
+_SIGNATURES = (
+    (b"\x1f\x8b", "gzip data", ".gz"),
+    (b"\x28\xb5\x2f\xfd", "zstd data", ".zst"),
+    (b"\xfd7zXZ\x00", "xz data", None),
+    (b"BZh", "bzip2 data", None),
+    (b"PK\x03\x04", "a zip archive", None),
+    (b"PAR1", "a Parquet file", None),
+    (b"ARROW1", "an Arrow file", None),
+    (b"\x93NUMPY", "a .npy array", None),
+    (b"SQLite format 3\x00", "an SQLite database", None),
+    (b"\xff\xfe", "UTF-16 text", None),
+    (b"\xfe\xff", "UTF-16 text", None),
+)
+_UTF8_BOM = b"\xef\xbb\xbf"
+
 # Bytes read per block when streaming texts; the block holds whole lines only.
 _READ_BLOCK_BYTES = 16 << 20
-
-
-COMPRESSED_SUFFIXES = (".gz", ".zst")
+_JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst)"
 
 
 def is_compressed(path: Path) -> bool:
     return path.suffix in COMPRESSED_SUFFIXES
 
 
-def open_binary(path: Path):
-    """A binary reader of ``path``'s content: .gz and .zst are decompressed as a stream.
+def looks_like(head: bytes) -> tuple[str, str | None] | None:
+    """(what the bytes look like, the file suffix that format takes) for a known non-JSONL start, else None."""
+    for magic, what, suffix in _SIGNATURES:
+        if head.startswith(magic):
+            return what, suffix
+    if _is_skippable_frame(head):  # zstd metadata some tools write before the data
+        return "zstd data", ".zst"
+    if len(head) >= 4 and head[0] != 0 and head[1] == 0 and head[3] == 0:
+        return "UTF-16 text", None  # little-endian without a byte order mark: every other byte NUL
+    return None
 
-    Compressed streams can only seek forward cheaply, so callers read them in ascending
-    offset order (offsets are positions in the decompressed content).
+
+def _renamed(path: Path, suffix: str | None) -> Path:
+    """``path`` with its compression suffix replaced by ``suffix`` (None: no compression suffix)."""
+    stem = path.with_suffix("") if is_compressed(path) else path
+    return stem if suffix is None else stem.with_name(stem.name + suffix)
+
+
+def _format_advice(path: Path, head: bytes, decompressed: bool = False) -> str | None:
+    """'looks like X: rename it Y' (or what to do instead) for content whose first bytes are another format's."""
+    found = looks_like(head)
+    if found is None:
+        return None
+    what, suffix = found
+    if decompressed:
+        return f"its decompressed content looks like {what}, not JSONL; {_JSONL_HINT}"
+    if suffix is not None:
+        return f"looks like {what}: rename it {_renamed(path, suffix).name}"
+    if what == "UTF-16 text":
+        return f"looks like {what}: JSONL must be UTF-8 (convert it, e.g. iconv -f UTF-16 -t UTF-8)"
+    return f"looks like {what}, not JSONL; {_JSONL_HINT}"
+
+
+def check_input(path: Path | str) -> None:
+    """The input must be an existing regular file: it is read several times (index, texts, output)."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: input file not found") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the input ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a directory; {_JSONL_HINT}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path}: is not a regular file (a pipe or device; the input is read more than once: "
+                        f"write it to a file first)")
+
+
+def open_binary(path: Path | str, buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> BinaryIO:
+    """A binary reader of ``path``'s content: .gz and .zst are decompressed as a stream and verified.
+
+    A small buffer suits reads of scattered records; a streaming pass wants a big one. Compressed
+    streams can only seek forward cheaply, so callers read them in ascending offset order
+    (offsets are positions in the decompressed content).
     """
-    if path.suffix == ".gz":
-        import gzip
+    path = Path(path)
+    try:
+        source = open(path, "rb", buffering=0)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot open the input ({exc.strerror})") from None
+    try:
+        raw = _Decompressed(source, path) if is_compressed(path) else source
+    except BaseException:
+        source.close()
+        raise
+    return io.BufferedReader(raw, buffer_size=buffer_size)
 
-        return gzip.open(path, "rb")
-    if path.suffix == ".zst":
-        return _zstandard(path).ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return open(path, "rb")
+
+class _CompressedDataError(UserError):
+    """A .gz/.zst file that is not complete, intact compressed data."""
+
+
+class _Decompressed(io.RawIOBase):
+    """The content of a .gz or .zst file, checked to its end.
+
+    Every gzip member / zstd frame must be complete and intact (gzip CRC-32 and size; zstd
+    content checksums where a frame has them), one may follow another, and nothing else may
+    follow the last; any fault is one UserError naming the compressed byte offset. A truncated
+    file can therefore never read as a shorter dataset.
+    """
+
+    def __init__(self, source, path: Path) -> None:
+        super().__init__()
+        self._source, self._path = source, path
+        self._gzip = path.suffix == ".gz"
+        self._kind, self._unit = ("gzip", "member") if self._gzip else ("zstd", "frame")
+        if self._gzip:
+            self._errors = zlib.error
+        else:
+            zstandard = _zstandard(path)
+            self._decompressor, self._errors = zstandard.ZstdDecompressor(), zstandard.ZstdError
+        self._rewind()
+
+    def _rewind(self) -> None:
+        self._source.seek(0)
+        self._input = b""  # compressed bytes read, not yet fed to the decoder
+        self._at = 0  # file offset of self._input[0]
+        self._decoder = None  # the current member's / frame's decoder; None between them
+        self._unit_start = 0
+        self._output = memoryview(b"")  # content decoded, not yet returned
+        self._position = 0  # content offset of self._output[0]
+        self._finished = False
+        # Compressed bytes fed per call, adapted so one call yields a few MB: zstd has no output
+        # limit per call, and a highly compressible chunk could otherwise expand to gigabytes.
+        self._chunk = 1 << 15
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._source.fileno()
+
+    def tell(self) -> int:
+        return self._position
+
+    def close(self) -> None:
+        if not self.closed:
+            self._source.close()
+        super().close()
+
+    def readinto(self, buffer) -> int:
+        while not self._output:
+            if self._finished:
+                return 0
+            self._decode_some()
+        n = min(len(buffer), len(self._output))
+        buffer[:n] = self._output[:n]
+        self._output = self._output[n:]
+        self._position += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._position
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a compressed stream seeks from its start or the current position only")
+        if offset < self._position:
+            self._rewind()
+        while self._position < offset:
+            if not self._output:
+                if self._finished:
+                    break
+                self._decode_some()
+                continue
+            skip = min(offset - self._position, len(self._output))
+            self._output = self._output[skip:]
+            self._position += skip
+        return self._position
+
+    def check_ahead(self, limit: int) -> None:
+        """Decode on to the end of the current member/frame (at most ``limit`` compressed bytes) to
+        find corrupt data there: a record that fails to parse may be its first symptom, since a
+        gzip member's CRC (a zstd frame's checksum) is only checked at its end."""
+        end = self._at + limit
+        while self._decoder is not None and not self._finished and self._at < end:
+            self._output = memoryview(b"")
+            self._decode_some()
+
+    def _read(self) -> bytes:
+        return self._source.read(self._chunk)
+
+    def _decode_some(self) -> None:
+        if not self._input:
+            self._input = self._read()
+            if not self._input:
+                if self._decoder is not None:
+                    raise self._truncated(self._at, self._unit_start)
+                self._finished = True
+                return
+        if self._decoder is None:
+            self._begin_unit()
+            if self._decoder is None:
+                return
+        data = self._input
+        try:
+            out = self._decoder.decompress(data)
+        except self._errors as exc:
+            raise _CompressedDataError(
+                f"{self._path}: corrupt {self._kind} data in the {self._unit} that starts at compressed byte "
+                f"{self._unit_start:,}, found by byte {self._at + len(data):,} ({exc})") from None
+        rest = b""
+        if self._decoder.eof:
+            rest = self._decoder.unused_data
+            self._decoder = None
+        used = len(data) - len(rest)
+        self._at += used
+        self._input = rest
+        self._output = memoryview(out)
+        if used:
+            self._chunk = max(1 << 12, min(1 << 18, used * (4 << 20) // max(len(out), 1)))
+
+    def _begin_unit(self) -> None:
+        """A member/frame starts at ``self._at``: check its magic bytes (the file's, at offset 0)."""
+        while len(self._input) < 4:
+            more = self._read()
+            if not more:
+                break
+            self._input += more
+        head = self._input
+        magic = b"\x1f\x8b" if self._gzip else b"\x28\xb5\x2f\xfd"
+        if head.startswith(magic) or (not self._gzip and _is_skippable_frame(head)):
+            self._unit_start = self._at
+            # gzip framing makes zlib check each member's CRC-32 and size; zstd checks a frame's
+            # content checksum when it has one.
+            self._decoder = (zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip
+                             else self._decompressor.decompressobj())
+        elif len(head) < len(magic) and magic.startswith(head):
+            raise self._truncated(self._at + len(head), self._at)
+        elif self._at == 0:
+            advice = _format_advice(self._path, head[:16])
+            if advice is None and (head[:1] in b"{[ \t\r\n" or head.startswith(_UTF8_BOM)):
+                advice = f"looks like uncompressed text: rename it {_renamed(self._path, None).name}"
+            raise _CompressedDataError(f"{self._path}: not {self._kind} data: "
+                                       + (advice or f"it starts with the bytes {head[:8].hex(' ')}"))
+        elif self._gzip and not head.strip(b"\x00") and self._zeros_to_end():
+            self._finished = True  # zero padding after the last member: gzip itself accepts it
+        else:
+            raise _CompressedDataError(
+                f"{self._path}: unexpected data after the end of the {self._kind} data at compressed byte "
+                f"{self._at:,} (not a {self._kind} {self._unit}): the file is damaged or has something appended")
+
+    def _truncated(self, end: int, unit_start: int) -> UserError:
+        return _CompressedDataError(
+            f"{self._path}: truncated {self._kind} data: the file ends at compressed byte {end:,} inside the "
+            f"{self._unit} that starts at byte {unit_start:,} (an interrupted download or copy?); only a complete "
+            f"file can be read")
+
+    def _zeros_to_end(self) -> bool:
+        while True:
+            more = self._read()
+            if not more:
+                return True
+            if more.strip(b"\x00"):
+                return False
+
+
+def _is_skippable_frame(head: bytes) -> bool:
+    return len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"
 
 
 def _zstandard(path: Path):
@@ -84,19 +334,23 @@ class RecordIndex:
         return int((self.ends - self.starts).sum())
 
 
+class _NotJsonl(UserError):
+    """A line that is not a UTF-8 JSON object: on the first record, most likely not a JSONL file at all."""
+
+
 def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
     """Decode and validate one line; raise a UserError naming the file and line."""
     where = f"{path}:{line_number}"
     try:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{where}: invalid UTF-8 (byte {exc.start} of the line)") from None
+        raise _NotJsonl(f"{where}: invalid UTF-8 (byte {exc.start} of the line)") from None
     try:
         record = json.loads(decoded)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg}; column {exc.colno})") from None
+        raise _NotJsonl(f"{where}: not valid JSON ({exc.msg}; column {exc.colno})") from None
     if not isinstance(record, dict):
-        raise UserError(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
+        raise _NotJsonl(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
     if text_field not in record:
         keys = _keys_text(record)
         raise UserError(
@@ -111,41 +365,52 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
     return text
 
 
-def _iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """Yield (line number, start offset, content without the newline) for every line."""
-    import io
-
-    offset = 0
-    with open_binary(path) as raw, io.BufferedReader(raw, buffer_size=1 << 20) as handle:
-        for line_number, line in enumerate(handle, start=1):
-            length = len(line)
-            content = line[:-1] if line.endswith(b"\n") else line
-            yield line_number, offset, content
-            offset += length
+def _skip_preamble(handle, path: Path) -> int:
+    """Refuse content that is plainly not JSONL; skip a UTF-8 byte order mark. Returns bytes skipped."""
+    head = handle.read(16)  # read, not peek: a first gzip member or zstd frame may hold a single byte
+    handle.seek(0)
+    advice = _format_advice(path, head, decompressed=is_compressed(path))
+    if advice is not None:
+        raise UserError(f"{path}: {advice}")
+    if head.startswith(_UTF8_BOM):  # some editors write one; it is not part of the first record
+        return handle.seek(len(_UTF8_BOM))
+    return 0
 
 
 def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True) -> RecordIndex:
     """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: input file not found")
-    # The bar counts decompressed bytes; for compressed input the total is unknown.
-    size = None if is_compressed(path) else path.stat().st_size
+    check_input(path)
     # Compact typed arrays: 32 bytes per record, not ~120 as Python int lists would take.
     starts, ends = array.array("q"), array.array("q")
     line_numbers, fingerprints = array.array("q"), array.array("Q")
-    done = 0
-    with Progress(size, f"Indexing {path.name}", unit="MB", rate_unit="MB", bar=progress, scale=1 << 20) as bar:
-        for line_number, start, content in _iter_lines(path):
-            if content.strip():
-                text = _record_text(content, path, line_number, text_field)
-                starts.append(start)
-                ends.append(start + len(content))
-                line_numbers.append(line_number)
-                fingerprints.append(text_fingerprint(text))
-            if start - done > (8 << 20):
-                bar.update(start - done)
-                done = start
+    with open_binary(path, buffer_size=1 << 20) as handle:
+        # The bar counts decompressed bytes; for compressed input the total is unknown.
+        size = None if is_compressed(path) else os.fstat(handle.fileno()).st_size
+        offset = done = _skip_preamble(handle, path)
+        with Progress(size, f"Indexing {path.name}", unit="MB", rate_unit="MB", bar=progress, scale=1 << 20) as bar:
+            try:
+                for line_number, line in enumerate(handle, start=1):
+                    start = offset
+                    offset += len(line)
+                    content = line[:-1] if line.endswith(b"\n") else line
+                    if content.strip():
+                        text = _record_text(content, path, line_number, text_field)
+                        starts.append(start)
+                        ends.append(start + len(content))
+                        line_numbers.append(line_number)
+                        fingerprints.append(text_fingerprint(text))
+                    if start - done > (8 << 20):
+                        bar.update(start - done)
+                        done = start
+            except _CompressedDataError:
+                raise
+            except UserError as exc:
+                if isinstance(handle.raw, _Decompressed):  # corrupt data is the likelier cause
+                    handle.raw.check_ahead(64 << 20)
+                if isinstance(exc, _NotJsonl) and not starts:
+                    raise UserError(f"{exc}; {_JSONL_HINT}") from None
+                raise
     if not starts:
         raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     return RecordIndex(
@@ -209,6 +474,7 @@ def _iter_raw_batches(
                     handle.seek(index.starts[row])
                     raws.append(handle.read(index.ends[row] - index.starts[row]))
             yield batch, raws
+
 
 
 _MISSING = object()
