@@ -17,6 +17,7 @@ import math
 import mmap
 import os
 import stat
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -349,6 +350,12 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
         record = json.loads(decoded)
     except json.JSONDecodeError as exc:
         raise _NotJsonl(f"{where}: not valid JSON ({exc.msg}; column {exc.colno})") from None
+    except ValueError:  # valid JSON that Python refuses: an integer past its 4300-digit conversion limit
+        raise UserError(f"{where}: a JSON integer with more than {sys.get_int_max_str_digits()} digits, more than "
+                        f"Python reads; write it as a string or drop the field") from None
+    except RecursionError:
+        raise UserError(f"{where}: JSON nested too deeply to read (more than about "
+                        f"{sys.getrecursionlimit()} levels)") from None
     if not isinstance(record, dict):
         raise _NotJsonl(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
     if text_field not in record:
@@ -363,6 +370,13 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
             f"{where}: field '{text_field}' is a JSON {type(text).__name__}, expected a string"
         )
     return text
+
+
+def _surrogate_error(text: str, exc: UnicodeEncodeError, where: str, text_field: str) -> UserError:
+    """A JSON \\ud800-\\udfff escape without its pair decodes to a string no tokenizer can encode."""
+    return UserError(f"{where}: field '{text_field}' holds a lone surrogate (\\u{ord(text[exc.start]):04x} at "
+                     f"character {exc.start}): valid JSON but not Unicode text, which no tokenizer can read; "
+                     f"fix or remove the record")
 
 
 def _skip_preamble(handle, path: Path) -> int:
@@ -384,6 +398,7 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
     # Compact typed arrays: 32 bytes per record, not ~120 as Python int lists would take.
     starts, ends = array.array("q"), array.array("q")
     line_numbers, fingerprints = array.array("q"), array.array("Q")
+    blake2b = hashlib.blake2b
     with open_binary(path, buffer_size=1 << 20) as handle:
         # The bar counts decompressed bytes; for compressed input the total is unknown.
         size = None if is_compressed(path) else os.fstat(handle.fileno()).st_size
@@ -396,10 +411,14 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
                     content = line[:-1] if line.endswith(b"\n") else line
                     if content.strip():
                         text = _record_text(content, path, line_number, text_field)
+                        try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
+                            encoded = text.encode("utf-8")
+                        except UnicodeEncodeError as exc:
+                            raise _surrogate_error(text, exc, f"{path}:{line_number}", text_field) from None
                         starts.append(start)
                         ends.append(start + len(content))
                         line_numbers.append(line_number)
-                        fingerprints.append(text_fingerprint(text))
+                        fingerprints.append(int.from_bytes(blake2b(encoded, digest_size=8).digest(), "little"))
                     if start - done > (8 << 20):
                         bar.update(start - done)
                         done = start
@@ -492,7 +511,8 @@ def read_field_values(index: RecordIndex, field: str) -> list:
 
 
 def _keys_text(record: dict) -> str:
-    return ", ".join(sorted(record)[:10]) or "none"
+    """The record's first keys, each on the message's one line (a key with a newline or tab is JSON-quoted)."""
+    return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(record)[:10]) or "none"
 
 
 def _record_keys(index: RecordIndex, row: int) -> str:

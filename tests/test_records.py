@@ -52,14 +52,18 @@ def test_scan_fingerprints_depend_on_text_only(tmp_path):
     (b'{"text": 12}\n', r"in\.jsonl:1: field 'text' is a JSON int, expected a string"),
     (b'["text"]\n', r"in\.jsonl:1: expected a JSON object"),
     (b'{"text": "ok"}\n{"text": "\xff\xfe"}\n', r"in\.jsonl:2: invalid UTF-8"),
+    (b'{"text": "ok", "n": ' + b"7" * 5000 + b"}\n", r"in\.jsonl:1: a JSON integer with more than 4300 digits"),
+    (b'{"text": "ok", "deep": ' + b"[" * 50000 + b"]" * 50000 + b"}\n", r"in\.jsonl:1: JSON nested too deeply"),
+    (b'{"body": "x", "a\\nb": 1}\n', r"in\.jsonl:1: no field 'text' \(this record has keys: \"a\\nb\", body\)"),
     (b"", r"in\.jsonl: no records"),
     (b"\n  \n", r"in\.jsonl: no records"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, content, expected):
     src = tmp_path / "in.jsonl"
     src.write_bytes(content)
-    with pytest.raises(UserError, match=expected):
+    with pytest.raises(UserError, match=expected) as caught:
         scan_jsonl(src, progress=False)
+    assert "\n" not in str(caught.value)
 
 
 def test_missing_input_file(tmp_path):
@@ -292,6 +296,17 @@ def test_open_binary_reads_verify_to_the_end(tmp_path, suffix):
     with pytest.raises(UserError, match="truncated"):
         with open_binary(src) as handle:
             handle.read()
+
+
+# --- Texts that JSON accepts but Unicode does not ------------------------------------------------------
+
+def test_lone_surrogate_in_text_is_a_user_error_naming_the_line(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"text": "pair \\ud83d\\ude00 is fine"}\n{"text": "lone \\ud800 here"}\n')
+    with pytest.raises(UserError, match=r"in\.jsonl:2: field 'text' holds a lone surrogate \(\\ud800"):
+        scan_jsonl(src, progress=False)
+    src.write_bytes(b'{"text": "pair \\ud83d\\ude00 is fine", "other": "\\udc00 elsewhere is copied as is"}\n')
+    assert len(scan_jsonl(src, progress=False)) == 1
 
 
 # --- The wrong kind of input -------------------------------------------------------------------------
