@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -48,9 +48,6 @@ _SIGNATURES = (
     (b"\xfe\xff", "UTF-16 text", None),
 )
 _UTF8_BOM = b"\xef\xbb\xbf"
-
-# Bytes read per block when streaming texts; the block holds whole lines only.
-_READ_BLOCK_BYTES = 16 << 20
 _JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst)"
 
 
@@ -91,6 +88,32 @@ def _format_advice(path: Path, head: bytes, decompressed: bool = False) -> str |
     return f"looks like {what}, not JSONL; {_JSONL_HINT}"
 
 
+class FileIdentity(NamedTuple):
+    """What says a file is still the one that was indexed."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+def _identity(st: os.stat_result) -> FileIdentity:
+    return FileIdentity(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _check_identity(path: Path, now: FileIdentity, indexed: FileIdentity) -> None:
+    if now == indexed:
+        return
+    changes = []
+    if now.inode != indexed.inode:
+        changes.append("replaced by another file")
+    if now.size != indexed.size:
+        changes.append(f"size {indexed.size:,} -> {now.size:,} bytes")
+    if now.mtime_ns != indexed.mtime_ns:
+        changes.append("modified")
+    raise UserError(f"{path}: the input changed since it was indexed ({', '.join(changes)}); its records can no "
+                    f"longer be read back as indexed: re-run once the file stays unchanged for the whole run")
+
+
 def check_input(path: Path | str) -> None:
     """The input must be an existing regular file: it is read several times (index, texts, output)."""
     path = Path(path)
@@ -107,10 +130,12 @@ def check_input(path: Path | str) -> None:
                         f"write it to a file first)")
 
 
-def open_binary(path: Path | str, buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> BinaryIO:
+def open_binary(path: Path | str, expect: FileIdentity | None = None,
+                buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> BinaryIO:
     """A binary reader of ``path``'s content: .gz and .zst are decompressed as a stream and verified.
 
-    A small buffer suits reads of scattered records; a streaming pass wants a big one. Compressed
+    With ``expect``, the file opened must still be the one indexed (else a UserError). A small
+    buffer suits reads of scattered records; a streaming pass wants a big one. Compressed
     streams can only seek forward cheaply, so callers read them in ascending offset order
     (offsets are positions in the decompressed content).
     """
@@ -120,6 +145,8 @@ def open_binary(path: Path | str, buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> 
     except OSError as exc:
         raise UserError(f"{path}: cannot open the input ({exc.strerror})") from None
     try:
+        if expect is not None:
+            _check_identity(path, _identity(os.fstat(source.fileno())), expect)
         raw = _Decompressed(source, path) if is_compressed(path) else source
     except BaseException:
         source.close()
@@ -316,6 +343,16 @@ def text_fingerprint(text: str) -> int:
     return int.from_bytes(digest, "little")
 
 
+def raw_hash(raw: bytes) -> int:
+    """64-bit check of a record's bytes (CRC-32 | Adler-32 << 32): catches a record that changed.
+
+    Not a fingerprint (the text fingerprint keys the caches); two zlib checksums cost a third of
+    a cryptographic hash per record, and any change they could miss would also have to keep the
+    file's size, mtime and inode, which are checked first.
+    """
+    return zlib.crc32(raw) | zlib.adler32(raw) << 32
+
+
 @dataclass
 class RecordIndex:
     """Where each record of a JSONL file lies, by input position (blank lines are not records)."""
@@ -326,6 +363,8 @@ class RecordIndex:
     ends: np.ndarray  # int64, byte offset just past the record (its newline excluded)
     line_numbers: np.ndarray  # int64, 1-based line number in the file, for messages
     fingerprints: np.ndarray  # uint64, text_fingerprint of the text field
+    raw_hashes: np.ndarray  # uint64, raw_hash of the record's bytes: every later read is checked against it
+    identity: FileIdentity  # the indexed file's size, mtime and inode: later reads must find the same
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -395,13 +434,14 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
     """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
     path = Path(path)
     check_input(path)
-    # Compact typed arrays: 32 bytes per record, not ~120 as Python int lists would take.
-    starts, ends = array.array("q"), array.array("q")
-    line_numbers, fingerprints = array.array("q"), array.array("Q")
-    blake2b = hashlib.blake2b
+    # Compact typed arrays: 40 bytes per record, not ~150 as Python int lists would take.
+    starts, ends, line_numbers = array.array("q"), array.array("q"), array.array("q")
+    fingerprints, raw_hashes = array.array("Q"), array.array("Q")
+    blake2b, crc32, adler32 = hashlib.blake2b, zlib.crc32, zlib.adler32
     with open_binary(path, buffer_size=1 << 20) as handle:
+        identity = _identity(os.fstat(handle.fileno()))
         # The bar counts decompressed bytes; for compressed input the total is unknown.
-        size = None if is_compressed(path) else os.fstat(handle.fileno()).st_size
+        size = None if is_compressed(path) else identity.size
         offset = done = _skip_preamble(handle, path)
         with Progress(size, f"Indexing {path.name}", unit="MB", rate_unit="MB", bar=progress, scale=1 << 20) as bar:
             try:
@@ -419,6 +459,7 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
                         ends.append(start + len(content))
                         line_numbers.append(line_number)
                         fingerprints.append(int.from_bytes(blake2b(encoded, digest_size=8).digest(), "little"))
+                        raw_hashes.append(crc32(content) | adler32(content) << 32)
                     if start - done > (8 << 20):
                         bar.update(start - done)
                         done = start
@@ -430,6 +471,8 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
                 if isinstance(exc, _NotJsonl) and not starts:
                     raise UserError(f"{exc}; {_JSONL_HINT}") from None
                 raise
+        if _identity(os.fstat(handle.fileno())) != identity:
+            raise UserError(f"{path}: the input changed while it was being indexed; re-run once it stays unchanged")
     if not starts:
         raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     return RecordIndex(
@@ -439,7 +482,35 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
         ends=np.frombuffer(ends, dtype=np.int64).copy(),
         line_numbers=np.frombuffer(line_numbers, dtype=np.int64).copy(),
         fingerprints=np.frombuffer(fingerprints, dtype=np.uint64).copy(),
+        raw_hashes=np.frombuffer(raw_hashes, dtype=np.uint64).copy(),
+        identity=identity,
     )
+
+
+def check_unchanged(index: RecordIndex) -> None:
+    """Raise a UserError if the indexed file is no longer as it was (size, mtime, inode).
+
+    Every read of the records checks this and each record's bytes; call it before long work
+    ends so a changed input is reported before its results are stored.
+    """
+    try:
+        st = os.stat(index.path)
+    except OSError as exc:
+        raise UserError(f"{index.path}: the input changed since it was indexed (it cannot be read now: "
+                        f"{exc.strerror}); re-run once the file stays unchanged for the whole run") from None
+    _check_identity(index.path, _identity(st), index.identity)
+
+
+def _verify(index: RecordIndex, rows: np.ndarray, raws: list) -> None:
+    """Every record read back must be the bytes that were indexed."""
+    n = len(raws)
+    found = np.fromiter(map(zlib.crc32, raws), np.uint64, n) | np.fromiter(map(zlib.adler32, raws), np.uint64, n) << 32
+    bad = np.flatnonzero(found != index.raw_hashes[rows])
+    if bad.size:
+        line = int(index.line_numbers[rows[bad[0]]])
+        raise UserError(f"{index.path}:{line}: this record changed since the input was indexed ({bad.size} of "
+                        f"{len(raws)} records read together differ): the file was modified during the run; re-run "
+                        f"once it stays unchanged")
 
 
 def batch_bounds(sizes: np.ndarray, max_batch_bytes: int, max_batch_rows: int) -> np.ndarray:
@@ -479,7 +550,9 @@ def _iter_raw_batches(
         return
     sizes = index.ends[rows] - index.starts[rows]
     bounds = batch_bounds(sizes, max_batch_bytes, max_batch_rows)
-    with open_binary(index.path) as handle:  # rows ascend, so compressed input only seeks forward
+    # The file must be the one indexed, and every record the bytes indexed; rows ascend, so
+    # compressed input only seeks forward.
+    with open_binary(index.path, expect=index.identity) as handle:
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             batch = rows[lo:hi]
             first, last = index.starts[batch[0]], index.ends[batch[-1]]
@@ -492,6 +565,7 @@ def _iter_raw_batches(
                 for row in batch:
                     handle.seek(index.starts[row])
                     raws.append(handle.read(index.ends[row] - index.starts[row]))
+            _verify(index, batch, raws)
             yield batch, raws
 
 
@@ -570,63 +644,57 @@ def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str, m
     """Write the input records in ``order`` to ``output`` atomically; return bytes written.
 
     Each record is copied byte for byte from the input and followed by exactly one newline.
-    Plain input is copied through a memory map. Compressed input cannot be read at random,
-    so the output is assembled in pieces of at most ``max_pass_bytes``, one forward pass over
-    the input per piece. An output named ``.gz`` or ``.zst`` is compressed.
+    The input must still be the file indexed (checked before anything is written), and every
+    record copied must hash as indexed, else a UserError and no output. Plain input is copied
+    through a memory map. Compressed input cannot be read at random, so the output is assembled
+    in pieces of at most ``max_pass_bytes``, one forward pass over the input per piece. An output
+    named ``.gz`` or ``.zst`` is compressed.
     """
     output = Path(output)
     order = np.asarray(order, dtype=np.int64)
     if order.shape[0] != len(index) or not np.array_equal(np.sort(order), np.arange(len(index))):
         raise ValueError("order must be a permutation of the record positions")
-    pieces = _record_pieces(index, order, max_pass_bytes)
+    check_unchanged(index)
     written = 0
     with atomic_open(output, "wb") as target, _compressing(output, target) as sink:
-        buffer = _OutputBuffer(sink)
-        for piece in pieces:
-            for record in piece:
-                buffer.add(record)
-        written = buffer.close()
+        for rows, records in _record_pieces(index, order, max_pass_bytes):
+            _verify(index, rows, records)
+            sink.write(b"\n".join(records))
+            sink.write(b"\n")
+            written += sum(map(len, records)) + len(records)
     return written
 
 
-class _OutputBuffer:
-    """Joins records into big writes, one newline after each record."""
+_WRITE_GROUP_BYTES = 16 << 20  # records joined per write (and verified together)
 
-    def __init__(self, sink) -> None:
-        self.sink, self.parts, self.pending, self.total = sink, [], 0, 0
 
-    def add(self, record: bytes) -> None:
-        self.parts += (record, b"\n")
-        self.pending += len(record) + 1
-        if self.pending >= _READ_BLOCK_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        self.sink.write(b"".join(self.parts))
-        self.total += self.pending
-        self.parts, self.pending = [], 0
-
-    def close(self) -> int:
-        self.flush()
-        return self.total
+def _groups(sizes: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive (lo, hi) groups of about ``group_bytes`` (a bigger item is a group of its own)."""
+    before = np.cumsum(sizes) - sizes  # bytes before each item
+    cuts = np.flatnonzero(np.diff(before // group_bytes)) + 1
+    bounds = [0, *cuts.tolist(), int(sizes.size)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _record_pieces(index: RecordIndex, order: np.ndarray, max_pass_bytes: int):
-    """Yield, piece by piece, iterables of the records' bytes in output order."""
+    """Yield (rows, their records' bytes) in output order, a group at a time."""
     starts, ends = index.starts[order], index.ends[order]
     if not is_compressed(index.path):
-        with open(index.path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            yield (data[a:b] for a, b in zip(starts.tolist(), ends.tolist()))
+        with open_binary(index.path, expect=index.identity) as source, \
+                mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for lo, hi in _groups(ends - starts + 1, _WRITE_GROUP_BYTES):
+                yield order[lo:hi], [data[a:b] for a, b in zip(starts[lo:hi].tolist(), ends[lo:hi].tolist())]
         return
     bounds = batch_bounds(ends - starts, max_pass_bytes, 1 << 62)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         wanted = np.argsort(starts[lo:hi], kind="stable")  # read in file order, emit in output order
         records: list[bytes] = [b""] * int(hi - lo)
-        with open_binary(index.path) as source:
+        with open_binary(index.path, expect=index.identity) as source:
             for j in wanted.tolist():
                 source.seek(int(starts[lo + j]))
                 records[j] = source.read(int(ends[lo + j] - starts[lo + j]))
-        yield records
+        for a, b in _groups(ends[lo:hi] - starts[lo:hi] + 1, _WRITE_GROUP_BYTES):
+            yield order[lo + a:lo + b], records[a:b]
 
 
 @contextlib.contextmanager

@@ -370,3 +370,86 @@ def test_utf8_bom_is_skipped_not_copied(tmp_path):
     out = tmp_path / "out.jsonl"
     write_reordered(index, np.array([1, 0]), out)
     assert out.read_bytes() == b'{"text": "b"}\n{"text": "a"}\n'
+
+
+# --- The input must not change while a run uses it --------------------------------------------------------
+
+def _indexed(tmp_path, n=20):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(b'{"text": "record %03d"}\n' % i for i in range(n)))
+    return src, scan_jsonl(src, progress=False)
+
+
+def test_index_records_the_input_identity_and_record_hashes(tmp_path):
+    import os
+
+    src, index = _indexed(tmp_path)
+    st = os.stat(src)
+    assert (index.identity.size, index.identity.mtime_ns, index.identity.inode) == (st.st_size, st.st_mtime_ns,
+                                                                                    st.st_ino)
+    assert index.raw_hashes.dtype == np.uint64 and index.raw_hashes.shape == (20,)
+    assert np.unique(index.raw_hashes).size == 20
+
+
+@pytest.mark.parametrize("change", ["rewritten", "replaced", "appended"])
+def test_writer_refuses_an_input_changed_since_indexing(tmp_path, change):
+    import os
+
+    from diversity_order.records import check_unchanged
+
+    src, index = _indexed(tmp_path)
+    if change == "rewritten":
+        src.write_bytes(b'{"text": "something else entirely"}\n' * 30)
+    elif change == "replaced":  # a new file renamed over the old one: same size, another inode
+        other = tmp_path / "new.jsonl"
+        other.write_bytes(src.read_bytes().replace(b"record", b"RECORD"))
+        os.replace(other, src)
+    else:
+        with open(src, "ab") as handle:
+            handle.write(b'{"text": "appended"}\n')
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(UserError, match=r"in\.jsonl: the input changed since it was indexed"):
+        check_unchanged(index)
+    with pytest.raises(UserError, match=r"in\.jsonl: the input changed since it was indexed"):
+        write_reordered(index, np.arange(20)[::-1], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no output, no temp file
+
+
+def _packed_to_size(data, suffix, size=None):
+    """``data`` as the file ``suffix`` names, ``size`` bytes long (stored gzip blocks; zstd padded with a
+    skippable frame, 64 bytes by default), so an edit of the same length can keep the file's size."""
+    import gzip
+
+    import zstandard
+
+    if suffix == "":
+        packed = data
+    elif suffix == ".gz":
+        packed = gzip.compress(data, compresslevel=0, mtime=0)
+    else:
+        frame = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+        pad = 64 if size is None else size - len(frame) - 8
+        packed = frame + (0x184D2A50).to_bytes(4, "little") + pad.to_bytes(4, "little") + bytes(pad)
+    assert size is None or len(packed) == size
+    return packed
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz", ".zst"])
+def test_in_place_edit_keeping_size_and_mtime_is_caught_record_by_record(tmp_path, suffix):
+    import os
+
+    lines = [b'{"text": "record %03d"}' % i for i in range(20)]
+    src = tmp_path / f"in.jsonl{suffix}"
+    data = b"\n".join(lines) + b"\n"
+    src.write_bytes(_packed_to_size(data, suffix))
+    index = scan_jsonl(src, progress=False)
+    st = os.stat(src)
+    with open(src, "r+b") as handle:  # same inode, same size, and the mtime put back
+        handle.write(_packed_to_size(data.replace(b"record 007", b"RECORD 007"), suffix, st.st_size))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(UserError, match=r"in\.jsonl(\.gz|\.zst)?:8: this record changed since the input was indexed"):
+        write_reordered(index, np.arange(20)[::-1], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
+    with pytest.raises(UserError, match=r":8: this record changed"):
+        list(iter_text_batches(index))
