@@ -48,6 +48,7 @@ _SIGNATURES = (
     (b"\xfe\xff", "UTF-16 text", None),
 )
 _UTF8_BOM = b"\xef\xbb\xbf"
+_MISSING = object()
 _JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst)"
 
 
@@ -378,36 +379,43 @@ class _NotJsonl(UserError):
     """A line that is not a UTF-8 JSON object: on the first record, most likely not a JSONL file at all."""
 
 
+_scan_json = json.decoder.JSONDecoder().scan_once  # json.loads's own C scanner, without its Python wrappers
+
+
+def _parse_json(decoded: str):
+    """``json.loads(decoded)``, a third faster on the usual line, which starts with its value."""
+    try:
+        value, end = _scan_json(decoded, 0)
+    except StopIteration:  # leading whitespace, or not JSON: json.loads gives the value or the message
+        return json.loads(decoded)
+    if end != len(decoded) and decoded[end:].strip(" \t\n\r"):
+        return json.loads(decoded)  # raises "Extra data", with its column
+    return value
+
+
 def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
     """Decode and validate one line; raise a UserError naming the file and line."""
-    where = f"{path}:{line_number}"
     try:
-        decoded = raw.decode("utf-8")
+        record = _parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise _NotJsonl(f"{where}: invalid UTF-8 (byte {exc.start} of the line)") from None
-    try:
-        record = json.loads(decoded)
+        raise _NotJsonl(f"{path}:{line_number}: invalid UTF-8 (byte {exc.start} of the line)") from None
     except json.JSONDecodeError as exc:
-        raise _NotJsonl(f"{where}: not valid JSON ({exc.msg}; column {exc.colno})") from None
+        raise _NotJsonl(f"{path}:{line_number}: not valid JSON ({exc.msg}; column {exc.colno})") from None
     except ValueError:  # valid JSON that Python refuses: an integer past its 4300-digit conversion limit
-        raise UserError(f"{where}: a JSON integer with more than {sys.get_int_max_str_digits()} digits, more than "
-                        f"Python reads; write it as a string or drop the field") from None
+        raise UserError(f"{path}:{line_number}: a JSON integer with more than {sys.get_int_max_str_digits()} "
+                        f"digits, more than Python reads; write it as a string or drop the field") from None
     except RecursionError:
-        raise UserError(f"{where}: JSON nested too deeply to read (more than about "
+        raise UserError(f"{path}:{line_number}: JSON nested too deeply to read (more than about "
                         f"{sys.getrecursionlimit()} levels)") from None
     if not isinstance(record, dict):
-        raise _NotJsonl(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
-    if text_field not in record:
-        keys = _keys_text(record)
-        raise UserError(
-            f"{where}: no field '{text_field}' (this record has keys: {keys}); "
-            f"choose the text field with --text-field"
-        )
-    text = record[text_field]
+        raise _NotJsonl(f"{path}:{line_number}: expected a JSON object, found a JSON {type(record).__name__}")
+    text = record.get(text_field, _MISSING)
+    if text is _MISSING:
+        raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
+                        f"{_keys_text(record)}); choose the text field with --text-field")
     if not isinstance(text, str):
-        raise UserError(
-            f"{where}: field '{text_field}' is a JSON {type(text).__name__}, expected a string"
-        )
+        raise UserError(f"{path}:{line_number}: field '{text_field}' is a JSON {type(text).__name__}, "
+                        f"expected a string")
     return text
 
 
@@ -436,7 +444,7 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
     check_input(path)
     # Compact typed arrays: 40 bytes per record, not ~150 as Python int lists would take.
     starts, ends, line_numbers = array.array("q"), array.array("q"), array.array("q")
-    fingerprints, raw_hashes = array.array("Q"), array.array("Q")
+    fingerprints, raw_hashes = bytearray(), array.array("Q")
     blake2b, crc32, adler32 = hashlib.blake2b, zlib.crc32, zlib.adler32
     with open_binary(path, buffer_size=1 << 20) as handle:
         identity = _identity(os.fstat(handle.fileno()))
@@ -449,7 +457,7 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
                     start = offset
                     offset += len(line)
                     content = line[:-1] if line.endswith(b"\n") else line
-                    if content.strip():
+                    if content and not content.isspace():
                         text = _record_text(content, path, line_number, text_field)
                         try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
                             encoded = text.encode("utf-8")
@@ -458,7 +466,8 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
                         starts.append(start)
                         ends.append(start + len(content))
                         line_numbers.append(line_number)
-                        fingerprints.append(int.from_bytes(blake2b(encoded, digest_size=8).digest(), "little"))
+                        # Little-endian digest bytes: the same uint64 as int.from_bytes(digest, "little").
+                        fingerprints += blake2b(encoded, digest_size=8).digest()
                         raw_hashes.append(crc32(content) | adler32(content) << 32)
                     if start - done > (8 << 20):
                         bar.update(start - done)
@@ -481,7 +490,7 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
         starts=np.frombuffer(starts, dtype=np.int64).copy(),
         ends=np.frombuffer(ends, dtype=np.int64).copy(),
         line_numbers=np.frombuffer(line_numbers, dtype=np.int64).copy(),
-        fingerprints=np.frombuffer(fingerprints, dtype=np.uint64).copy(),
+        fingerprints=np.frombuffer(fingerprints, dtype="<u8").astype(np.uint64),
         raw_hashes=np.frombuffer(raw_hashes, dtype=np.uint64).copy(),
         identity=identity,
     )
@@ -568,9 +577,6 @@ def _iter_raw_batches(
             _verify(index, batch, raws)
             yield batch, raws
 
-
-
-_MISSING = object()
 
 
 def read_field_values(index: RecordIndex, field: str) -> list:

@@ -169,3 +169,27 @@ def test_any_input_is_one_user_error_or_every_record_byte_for_byte(content, suff
         assert _unpack(out.read_bytes(), out_suffix) == b"".join(records[i] + b"\n" for i in order)
         assert texts == [json.loads(r)["text"] for r in records]
 
+
+json_like = st.one_of(st.text(max_size=30), nested, st.builds(lambda pad, value, tail: pad + value + tail,
+                                                              st.sampled_from(["", " ", "\t", "\ufeff", "\r\n"]), nested,
+                                                              st.sampled_from(["", " ", "\r", "x", "}", " 1"])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_like)
+def test_fast_json_parse_is_json_loads(decoded):
+    """The scan's direct call of json's C scanner gives json.loads's value, or its error and message."""
+    from diversity_order.records import _parse_json
+
+    try:
+        expected = json.loads(decoded)
+    except (ValueError, RecursionError) as exc:
+        try:
+            _parse_json(decoded)
+        except type(exc) as got:
+            assert str(got) == str(exc)
+        else:
+            raise AssertionError(f"{decoded!r} parsed, but json.loads raises {exc!r}")
+    else:
+        got = _parse_json(decoded)
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
