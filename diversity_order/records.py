@@ -68,6 +68,28 @@ def looks_like(head: bytes) -> tuple[str, str | None] | None:
     return None
 
 
+def describe_start(head: bytes) -> str:
+    """What a file seems to be from its first bytes, for messages ("gzip data", "text", ...)."""
+    found = looks_like(head)
+    if found is not None:
+        return found[0]
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a Python pickle (torch.save or pickle.dump)"
+    if not head:
+        return "an empty file"
+    try:
+        text = head.removeprefix(_UTF8_BOM).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not just a character cut off at the end of ``head``
+            return f"binary data (it starts with the bytes {head[:8].hex(' ')})"
+        text = head[: exc.start].decode("utf-8")
+    if text.lstrip().startswith(("{", "[")):
+        return "JSON or JSONL text"
+    if all(c.isprintable() or c.isspace() for c in text):
+        return "text"
+    return f"binary data (it starts with the bytes {head[:8].hex(' ')})"
+
+
 def _renamed(path: Path, suffix: str | None) -> Path:
     """``path`` with its compression suffix replaced by ``suffix`` (None: no compression suffix)."""
     stem = path.with_suffix("") if is_compressed(path) else path
