@@ -199,7 +199,9 @@ class _Decompressed(io.RawIOBase):
             self._errors = zlib.error
         else:
             zstandard = _zstandard(path)
-            self._decompressor, self._errors = zstandard.ZstdDecompressor(), zstandard.ZstdError
+            # Up to the 2 GB window of `zstd --long=31`: the memory is taken only by a frame that declares it.
+            self._decompressor = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+            self._errors = zstandard.ZstdError
         self._rewind()
 
     def _rewind(self) -> None:

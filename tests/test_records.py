@@ -279,6 +279,18 @@ def test_concatenated_members_and_frames_are_one_stream(tmp_path, suffix):
     assert zstandard  # imported for the skippable-frame magic's sake only
 
 
+def test_zstd_long_window_is_read(tmp_path):
+    """`zstd --long` frames declare windows past zstd's default decoding limit (128 MB)."""
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=29, enable_ldm=True)
+    packer = zstandard.ZstdCompressor(compression_params=params).compressobj()  # streaming: the window stays 512 MB
+    src = tmp_path / "in.jsonl.zst"
+    src.write_bytes(packer.compress(b"\n".join(_corpus(20)) + b"\n") + packer.flush())
+    assert zstandard.get_frame_parameters(src.read_bytes()).window_size == 1 << 29
+    assert len(scan_jsonl(src, progress=False)) == 20
+
+
 def test_gzip_zero_padding_is_accepted_like_gzip_does(tmp_path):
     lines = _corpus(5)
     src = tmp_path / "in.jsonl.gz"
