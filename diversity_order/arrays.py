@@ -19,6 +19,16 @@ def load_npy(path: Path, flag: str) -> np.ndarray:
     if not path.is_file():
         raise UserError(f"{flag} {path}: file not found")
     try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+    if not head.startswith(b"\x93NUMPY"):  # else numpy takes it for a pickle and advises allow_pickle
+        from .records import describe_start
+
+        raise UserError(f"{flag} {path}: not a .npy array: it looks like {describe_start(head)}; pass an array "
+                        f"saved with numpy.save")
+    try:
         return np.load(path, mmap_mode="r")
     except (ValueError, OSError) as exc:
         raise UserError(f"{flag} {path}: not a readable .npy file ({exc})") from None
