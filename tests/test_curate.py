@@ -261,3 +261,57 @@ def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, top
     assert (tmp_path / "packed" / "data_token_counts.npy").exists()
     assert (tmp_path / "packed" / "cur_meta.json").exists()
     assert gzip.decompress((tmp_path / "packed" / "cur.jsonl.gz").read_bytes()) == (tmp_path / "plain_cur.jsonl").read_bytes()
+
+
+# ---- caches: dtype and shape checked, rewritten in input order ----------------------------------
+
+
+def test_caches_of_another_dtype_or_width_are_recomputed(tmp_path, tiny_model_dir, embed_spy):
+    from diversity_order import caches
+
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
+    args = ["--input", src, "--output", tmp_path / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+            "--no-plot"]
+    assert curate(*args) == 0
+    emb_path, count_path = tmp_path / "d_cur_embeddings.npy", tmp_path / "d_token_counts.npy"
+    good_emb, good_counts = np.load(emb_path), np.load(count_path)
+    fps = np.load(tmp_path / "d_cur_embeddings.fingerprints.npy")
+    emb_key = json.loads((tmp_path / "d_cur_embeddings.cache.json").read_text())["key"]
+    count_key = json.loads((tmp_path / "d_token_counts.cache.json").read_text())["key"]
+    # Right key, right fingerprints, wrong arrays: int64 zeros and N x 10 floats as embeddings,
+    # token counts as floats and as a column.
+    for bad_emb, bad_counts in [(np.zeros((30, 32), np.int64), good_counts.astype(np.float64)),
+                                (np.ones((30, 10), np.float32), good_counts[:, None])]:
+        caches.store(emb_path, emb_key, fps, bad_emb)
+        caches.store(count_path, count_key, fps, bad_counts)
+        embed_spy.clear()
+        assert curate(*args) == 0
+        assert embed_spy == [(list(range(30)), True)]  # both recomputed, in the one pass
+        np.testing.assert_array_equal(np.load(emb_path), good_emb)
+        np.testing.assert_array_equal(np.load(count_path), good_counts)
+
+
+def test_caches_follow_the_input_after_records_are_swapped_or_deleted(tmp_path, tiny_model_dir, embed_spy):
+    from diversity_order.records import scan_jsonl
+
+    records = topical_records(per_topic=5)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    args = ["--input", src, "--output", tmp_path / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+            "--no-plot"]
+    assert curate(*args) == 0
+    emb_path, count_path = tmp_path / "d_cur_embeddings.npy", tmp_path / "d_token_counts.npy"
+    first_emb, first_counts = np.load(emb_path), np.load(count_path)
+
+    rows = list(range(30))
+    rows[3], rows[10] = 10, 3
+    del rows[20]
+    write_jsonl(src, [records[i] for i in rows])
+    embed_spy.clear()
+    assert curate(*args) == 0
+    assert embed_spy == []  # nothing new: every row reused ...
+    # ... and both caches rewritten to follow the input, as the other scripts read them.
+    np.testing.assert_array_equal(np.load(emb_path), first_emb[rows])
+    np.testing.assert_array_equal(np.load(count_path), first_counts[rows])
+    fps = scan_jsonl(src, progress=False).fingerprints
+    np.testing.assert_array_equal(np.load(tmp_path / "d_cur_embeddings.fingerprints.npy"), fps)
+    np.testing.assert_array_equal(np.load(tmp_path / "d_token_counts.fingerprints.npy"), fps)
