@@ -22,6 +22,13 @@ removed rows are dropped, and a different model or text field invalidates everyt
 original toolkit compares row counts only and silently reuses stale vectors after an edit.)
 ``CacheLookup.in_order`` says whether the set already holds exactly the current records in
 order; otherwise the caller stores it again, so the files always follow the input.
+
+Rows the named cache lacks are looked for in other sets of the same key that the caller names
+(``alternatives``: token counts are cached beside the output when the input's folder is not
+writable, and looked up in both places).
+
+A cache is an optimisation: one that cannot be read is recomputed, one that cannot be written is
+a warning (``store(required=True)`` for files that are the product itself).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from . import atomic
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -351,37 +359,86 @@ def _check_manifest(files: CacheFiles, meta: dict, opened: dict[str, _Npy]) -> s
 
 
 def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accept_any_key: bool = False, *,
-           dtype=None, row_shape: tuple | None = None) -> CacheLookup:
+           dtype=None, row_shape: tuple | None = None, alternatives: tuple = ()) -> CacheLookup:
     """Reuse cached rows whose text fingerprint matches a current record's.
 
     ``dtype`` and ``row_shape`` (the shape of one row; () for one number per record, None in it
     for any size) are what the caller can use: a set holding anything else is rejected.
     ``accept_any_key``: reuse rows computed with whatever model the cache names (used when
     the caller has no model to compare against, e.g. token counts without a tokenizer).
+    Rows the target lacks come from the valid set with the most of them among ``alternatives``
+    (not for caches with extras); a set among the target and ``alternatives`` that holds exactly
+    the current records, in order, is used as it is (``in_order``).
     """
     files = _files(target)
     n = fingerprints.shape[0]
     expect = _Expect(None if dtype is None else np.dtype(dtype), None if row_shape is None else tuple(row_shape))
-    named = _open_set(files, None if accept_any_key else key, expect)
-    if isinstance(named, str):
-        return CacheLookup(None, np.zeros(n, dtype=bool), named)
-    if not named.legacy and np.array_equal(named.fingerprints, fingerprints):
+    want = None if accept_any_key else key
+    named = _open_set(files, want, expect)
+    reason = named if isinstance(named, str) else None
+    named = None if isinstance(named, str) else named
+    if named is not None and not named.legacy and np.array_equal(named.fingerprints, fingerprints):
         return _whole(named, n, f"all {n} rows reused from {files.data.name}")
-    source = match_rows(named.fingerprints, fingerprints)
+    if named is not None and want is None:
+        want = named.meta.get("key")  # other sets must agree with the one the target holds
+    others = []
+    for alternative in map(_files, alternatives):
+        found = _open_set(alternative, want, expect) if alternative.marker != files.marker else "the target"
+        if isinstance(found, str):
+            if found not in ("no cache yet", "the target"):
+                log.info("%s: %s", alternative.data, found)
+            continue
+        if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
+            return _whole(found, n, f"all {n} rows reused from {alternative.data}")
+        others.append(found)
+
+    source = match_rows(named.fingerprints, fingerprints) if named is not None else np.full(n, -1, np.int64)
     hit = source >= 0
-    data = np.zeros((n,) + named.data.shape[1:], dtype=named.data.dtype)
+    filler, filled = None, np.zeros(n, dtype=bool)
+    if not hit.all() and not files.extras:  # extras index the target's own rows: no mixing sets there
+        filler, filler_source = _best_other(others, fingerprints, hit)
+        if filler is not None and named is not None and (filler.data.dtype, filler.data.shape[1:]) != \
+                (named.data.dtype, named.data.shape[1:]):
+            filler = None  # rows of another kind (only possible when the caller names no dtype or shape)
+        if filler is not None:
+            filled = ~hit & (filler_source >= 0)
+    base = named if named is not None else filler
+    if base is None:
+        return CacheLookup(None, np.zeros(n, dtype=bool), reason or "no cache yet")
+    data = np.zeros((n,) + base.data.shape[1:], dtype=base.data.dtype)
     if hit.any():
         data[hit] = named.data[source[hit]]
-    reason = f"{int(hit.sum())} of {n} rows reused from {files.data.name}"
-    if named.legacy:
-        reason += "; older cache format without a manifest: it is rewritten"
-    return CacheLookup(data, hit, reason, source, named.extras, named.data, named.meta.get("key"), False, files)
+    if filled.any():
+        data[filled] = filler.data[filler_source[filled]]
+    if reason:
+        parts = [reason if files.data.name in reason else f"{files.data.name}: {reason}"]
+    else:
+        parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"]
+    if filled.any():
+        parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} (a cache of the same key)")
+    if named is not None and named.legacy:
+        parts.append("older cache format without a manifest: it is rewritten")
+    if named is None:
+        return CacheLookup(data, filled, "; ".join(parts), np.full(n, -1, np.int64), key=filler.meta.get("key"))
+    return CacheLookup(data, hit | filled, "; ".join(parts), source, named.extras, named.data, named.meta.get("key"),
+                       False, files)
 
 
 def _whole(found: _Set, n: int, reason: str) -> CacheLookup:
     # Already in order: a sequential copy, much faster than gathering row by row.
     return CacheLookup(np.array(found.data), np.ones(n, dtype=bool), reason, np.arange(n, dtype=np.int64),
                        found.extras, found.data, found.meta.get("key"), True, found.files)
+
+
+def _best_other(others: list[_Set], fingerprints: np.ndarray, hit: np.ndarray) -> tuple[_Set | None, np.ndarray | None]:
+    """Of ``others``, the set holding most of the records the target lacks (None: none holds any)."""
+    missing = fingerprints[~hit]
+    best, best_count = None, 0
+    for other in others:
+        count = int((match_rows(other.fingerprints, missing) >= 0).sum())
+        if count > best_count:
+            best, best_count = other, count
+    return (best, match_rows(best.fingerprints, fingerprints)) if best is not None else (None, None)
 
 
 def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.ndarray:
@@ -401,18 +458,38 @@ def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.
 
 
 def store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: np.ndarray,
-          extras: dict[str, np.ndarray] | None = None) -> None:
-    """Write the set; the manifest goes last, so a crash mid-way leaves no trusted set."""
+          extras: dict[str, np.ndarray] | None = None, *, required: bool = False) -> bool:
+    """Write the set; the manifest goes last, so a crash mid-way leaves no trusted set. True when written.
+
+    A cache that cannot be written (read-only folder, immutable file, full disk) is a warning
+    and False; with ``required`` (the file is the product, not a cache) a one-line error.
+    """
+    problem = try_store(target, key, fingerprints, data, extras)
+    if problem is None:
+        return True
+    if required:
+        raise UserError(f"cannot write {_files(target).data}: {problem}")
+    log.warning("Cache %s not written (%s); the run goes on without it", _files(target).data, problem)
+    return False
+
+
+def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: np.ndarray,
+              extras: dict[str, np.ndarray] | None = None) -> str | None:
+    """``store`` without the warning: None when written, else why not."""
     files = _files(target)
     extras = extras or {}
     if data.shape[0] != fingerprints.shape[0]:
         raise ValueError(f"{files.data.name}: {data.shape[0]} rows but {fingerprints.shape[0]} fingerprints")
-    files.marker.unlink(missing_ok=True)  # the set is being rewritten: untrusted until its manifest is back
-    written = {f"extra:{name}": _write_npy(files.extras[name], array) for name, array in extras.items()}
-    written["data"] = _write_npy(files.data, data)
-    written["fingerprints"] = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
-    manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(data.shape[0]),
-                "dtype": str(data.dtype), "shape": list(data.shape), "digest": DIGEST_NAME, "files": written}
-    if extras:
-        manifest["extras"] = {name: int(array.shape[0]) for name, array in extras.items()}
-    atomic.save_json(files.marker, manifest)
+    try:
+        files.marker.unlink(missing_ok=True)  # the set is being rewritten: untrusted until its manifest is back
+        written = {f"extra:{name}": _write_npy(files.extras[name], array) for name, array in extras.items()}
+        written["data"] = _write_npy(files.data, data)
+        written["fingerprints"] = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
+        manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(data.shape[0]),
+                    "dtype": str(data.dtype), "shape": list(data.shape), "digest": DIGEST_NAME, "files": written}
+        if extras:
+            manifest["extras"] = {name: int(array.shape[0]) for name, array in extras.items()}
+        atomic.save_json(files.marker, manifest)
+    except OSError as exc:
+        return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+    return None

@@ -1,4 +1,4 @@
-"""Atomic writes and row caches: sets validated as units (manifests), dtype/shape, input order, stale temps."""
+"""Atomic writes and row caches: sets validated as units (manifests), dtype/shape, input order, failed writes, stale temps."""
 
 import json
 import logging
@@ -179,6 +179,29 @@ def test_in_order_only_when_the_set_is_exactly_the_current_records(tmp_path):
         found = caches.lookup(path, KEY, changed)
         assert not found.in_order
         assert_rows_belong_to_their_records(found, changed)
+
+
+# ---- writes that fail ----------------------------------------------------------------------------
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 4, dtype=np.uint64)
+    real = atomic.atomic_open
+
+    def refused(target, mode="wb"):
+        if Path(target).parent == tmp_path:
+            raise PermissionError(1, "Operation not permitted", str(target))
+        return real(target, mode)
+
+    monkeypatch.setattr(atomic, "atomic_open", refused)
+    caplog.set_level(logging.WARNING)
+    assert caches.store(path, KEY, fps, truth(fps)) is False
+    assert "not written (Operation not permitted" in caplog.text
+    from diversity_order.errors import UserError
+
+    with pytest.raises(UserError, match="cannot write"):  # a product, not a cache: a one-line error
+        caches.store(path, KEY, fps, truth(fps), required=True)
 
 
 # ---- temp files of dead writers ------------------------------------------------------------------

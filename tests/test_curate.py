@@ -1,7 +1,12 @@
 """The whole curate pipeline on the tiny model: outputs, faithfulness, incremental caches, errors."""
 
+import contextlib
+import errno
 import json
 import logging
+import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -263,7 +268,40 @@ def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, top
     assert gzip.decompress((tmp_path / "packed" / "cur.jsonl.gz").read_bytes()) == (tmp_path / "plain_cur.jsonl").read_bytes()
 
 
-# ---- caches: dtype and shape checked, rewritten in input order ----------------------------------
+# ---- caches: dtype and shape checked, rewritten in input order, failed writes -------------------
+
+
+@pytest.fixture(params=["chattr", "simulated"])
+def refuse_writes(request, monkeypatch):
+    """``refuse_writes(path)``: a context in which no file can be written at ``path`` (a file) or in it
+    (a folder): ``chattr +i`` (needs root and a file system that has it), or EPERM from the writer."""
+
+    @contextlib.contextmanager
+    def chattr(path):
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+        if done.returncode:
+            pytest.skip(f"chattr +i not possible here: {done.stderr.decode().strip()}")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+
+    @contextlib.contextmanager
+    def simulated(path):
+        from diversity_order import atomic
+
+        real = atomic.atomic_open
+
+        def refusing(target, mode="wb"):
+            if Path(target) == path or Path(target).parent == path:
+                raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(target))
+            return real(target, mode)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(atomic, "atomic_open", refusing)
+            yield
+
+    return chattr if request.param == "chattr" else simulated
 
 
 def test_caches_of_another_dtype_or_width_are_recomputed(tmp_path, tiny_model_dir, embed_spy):
@@ -315,3 +353,43 @@ def test_caches_follow_the_input_after_records_are_swapped_or_deleted(tmp_path, 
     fps = scan_jsonl(src, progress=False).fingerprints
     np.testing.assert_array_equal(np.load(tmp_path / "d_cur_embeddings.fingerprints.npy"), fps)
     np.testing.assert_array_equal(np.load(tmp_path / "d_token_counts.fingerprints.npy"), fps)
+
+
+def test_read_only_input_folder_caches_token_counts_beside_the_output(tmp_path, tiny_model_dir, embed_spy,
+                                                                     refuse_writes, caplog):
+    data_dir = tmp_path / "in"
+    data_dir.mkdir()
+    src = write_jsonl(data_dir / "d.jsonl", topical_records(per_topic=5))
+    out_dir = tmp_path / "out"
+    args = ["--input", src, "--output", out_dir / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+            "--no-plot"]
+    caplog.set_level(logging.WARNING)
+    with refuse_writes(data_dir):
+        assert curate(*args) == 0
+        assert "Token counts cannot be cached beside the input" in caplog.text
+        assert not (data_dir / "d_token_counts.npy").exists()
+        counts = np.load(out_dir / "d_token_counts.npy")
+        # Found there by the next runs: nothing tokenized again, and no tokenizer needed with --load-embeddings.
+        embed_spy.clear()
+        assert curate(*args) == 0
+        assert embed_spy == []
+        assert curate("--input", src, "--output", out_dir / "e.jsonl", "--load-embeddings",
+                      out_dir / "d_cur_embeddings.npy", "--n-clusters", 3, "--no-plot") == 0
+        assert embed_spy == []
+        assert json.loads((out_dir / "e_meta.json").read_text())["total_tokens"] == int(counts.sum())
+
+
+def test_an_immutable_cache_file_is_a_warning_and_the_run_goes_on(tmp_path, tiny_model_dir, refuse_writes, caplog):
+    records = topical_records(per_topic=5)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "d_cur.jsonl"
+    args = ["--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot"]
+    assert curate(*args) == 0
+    write_jsonl(src, records + topical_records(per_topic=1, seed=7))  # the caches have to be rewritten
+    caplog.set_level(logging.WARNING)
+    with refuse_writes(tmp_path / "d_cur_embeddings.npy"):
+        assert curate(*args) == 0
+    assert "d_cur_embeddings.npy not written" in caplog.text
+    assert len(out.read_bytes().splitlines()) == 36
+    assert curate(*args) == 0  # and once it can be written again, it is
+    assert np.load(tmp_path / "d_cur_embeddings.npy").shape == (36, 32)

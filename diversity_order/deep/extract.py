@@ -152,7 +152,7 @@ def reuse_output(job: _Job) -> bool:
         log.info("%s already holds all %d rows: nothing to do (delete it to recompute)", config.output, n)
         job.result.nothing_to_do = True
     elif ctx.is_main:
-        caches.store(config.output, job.output_key, job.fingerprints, found.data)
+        caches.store(config.output, job.output_key, job.fingerprints, found.data, required=True)
         log.info("%s: all %d rows reused, rewritten in the new input order", config.output, n)
     distributed.barrier(ctx)
     job.result.seconds = time.perf_counter() - job.started
@@ -244,7 +244,7 @@ def gather_and_write(job: _Job, partial: Partial) -> None:
         for part_rows, part_data in zip(parts, datas):
             embeddings[part_rows] = part_data
         # The output with its fingerprint sidecars (OUTPUT.fingerprints.npy, OUTPUT.cache.json).
-        caches.store(config.output, job.output_key, job.fingerprints, embeddings)
+        caches.store(config.output, job.output_key, job.fingerprints, embeddings, required=True)
         result.skipped = sorted(tuple(int(v) for v in pair) for block in skipped_all for pair in block)
         _write_skipped(config.output, result.skipped)
     distributed.barrier(ctx)
