@@ -23,9 +23,11 @@ original toolkit compares row counts only and silently reuses stale vectors afte
 ``CacheLookup.in_order`` says whether the set already holds exactly the current records in
 order; otherwise the caller stores it again, so the files always follow the input.
 
-Rows the named cache lacks are looked for in other sets of the same key that the caller names
-(``alternatives``: token counts are cached beside the output when the input's folder is not
-writable, and looked up in both places).
+Rows the named cache lacks are looked for in other sets with the same key: ones the caller
+names (``alternatives``) and ones recorded in the registry, an append-only JSON-lines file
+``registry.jsonl`` under ``$DIVERSITY_ORDER_CACHE_DIR`` (default ``$XDG_CACHE_HOME/diversity-order``
+or ``~/.cache/diversity-order``; an empty value turns it off) to which every ``store`` adds its
+set. So a run with a new output name reuses what a run with the old name computed.
 
 A cache is an optimisation: one that cannot be read is recomputed, one that cannot be written is
 a warning (``store(required=True)`` for files that are the product itself).
@@ -55,6 +57,8 @@ MANIFEST_VERSION = 2
 DIGEST_CHUNK = 64 << 20
 DIGEST_NAME = "blake2b-256 of 64 MiB chunk digests"
 IDENTITY = ("size", "mtime_ns", "inode")
+REGISTRY_FILE = "registry.jsonl"
+REGISTRY_COMPACT_LINES = 1000  # rewrite the registry without duplicates and gone sets beyond this many lines
 
 
 @dataclass(frozen=True)
@@ -359,7 +363,7 @@ def _check_manifest(files: CacheFiles, meta: dict, opened: dict[str, _Npy]) -> s
 
 
 def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accept_any_key: bool = False, *,
-           dtype=None, row_shape: tuple | None = None, alternatives: tuple = ()) -> CacheLookup:
+           dtype=None, row_shape: tuple | None = None, alternatives: tuple = (), registry: bool = True) -> CacheLookup:
     """Reuse cached rows whose text fingerprint matches a current record's.
 
     ``dtype`` and ``row_shape`` (the shape of one row; () for one number per record, None in it
@@ -367,8 +371,9 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     ``accept_any_key``: reuse rows computed with whatever model the cache names (used when
     the caller has no model to compare against, e.g. token counts without a tokenizer).
     Rows the target lacks come from the valid set with the most of them among ``alternatives``
-    (not for caches with extras); a set among the target and ``alternatives`` that holds exactly
-    the current records, in order, is used as it is (``in_order``).
+    and the registered sets of the same key (``registry``; not for caches with extras); a set
+    among the target and ``alternatives`` that holds exactly the current records, in order, is
+    used as it is (``in_order``).
     """
     files = _files(target)
     n = fingerprints.shape[0]
@@ -396,7 +401,8 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     hit = source >= 0
     filler, filled = None, np.zeros(n, dtype=bool)
     if not hit.all() and not files.extras:  # extras index the target's own rows: no mixing sets there
-        filler, filler_source = _best_other(others, fingerprints, hit)
+        filler, filler_source = _best_other(others, files, want, expect, fingerprints, hit,
+                                            registry and want is not None)
         if filler is not None and named is not None and (filler.data.dtype, filler.data.shape[1:]) != \
                 (named.data.dtype, named.data.shape[1:]):
             filler = None  # rows of another kind (only possible when the caller names no dtype or shape)
@@ -430,15 +436,35 @@ def _whole(found: _Set, n: int, reason: str) -> CacheLookup:
                        found.extras, found.data, found.meta.get("key"), True, found.files)
 
 
-def _best_other(others: list[_Set], fingerprints: np.ndarray, hit: np.ndarray) -> tuple[_Set | None, np.ndarray | None]:
-    """Of ``others``, the set holding most of the records the target lacks (None: none holds any)."""
+def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect: _Expect, fingerprints: np.ndarray,
+                hit: np.ndarray, use_registry: bool) -> tuple[_Set | None, np.ndarray | None]:
+    """Of ``others`` and the registered sets of ``key``, the valid one holding most of the missing records."""
     missing = fingerprints[~hit]
-    best, best_count = None, 0
-    for other in others:
-        count = int((match_rows(other.fingerprints, missing) >= 0).sum())
-        if count > best_count:
-            best, best_count = other, count
-    return (best, match_rows(best.fingerprints, fingerprints)) if best is not None else (None, None)
+    ranked: list[tuple[int, object]] = [(int((match_rows(s.fingerprints, missing) >= 0).sum()), s) for s in others]
+    if use_registry and key is not None:
+        seen = {files.marker.absolute()} | {s.files.marker.absolute() for s in others}
+        for candidate in registered_sets(key):
+            if candidate.marker.absolute() in seen:
+                continue
+            try:  # a first count from the fingerprints alone; the set is validated if it is chosen
+                count = int((match_rows(np.load(candidate.fingerprints), missing) >= 0).sum())
+            except (OSError, ValueError):
+                continue
+            ranked.append((count, candidate))
+    ranked.sort(key=lambda pair: -pair[0])
+    for count, candidate in ranked:
+        if count == 0:
+            break
+        if isinstance(candidate, CacheFiles):
+            opened = _open_set(candidate, key, expect)
+            if isinstance(opened, str):
+                log.info("Registered cache %s skipped: %s", candidate.data, opened)
+                continue
+            candidate = opened
+        source = match_rows(candidate.fingerprints, fingerprints)
+        if (source[~hit] >= 0).any():
+            return candidate, source
+    return None, None
 
 
 def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.ndarray:
@@ -492,4 +518,88 @@ def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, da
         atomic.save_json(files.marker, manifest)
     except OSError as exc:
         return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+    if not files.extras:
+        _register(files, manifest)
     return None
+
+
+# ---- registry ------------------------------------------------------------------------------------
+
+
+def registry_dir() -> Path | None:
+    """Where the registry lives (read at each call, so tests and users can point it elsewhere); None: off."""
+    value = os.environ.get("DIVERSITY_ORDER_CACHE_DIR")
+    if value is not None:
+        return Path(value).expanduser() if value.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "diversity-order"
+
+
+_registry_warned = False
+
+
+def _registry_problem(path: Path, exc: OSError) -> None:
+    global _registry_warned
+    if not _registry_warned:  # once per process: the runs work the same without it
+        _registry_warned = True
+        log.warning("Cache registry %s not usable (%s): caches are found by their names only "
+                    "(set DIVERSITY_ORDER_CACHE_DIR to another folder, or to '' to turn it off)", path,
+                    exc.strerror or exc)
+
+
+def _register(files: CacheFiles, manifest: dict) -> None:
+    folder = registry_dir()
+    if folder is None:
+        return
+    path = folder / REGISTRY_FILE
+    entry = {"data": str(files.data.absolute()), "fingerprints": str(files.fingerprints.absolute()),
+             "marker": str(files.marker.absolute()), "key": manifest["key"], "dtype": manifest["dtype"],
+             "shape": manifest["shape"]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # One O_APPEND write per entry: concurrent runs never interleave their lines.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _registry_problem(path, exc)
+
+
+def registered_sets(key: dict) -> list[CacheFiles]:
+    """The sets registered with ``key`` whose manifest still exists, most recently stored first."""
+    folder = registry_dir()
+    if folder is None:
+        return []
+    path = folder / REGISTRY_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        _registry_problem(path, exc if isinstance(exc, OSError) else OSError(str(exc)))
+        return []
+    entries: dict[str, dict] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            entries.pop(entry["marker"], None)  # re-inserted: the latest entry of a set counts, in store order
+            entries[entry["marker"]] = entry
+        except (ValueError, KeyError, TypeError):
+            continue
+    alive = {marker: entry for marker, entry in entries.items() if Path(marker).exists()}
+    if len(lines) > REGISTRY_COMPACT_LINES and len(lines) > 2 * len(alive):
+        _compact(path, alive)
+    want = _normal(key)
+    return [CacheFiles(Path(e["data"]), Path(e["fingerprints"]), Path(e["marker"]))
+            for e in reversed(alive.values()) if e.get("key") == want]
+
+
+def _compact(path: Path, alive: dict[str, dict]) -> None:
+    """Rewrite the registry with one line per existing set (a line appended meanwhile may be lost: it is only a hint)."""
+    try:
+        with atomic.atomic_open(path, "w") as handle:
+            handle.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in alive.values())
+    except OSError as exc:
+        _registry_problem(path, exc)

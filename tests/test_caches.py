@@ -1,4 +1,4 @@
-"""Atomic writes and row caches: sets validated as units (manifests), dtype/shape, input order, failed writes, stale temps."""
+"""Row caches as units: manifests, dtype/shape, the registry, failed writes, stale temp files."""
 
 import json
 import logging
@@ -17,6 +17,14 @@ from diversity_order import atomic, caches
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = {"model": "m", "text_field": "text"}
+
+
+@pytest.fixture(autouse=True)
+def registry(tmp_path_factory, monkeypatch):
+    """Every test here gets its own registry (read from the environment at each call)."""
+    folder = tmp_path_factory.mktemp("registry")
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(folder))
+    return folder
 
 
 def truth(fps: np.ndarray) -> np.ndarray:
@@ -181,6 +189,45 @@ def test_in_order_only_when_the_set_is_exactly_the_current_records(tmp_path):
         assert_rows_belong_to_their_records(found, changed)
 
 
+# ---- the registry: sets found by content ---------------------------------------------------------
+
+
+def test_missing_rows_come_from_the_registered_set_with_most_of_them(tmp_path, registry, caplog):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    caches.store(tmp_path / "few.npy", KEY, fps[:5], truth(fps[:5]))
+    caches.store(tmp_path / "many.npy", KEY, fps[:25], truth(fps[:25]))
+    caches.store(tmp_path / "other_key.npy", {"model": "x", "text_field": "text"}, fps, truth(fps))
+    assert (registry / "registry.jsonl").exists()
+
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.hit.sum() == 25 and "many.npy" in found.reason
+    assert not found.in_order  # rows from elsewhere: the caller stores the new set
+    assert_rows_belong_to_their_records(found, fps)
+
+    # A changed set is skipped (its digest fails), a deleted one too.
+    np.save(tmp_path / "many.npy", truth(fps[:25]) * 2)
+    caplog.set_level(logging.INFO)
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.hit.sum() == 5 and "few.npy" in found.reason and "many.npy skipped" in caplog.text
+    assert_rows_belong_to_their_records(found, fps)
+    for path in tmp_path.glob("few*"):
+        path.unlink()
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.data is None and not found.hit.any()
+
+
+def test_registry_location_is_read_at_each_call(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(tmp_path / "r1"))
+    assert caches.registry_dir() == tmp_path / "r1"
+    monkeypatch.delenv("DIVERSITY_ORDER_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert caches.registry_dir() == tmp_path / "xdg" / "diversity-order"
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+    assert caches.registry_dir() is None
+    fps = np.arange(1, 4, dtype=np.uint64)
+    assert caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))  # registry off: stored all the same
+
+
 # ---- writes that fail ----------------------------------------------------------------------------
 
 
@@ -202,6 +249,18 @@ def test_a_cache_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, capl
 
     with pytest.raises(UserError, match="cannot write"):  # a product, not a cache: a one-line error
         caches.store(path, KEY, fps, truth(fps), required=True)
+
+
+def test_an_unwritable_registry_is_one_warning(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(blocker / "registry"))
+    monkeypatch.setattr(caches, "_registry_warned", False)
+    caplog.set_level(logging.WARNING)
+    fps = np.arange(1, 4, dtype=np.uint64)
+    assert caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))
+    assert caches.store(tmp_path / "y.npy", KEY, fps, truth(fps))
+    assert caplog.text.count("Cache registry") == 1
 
 
 # ---- temp files of dead writers ------------------------------------------------------------------

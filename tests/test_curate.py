@@ -268,7 +268,15 @@ def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, top
     assert gzip.decompress((tmp_path / "packed" / "cur.jsonl.gz").read_bytes()) == (tmp_path / "plain_cur.jsonl").read_bytes()
 
 
-# ---- caches: dtype and shape checked, rewritten in input order, failed writes -------------------
+# ---- caches: dtype/shape checked, rewritten in input order, found by content, failed writes ------
+
+
+@pytest.fixture()
+def own_registry(tmp_path_factory, monkeypatch):
+    """A cache registry of this test's own (the code reads the variable at each call)."""
+    folder = tmp_path_factory.mktemp("registry")
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture(params=["chattr", "simulated"])
@@ -304,7 +312,7 @@ def refuse_writes(request, monkeypatch):
     return chattr if request.param == "chattr" else simulated
 
 
-def test_caches_of_another_dtype_or_width_are_recomputed(tmp_path, tiny_model_dir, embed_spy):
+def test_caches_of_another_dtype_or_width_are_recomputed(tmp_path, tiny_model_dir, embed_spy, own_registry):
     from diversity_order import caches
 
     src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
@@ -329,7 +337,8 @@ def test_caches_of_another_dtype_or_width_are_recomputed(tmp_path, tiny_model_di
         np.testing.assert_array_equal(np.load(count_path), good_counts)
 
 
-def test_caches_follow_the_input_after_records_are_swapped_or_deleted(tmp_path, tiny_model_dir, embed_spy):
+def test_caches_follow_the_input_after_records_are_swapped_or_deleted(tmp_path, tiny_model_dir, embed_spy,
+                                                                     own_registry):
     from diversity_order.records import scan_jsonl
 
     records = topical_records(per_topic=5)
@@ -355,8 +364,34 @@ def test_caches_follow_the_input_after_records_are_swapped_or_deleted(tmp_path, 
     np.testing.assert_array_equal(np.load(tmp_path / "d_token_counts.fingerprints.npy"), fps)
 
 
+def test_a_new_output_name_reuses_the_embeddings_of_the_old_one(tmp_path, tiny_model_dir, embed_spy, own_registry,
+                                                                caplog):
+    caplog.set_level(logging.INFO)
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
+    common = ["--input", src, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot"]
+    assert curate(*common, "--output", tmp_path / "a.jsonl") == 0
+    (tmp_path / "other").mkdir()
+    embed_spy.clear()
+    assert curate(*common, "--output", tmp_path / "other" / "b.jsonl") == 0
+    assert embed_spy == []  # nothing embedded: the rows of a_embeddings.npy were found by content
+    assert "30 row(s) taken from" in caplog.text and "a_embeddings.npy" in caplog.text
+    np.testing.assert_array_equal(np.load(tmp_path / "other" / "b_embeddings.npy"),
+                                  np.load(tmp_path / "a_embeddings.npy"))
+    assert (tmp_path / "other" / "b.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
+
+    # A registered set deleted since (b) or changed since (a) is skipped: everything is embedded.
+    first = np.load(tmp_path / "a_embeddings.npy")
+    for path in (tmp_path / "other").glob("b_embeddings*"):
+        path.unlink()
+    np.save(tmp_path / "a_embeddings.npy", first[::-1].copy())
+    embed_spy.clear()
+    assert curate(*common, "--output", tmp_path / "c.jsonl") == 0
+    assert embed_spy == [(list(range(30)), True)]
+    np.testing.assert_array_equal(np.load(tmp_path / "c_embeddings.npy"), first)
+
+
 def test_read_only_input_folder_caches_token_counts_beside_the_output(tmp_path, tiny_model_dir, embed_spy,
-                                                                     refuse_writes, caplog):
+                                                                     own_registry, refuse_writes, caplog):
     data_dir = tmp_path / "in"
     data_dir.mkdir()
     src = write_jsonl(data_dir / "d.jsonl", topical_records(per_topic=5))
@@ -379,7 +414,8 @@ def test_read_only_input_folder_caches_token_counts_beside_the_output(tmp_path, 
         assert json.loads((out_dir / "e_meta.json").read_text())["total_tokens"] == int(counts.sum())
 
 
-def test_an_immutable_cache_file_is_a_warning_and_the_run_goes_on(tmp_path, tiny_model_dir, refuse_writes, caplog):
+def test_an_immutable_cache_file_is_a_warning_and_the_run_goes_on(tmp_path, tiny_model_dir, own_registry,
+                                                                 refuse_writes, caplog):
     records = topical_records(per_topic=5)
     src = write_jsonl(tmp_path / "d.jsonl", records)
     out = tmp_path / "d_cur.jsonl"

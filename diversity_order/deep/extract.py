@@ -134,8 +134,10 @@ def reuse_output(job: _Job) -> bool:
     """Rows of an existing OUTPUT whose text is unchanged are reused wherever they moved; only new or
     edited records (and earlier NaN rows) are computed. True when nothing is left to compute."""
     config, ctx, n = job.config, job.ctx, job.n
+    # No registry: the model in the key is a cheap fingerprint (config, file names and sizes), which two
+    # checkpoints of one architecture share, so another output's rows could be another model's.
     job.found = found = caches.lookup(config.output, job.output_key, job.fingerprints, dtype=np.float32,
-                                      row_shape=(_hidden_size(config.model_dir),))
+                                      row_shape=(_hidden_size(config.model_dir),), registry=False)
     reused = found.hit.copy()
     if found.data is not None:
         reused &= np.isfinite(found.data.reshape(n, -1)).all(axis=1)
