@@ -228,6 +228,17 @@ def test_registry_location_is_read_at_each_call(tmp_path, monkeypatch):
     assert caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))  # registry off: stored all the same
 
 
+def test_registry_keeps_one_line_per_existing_set(tmp_path, registry, monkeypatch):
+    monkeypatch.setattr(caches, "REGISTRY_COMPACT_LINES", 5)
+    fps = np.arange(1, 4, dtype=np.uint64)
+    for _ in range(8):  # the same set stored again and again, and one that is deleted
+        caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))
+    caches.store(tmp_path / "gone.npy", KEY, fps, truth(fps))
+    (tmp_path / "gone.cache.json").unlink()
+    assert [f.data for f in caches.registered_sets(KEY)] == [(tmp_path / "x.npy").absolute()]
+    assert len((registry / "registry.jsonl").read_text().splitlines()) == 1  # compacted
+
+
 # ---- writes that fail ----------------------------------------------------------------------------
 
 
