@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import clustering, distributed, diversity, features, ordering_report, outputs, plots, records
-from .atomic import atomic_open, save_json, save_npy
+from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
@@ -148,6 +148,7 @@ def curate(config: CurateConfig) -> CurateResult | None:
         describe(run)
         plot(run)
         meta = write_metadata(run)
+        sweep_stale_temps()  # a killed run's temp files beside what this run wrote (never a live run's)
         return CurateResult(meta, run.labels, run.order, run.counts, run.embeddings, run.paths,
                             timings=run.timer.seconds)
     finally:
@@ -163,6 +164,7 @@ def calibrate(config: CurateConfig) -> CurateResult | None:
             return None
         reduce(run)
         rows, recommended = sweep_k(run)
+        sweep_stale_temps()
         return CurateResult({}, np.zeros(0, np.int64), np.zeros(0, np.int64), run.counts, run.embeddings, run.paths,
                             calibration=rows, recommended_k=recommended, timings=run.timer.seconds)
     finally:

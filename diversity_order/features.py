@@ -120,7 +120,9 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     why_tokenizer = "to count tokens: the token-count cache does not cover every record"
     tokenizer = model.tokenizer(why_tokenizer) if (have_model or need_embeddings) else None
     count_key = token_count_key(tokenizer.fingerprint if tokenizer else "", text_field)
-    counts_found = caches.lookup(paths["token_counts"], count_key, fps, accept_any_key=tokenizer is None)
+    count_places = token_count_places(paths)
+    counts_found = caches.lookup(count_places[0], count_key, fps, accept_any_key=tokenizer is None, dtype=np.int64,
+                                 row_shape=(), alternatives=tuple(count_places[1:]))
     log.info("Token counts: %s", counts_found.reason)
     count_rows = counts_found.missing_rows
     if count_rows.size and tokenizer is None:
@@ -131,7 +133,7 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     emb_found = None
     if need_embeddings:
         emb_key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
-        emb_found = caches.lookup(paths["embeddings"], emb_key, fps)
+        emb_found = caches.lookup(paths["embeddings"], emb_key, fps, dtype=np.float32, row_shape=(model.table().dim,))
         log.info("Embeddings: %s", emb_found.reason)
         embed_rows = emb_found.missing_rows
 
@@ -157,8 +159,29 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
             counts[count_rows] = new_counts
     if not ctx.is_main:
         return None, None
-    if not counts_found.hit.all():  # only reachable with a tokenizer (else missing rows raised above)
-        caches.store(paths["token_counts"], count_key, fps, counts)
-    if need_embeddings and not emb_found.hit.all():
+    # Stored whenever the files are not exactly the current records in order (new, edited, moved
+    # or removed records), so the caches always line up with the input for the other scripts.
+    if not counts_found.in_order:
+        # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
+        store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps, counts)
+    if need_embeddings and not emb_found.in_order:
         caches.store(paths["embeddings"], emb_key, fps, embeddings)
     return counts, embeddings
+
+
+def token_count_places(paths: dict) -> list[Path]:
+    """Where token counts are cached: beside the input, else (input folder not writable) beside the output."""
+    primary = Path(paths["token_counts"])
+    fallback = Path(paths["embeddings"]).parent / primary.name
+    return [primary] if fallback.absolute() == primary.absolute() else [primary, fallback]
+
+
+def store_token_counts(places: list[Path], key: dict, fps: np.ndarray, counts: np.ndarray) -> None:
+    problem = caches.try_store(places[0], key, fps, counts)
+    if problem is None:
+        return
+    if len(places) == 1:
+        log.warning("Cache %s not written (%s); the run goes on without it", places[0], problem)
+        return
+    log.warning("Token counts cannot be cached beside the input (%s); cached in %s instead", problem, places[1])
+    caches.store(places[1], key, fps, counts)

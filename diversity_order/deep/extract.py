@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import time
@@ -135,7 +136,10 @@ def reuse_output(job: _Job) -> bool:
     """Rows of an existing OUTPUT whose text is unchanged are reused wherever they moved; only new or
     edited records (and earlier NaN rows) are computed. True when nothing is left to compute."""
     config, ctx, n = job.config, job.ctx, job.n
-    job.found = found = caches.lookup(config.output, job.output_key, job.fingerprints)
+    # No registry: the model in the key is a cheap fingerprint (config, file names and sizes), which two
+    # checkpoints of one architecture share, so another output's rows could be another model's.
+    job.found = found = caches.lookup(config.output, job.output_key, job.fingerprints, dtype=np.float32,
+                                      row_shape=(_hidden_size(config.model_dir),), registry=False)
     reused = found.hit.copy()
     if found.data is not None:
         reused &= np.isfinite(found.data.reshape(n, -1)).all(axis=1)
@@ -148,13 +152,11 @@ def reuse_output(job: _Job) -> bool:
             log.warning("%s", found.reason)
     if job.needed.size or found.data is None:
         return False
-    fp_path, _ = caches.sidecar_paths(config.output)
-    same_order = _existing_rows(config.output) == n and np.array_equal(np.load(fp_path), job.fingerprints)
-    if same_order:
+    if found.in_order:
         log.info("%s already holds all %d rows: nothing to do (delete it to recompute)", config.output, n)
         job.result.nothing_to_do = True
     elif ctx.is_main:
-        caches.store(config.output, job.output_key, job.fingerprints, found.data)
+        caches.store(config.output, job.output_key, job.fingerprints, found.data, required=True)
         log.info("%s: all %d rows reused, rewritten in the new input order", config.output, n)
     distributed.barrier(ctx)
     job.result.seconds = time.perf_counter() - job.started
@@ -246,7 +248,7 @@ def gather_and_write(job: _Job, partial: Partial) -> None:
         for part_rows, part_data in zip(parts, datas):
             embeddings[part_rows] = part_data
         # The output with its fingerprint sidecars (OUTPUT.fingerprints.npy, OUTPUT.cache.json).
-        caches.store(config.output, job.output_key, job.fingerprints, embeddings)
+        caches.store(config.output, job.output_key, job.fingerprints, embeddings, required=True)
         result.skipped = sorted(tuple(int(v) for v in pair) for block in skipped_all for pair in block)
         _write_skipped(config.output, result.skipped)
     distributed.barrier(ctx)
@@ -275,11 +277,15 @@ def _write_skipped(output: Path, skipped: list) -> None:
             sidecar.unlink()
 
 
-def _existing_rows(output: Path) -> int | None:
-    if not output.is_file():
-        return None
+def _hidden_size(model_dir: Path) -> int | None:
+    """The width of the output's rows from config.json (None: not stated, any width is accepted; the
+    model fingerprint in the key pins it anyway)."""
     try:
-        matrix = np.load(output, mmap_mode="r")
+        config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return int(matrix.shape[0]) if matrix.ndim == 2 else None
+    for part in (config, config.get("text_config")) if isinstance(config, dict) else ():
+        value = part.get("hidden_size") if isinstance(part, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -82,7 +82,7 @@ def prepare_tokens(output: Path, key: dict, index: RecordIndex, fingerprints: np
     """
     n = fingerprints.size
     files = token_cache_files(output)
-    found = caches.lookup(files, key, fingerprints)
+    found = caches.lookup(files, key, fingerprints, dtype=np.int64, row_shape=(2,))  # kept and full length
     if found.data is None and files.marker.exists():
         log.info("%s: %s; tokenizing again", files.marker.name, found.reason)
     hit = found.hit
@@ -92,7 +92,7 @@ def prepare_tokens(output: Path, key: dict, index: RecordIndex, fingerprints: np
     cached_ids = found.extras.get("ids")
     if found.data is not None:
         lengths[hit], full[hit] = found.data[hit, 0], found.data[hit, 1]
-        cached_lengths = np.load(files.data, mmap_mode="r")[:, 0]
+        cached_lengths = np.asarray(found.cached[:, 0])  # the validated set's rows, as stored
         cached_starts = np.cumsum(cached_lengths) - cached_lengths
         starts[hit] = cached_starts[found.source[hit]]
     missing = needed[~hit[needed]]
