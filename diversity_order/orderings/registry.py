@@ -26,6 +26,7 @@ Ordering = Callable[[np.ndarray, np.ndarray, int, OrderingOptions], np.ndarray]
 CLUSTER = "cluster"
 SCORE = "score"
 _SCORE_READS = ("score_field", "jitter_window")
+_RANKED = (*_SCORE_READS, "score_order")  # every score ordering but segment, whose layout picks the ends
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,19 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  ("within_cluster_sort",), color="#9467bd"),
     OrderingSpec("random", random_order, CLUSTER, "a seeded shuffle", color="#222222", line="--", highlight=True),
     OrderingSpec("original", original_order, CLUSTER, "the input order", color="#8c564b"),
-    OrderingSpec("sorted", sorted_order, SCORE, "ascending score", _SCORE_READS, color="#e377c2", line=":"),
-    OrderingSpec("folding", folding_order, SCORE, "L strided low-to-high passes", (*_SCORE_READS, "folds"),
+    OrderingSpec("sorted", sorted_order, SCORE, "ranked by score, optionally with Gumbel noise on the ranks",
+                 (*_RANKED, "gumbel_temperature"), color="#e377c2", line=":"),
+    OrderingSpec("folding", folding_order, SCORE, "L strided passes over the score range", (*_RANKED, "folds"),
                  color="#7f7f7f", line=":"),
-    OrderingSpec("zigzag", zigzag_order, SCORE, "folding with every other pass reversed", (*_SCORE_READS, "folds"),
+    OrderingSpec("zigzag", zigzag_order, SCORE, "folding with every other pass reversed", (*_RANKED, "folds"),
                  color="#bcbd22", line=":"),
-    OrderingSpec("segment", segment_order, SCORE, "score segments low to high, each shuffled",
-                 (*_SCORE_READS, "segment_percentages"), color="#17becf", line=":"),
+    OrderingSpec("segment", segment_order, SCORE,
+                 "a first and a last segment from the score ends, the rest between, each shuffled",
+                 (*_SCORE_READS, "segment_percentages", "segment_layout"), color="#17becf", line=":"),
     OrderingSpec("stair", stair_order, SCORE, "sorted, score sections blended by folding at their boundaries",
-                 (*_SCORE_READS, "folds", "sections", "transition_ratio"), color="#393b79", line=":"),
+                 (*_RANKED, "folds", "sections", "transition_ratio"), color="#393b79", line=":"),
     OrderingSpec("saw", saw_order, SCORE, "sorted, score sections blended by zig-zag at their boundaries",
-                 (*_SCORE_READS, "folds", "sections", "transition_ratio"), color="#ad494a", line=":"),
+                 (*_RANKED, "folds", "sections", "transition_ratio"), color="#ad494a", line=":"),
 )
 
 SPECS: dict[str, OrderingSpec] = {spec.name: spec for spec in REGISTRY}
