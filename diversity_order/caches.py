@@ -174,6 +174,11 @@ def _write_digesting(pieces: list[memoryview], write) -> str:
         return _combine([future.result() for future in futures], size)
 
 
+def digest_buffer(buffer) -> str:
+    """The digest a file holding exactly these bytes would have (its chunks hashed in parallel)."""
+    return _write_digesting([memoryview(buffer).cast("B")], lambda piece: None)
+
+
 def _digest_fd(fd: int, size: int) -> str:
     """The digest of the open file ``fd`` (``size`` bytes), read chunk by chunk in parallel."""
     starts = range(0, max(size, 1), DIGEST_CHUNK)
