@@ -116,7 +116,7 @@ def _roles(files: CacheFiles) -> dict[str, Path]:
 
 def _normal(obj):
     """``obj`` as it reads back from JSON, so keys compare equal across a round trip (tuples, numpy ints)."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=atomic._json_default))
+    return json.loads(json.dumps(obj, sort_keys=True, default=atomic.json_default))
 
 
 # ---- digests -------------------------------------------------------------------------------------
