@@ -2,7 +2,7 @@
 
     paced_order(labels, token_counts, n_clusters, seq_len, split, seed) -> int64 permutation
 
-Three rules, one per measure, none with a tuned constant:
+Three rules, one per measure; no constant fitted to a corpus:
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -106,6 +106,15 @@ def _paced(members, pool_starts, member_counts, seq_len, split, total_tokens):
     n_clusters = pool_starts.shape[0] - 1
     n = members.shape[0]
     taken = np.zeros(n_clusters, dtype=np.int64)
+    # Each cluster's next document: when it is due (a fraction of the stream; inf once the pool is
+    # empty) and its length, kept per cluster so the scan below reads two small arrays.
+    next_due = np.full(n_clusters, np.inf)
+    next_length = np.zeros(n_clusters, dtype=np.int64)
+    for k in range(n_clusters):
+        size = pool_starts[k + 1] - pool_starts[k]
+        if size > 0:
+            next_due[k] = 0.5 / size
+            next_length[k] = member_counts[pool_starts[k]]
     stamp = np.full(n_clusters, -1, dtype=np.int64)  # stamp[k] == window: cluster k is in that window
     window = 0
     fill = 0  # whole packing: tokens in the current window
@@ -127,13 +136,10 @@ def _paced(members, pool_starts, member_counts, seq_len, split, total_tokens):
         earliest = -1
         earliest_due = 0.0
         for k in range(n_clusters):
-            size = pool_starts[k + 1] - pool_starts[k]
-            if taken[k] == size:
-                continue
-            due = (taken[k] + 0.5) / size
+            due = next_due[k]
             if earliest < 0 or due < earliest_due:
                 earliest, earliest_due = k, due
-            fits = split or fill + member_counts[pool_starts[k] + taken[k]] <= seq_len
+            fits = split or fill + next_length[k] <= seq_len
             if fits and stamp[k] != window:
                 if due <= next_window_end and (lacking < 0 or due < lacking_due):
                     lacking, lacking_due = k, due
@@ -144,6 +150,12 @@ def _paced(members, pool_starts, member_counts, seq_len, split, total_tokens):
         taken[k] += 1
         order[step] = members[position]
         t = member_counts[position]
+        size = pool_starts[k + 1] - pool_starts[k]
+        if taken[k] < size:
+            next_due[k] = (taken[k] + 0.5) / size
+            next_length[k] = member_counts[position + 1]
+        else:
+            next_due[k] = np.inf
         if split:
             if t > 0:
                 stamp[k] = (placed + t - 1) // seq_len  # the last window the document reaches
