@@ -16,12 +16,14 @@ the same bytes.
   test module.
 - mix-a, mix-b: heavy-tailed mixes of many tiny records and a few huge ones from many sources
   (sources: package/sub-package folders of site-packages, alternately given to a and b, so the two
-  share no source). A quarter of the files split at blank lines into paragraphs (median ~60 tokens,
-  about a quarter under 30), plus 16 whole files spread over the sizes from 64 KB to the largest.
-- mix-stdlib: the same recipe on the standard library (tests excluded), sources = top-level modules.
+  share no source). A quarter of the files split at blank lines into paragraphs (SmolLM2 tokens:
+  median ~50, a third under 30), plus 16 whole files spread over the sizes from 64 KB to the
+  largest (the longest ~200-400k tokens).
+- mix-stdlib: the same recipe on all of the standard library's files (tests excluded), sources =
+  top-level modules.
 - docstring-lines: the first line of every docstring in another third of the packages' files:
   many very short records (median ~12 tokens).
-- files: whole .py files of half the installed packages: few, long documents (median ~1-2k tokens).
+- files: whole .py files of half the installed packages: few, long documents (median ~2k tokens).
 
 Which of these the ordering was tuned on and which were held out is recorded in
 ``bench_ordering_quality.py`` (``TUNING_CORPORA``).
