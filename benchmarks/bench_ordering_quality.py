@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/eval_corpora.py all CORPORA          # once: build + label (~25 min on 2 cores)
     .venv/bin/python benchmarks/bench_ordering_quality.py --corpora CORPORA
+        [--corpus NAME LABELS_NPY COUNTS_NPY ...] [--only NAME ...]
         [--synthetic-docs 100000] [--timing-docs 1000000] [--out benchmarks/results_ordering_quality.json]
 
 For each corpus x seq-len (4096, 16384, 131072) x packing model (whole documents / split across
@@ -251,6 +252,9 @@ def summary(results: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpora", type=Path, required=True, help="the folder eval_corpora.py built and labelled")
+    p.add_argument("--corpus", nargs=3, action="append", default=[], metavar=("NAME", "LABELS_NPY", "COUNTS_NPY"),
+                   help="also an outside corpus (held out): a curate run's X_labels.npy and the input's "
+                        "X_token_counts.npy; K = labels.max() + 1; repeatable")
     p.add_argument("--synthetic-docs", type=int, default=100_000)
     p.add_argument("--timing-docs", type=int, default=1_000_000)
     p.add_argument("--only", nargs="+", help="these corpora only (names as in the tables)")
@@ -258,6 +262,9 @@ def main() -> None:
     args = p.parse_args()
 
     corpora = load_corpora(args.corpora, args.synthetic_docs)
+    for name, labels_path, counts_path in args.corpus:
+        labels = np.load(labels_path).astype(np.int64)
+        corpora[name] = (labels, np.load(counts_path).astype(np.int64), int(labels.max()) + 1)
     if args.only:
         corpora = {n: c for n, c in corpora.items() if n in args.only}
     results = quality(corpora)
