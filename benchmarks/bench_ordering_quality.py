@@ -20,7 +20,7 @@ is checked against four criteria:
 by 2x from seed to seed). The candidate runs with seed 42 (the package's default) for the verdict,
 and with PACED_SEEDS to show how often the verdict holds for other seeds. Orderings: stratified
 (the default, pools in input order), stratified with shuffled pools, balanced, token-balanced,
-random, paced.
+random, paced and its first version paced-1.
 
 Labels and token counts come from the real pipeline (eval_corpora.py label); the four synthetic
 corpora of diversity_order.synthetic are generated here.
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import eval_corpora  # noqa: E402
 import split_metrics  # noqa: E402
-from candidate_ordering import paced_order  # noqa: E402
+from candidate_ordering import paced1_order, paced_order  # noqa: E402
 
 from diversity_order import diversity, ordering  # noqa: E402
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus  # noqa: E402
@@ -117,6 +117,7 @@ def orderings_for(labels, counts, k, seq_len, packing) -> dict[str, np.ndarray]:
             labels, counts, k, ordering.OrderingOptions(within_cluster_sort="random", seed=SEED)),
         "balanced": ordering.balanced_order(labels, counts, k, ordering.OrderingOptions(seq_len=seq_len, seed=SEED)),
         "paced": paced_order(labels, counts, k, seq_len, packing == "split", SEED),
+        "paced-1": paced1_order(labels, counts, k, seq_len, packing == "split", SEED),
     }
 
 
@@ -183,9 +184,12 @@ def timing(n_docs: int, corpora: dict) -> list[dict]:
             "paced (whole, 16384)": (paced_order, (labels, counts, 30, 16384, False, SEED)),
             "paced (split, 16384)": (paced_order, (labels, counts, 30, 16384, True, SEED)),
             "paced (split, 131072)": (paced_order, (labels, counts, 30, 131072, True, SEED)),
+            "paced-1 (whole, 16384)": (paced1_order, (labels, counts, 30, 16384, False, SEED)),
+            "paced-1 (split, 16384)": (paced1_order, (labels, counts, 30, 16384, True, SEED)),
         }
-        paced_order(labels[:2000], counts[:2000], 30, 16384, False, SEED)  # numba compiles outside the timing
-        paced_order(labels[:2000], counts[:2000], 30, 16384, True, SEED)
+        for warm in (paced_order, paced1_order):  # numba compiles outside the timing
+            warm(labels[:2000], counts[:2000], 30, 16384, False, SEED)
+            warm(labels[:2000], counts[:2000], 30, 16384, True, SEED)
         for name, (run, run_args) in runs.items():
             wall, cpu = [], []
             for _ in range(3):
@@ -207,8 +211,8 @@ def _flags(v: dict) -> str:
 def markdown(results: dict) -> str:
     lines = [
         "| corpus | L | packing | stratified D (eff) | paced D (eff, cluster-bound eff) | ΔD | U paced / random"
-        " (forced) | B paced / random | verdict | seeds D/U/B of 5 |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|---|",
+        " (forced) | paced-1 U / random | B paced / random | verdict | seeds D/U/B of 5 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for role in ("tuning", "held-out"):
         for name, r in results.items():
@@ -223,6 +227,7 @@ def markdown(results: dict) -> str:
                     f"| {m['diversity'] - strat['diversity']:+.2f} "
                     f"| {m['uniformity']:.3f} / {rand['uniformity']:.3f} = {m['uniformity'] / rand['uniformity']:.2f}"
                     f" ({cell['forced_uniformity'] / rand['uniformity']:.2f}) "
+                    f"| {cell['metrics']['paced-1']['uniformity'] / rand['uniformity']:.2f} "
                     f"| {m['boundary_shift']:.3f} / {rand['boundary_shift']:.3f}"
                     f" = {m['boundary_shift'] / rand['boundary_shift']:.2f} "
                     f"| {_flags(cell['verdict'])} "
@@ -232,7 +237,7 @@ def markdown(results: dict) -> str:
 
 def summary(results: dict) -> str:
     """For every ordering: in how many cells it meets each criterion, tuning and held-out corpora apart."""
-    names = ("paced", "balanced", "stratified-shuffled", "token-balanced", "stratified")
+    names = ("paced", "paced-1", "balanced", "stratified-shuffled", "token-balanced", "stratified")
     lines = ["| ordering | corpora | cells | D | U | B | all three | median U / random | median B / random |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in names:
