@@ -7,20 +7,19 @@
 
 For each corpus x seq-len (4096, 16384, 131072) x packing model (whole documents / split across
 windows), every ordering below gets: unique clusters per window (mean), its efficiency (sum of
-unique / sum of min(K, documents in the window)) and the cluster-count bound's efficiency, mean
-token-share uniformity, and boundary shift. The candidate ``paced`` (benchmarks/candidate_ordering.py)
-is checked against four criteria:
-
-- D: unique clusters per window >= stratified's - 0.05;
-- U: mean uniformity <= 0.8 x a random shuffle's;
-- B: boundary shift <= 0.5 x a random shuffle's;
-- T: 1M documents at K = 30 ordered in <= 1 s.
+unique / sum of min(clusters, documents in the window)) and the cluster-count bound's efficiency,
+mean token-share uniformity, and boundary shift; the metrics are the package's
+(``diversity.window_counts`` etc., both packing models of ``packing.py``). Every ordering is checked
+against the criteria of ``ordering_report.criteria`` (D: unique clusters per window >= stratified's
+- 0.05; U: mean uniformity <= 0.8 x a random shuffle's; B: boundary shift <= 0.5 x a random
+shuffle's), and ``paced`` also against T: 1M documents at K = 30 ordered in <= 1 s.
 
 "A random shuffle's" is the mean over RANDOM_SEEDS shuffles (one shuffle's boundary shift swings
 by 2x from seed to seed). The candidate runs with seed 42 (the package's default) for the verdict,
 and with PACED_SEEDS to show how often the verdict holds for other seeds. Orderings: stratified
 (the default, pools in input order), stratified with shuffled pools, balanced, token-balanced,
-random, paced and its first version paced-1.
+random and paced. Each window-aware ordering (balanced, paced) simulates the packing model it is
+measured under.
 
 Labels and token counts come from the real pipeline (eval_corpora.py label); the four synthetic
 corpora of diversity_order.synthetic are generated here.
@@ -33,6 +32,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import eval_corpora  # noqa: E402
-import split_metrics  # noqa: E402
-from candidate_ordering import paced1_order, paced_order  # noqa: E402
 
-from diversity_order import diversity, ordering  # noqa: E402
+from diversity_order import diversity  # noqa: E402
+from diversity_order.ordering_report import DIVERSITY_MARGIN, SHIFT_RATIO, UNIFORMITY_RATIO, criteria  # noqa: E402
+from diversity_order.orderings import ORDERINGS, OrderingOptions  # noqa: E402
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus  # noqa: E402
 
 SEQ_LENS = (4096, 16384, 131072)
@@ -57,7 +57,7 @@ HELD_OUT_CORPORA = ("stdlib-tests", "mix-b", "mix-stdlib", "docstring-lines", "f
 RANDOM_SEEDS = tuple(range(5))
 PACED_SEEDS = tuple(range(5))
 SEED = 42
-D_MARGIN, U_RATIO, B_RATIO, TIME_LIMIT_S = 0.05, 0.8, 0.5, 1.0
+TIME_LIMIT_S = 1.0
 
 
 def load_corpora(corpora_dir: Path, synthetic_docs: int) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
@@ -75,11 +75,8 @@ def load_corpora(corpora_dir: Path, synthetic_docs: int) -> dict[str, tuple[np.n
 
 
 def window_metrics(labels, counts, n_clusters, seq_len, packing, order) -> dict:
-    if packing == "split":
-        unique, docs, deviation = split_metrics.split_windows(labels, counts, seq_len, n_clusters, order)
-    else:
-        unique, docs = split_metrics.whole_windows(labels, counts, seq_len, n_clusters, order)
-        deviation = diversity.window_share_deviation(labels, counts, seq_len, order, n_clusters)
+    unique, docs = diversity.window_counts(labels, counts, seq_len, order, packing)
+    deviation = diversity.window_share_deviation(labels, counts, seq_len, order, n_clusters, packing)
     n_windows = unique.size
     sizes = np.bincount(labels, minlength=n_clusters)
     if packing == "split":
@@ -93,7 +90,7 @@ def window_metrics(labels, counts, n_clusters, seq_len, packing, order) -> dict:
         cluster_reach = np.minimum(reach, n_windows).sum()
     return {
         "diversity": float(unique.mean()),
-        "efficiency": split_metrics.efficiency(unique, docs, n_clusters),
+        "efficiency": diversity.efficiency(unique, docs, int(np.unique(labels).size)),
         "cluster_bound": float(cluster_reach / n_windows),
         "uniformity": float(deviation.mean()),
         "boundary_shift": float(diversity.boundary_shift(labels, counts, order, n_clusters)),
@@ -105,35 +102,35 @@ def forced_uniformity(labels, counts, n_clusters, seq_len, packing, n_windows) -
     """The part of any order's mean uniformity set by windows one document fills alone (each has
     deviation 1 - its cluster's share): whole packing, floor(t / L) per document (exact); split
     packing, at least floor((t + 1) / L) - 1 (the fewest over where the document starts)."""
-    shares = split_metrics.token_shares(labels, counts, n_clusters)
+    shares = diversity.global_token_shares(labels, counts, n_clusters)
     full = counts // seq_len if packing == "whole" else np.maximum((counts + 1) // seq_len - 1, 0)
     return float((full * (1.0 - shares[labels])).sum() / n_windows)
 
 
 def orderings_for(labels, counts, k, seq_len, packing) -> dict[str, np.ndarray]:
+    options = OrderingOptions(seq_len=seq_len, packing=packing, seed=SEED)
     return {
-        "stratified": ordering.stratified_order(labels, counts, k),
-        "stratified-shuffled": ordering.stratified_order(
-            labels, counts, k, ordering.OrderingOptions(within_cluster_sort="random", seed=SEED)),
-        "balanced": ordering.balanced_order(labels, counts, k, ordering.OrderingOptions(seq_len=seq_len, seed=SEED)),
-        "paced": paced_order(labels, counts, k, seq_len, packing == "split", SEED),
-        "paced-1": paced1_order(labels, counts, k, seq_len, packing == "split", SEED),
+        "stratified": ORDERINGS["stratified"](labels, counts, k, options),
+        "stratified-shuffled": ORDERINGS["stratified"](labels, counts, k, replace(options, within_cluster_sort="random")),
+        "balanced": ORDERINGS["balanced"](labels, counts, k, options),
+        "paced": ORDERINGS["paced"](labels, counts, k, options),
     }
 
 
-def verdict(paced: dict, stratified: dict, random_mean: dict) -> dict:
-    return {
-        "D": paced["diversity"] >= stratified["diversity"] - D_MARGIN,
-        "U": paced["uniformity"] <= U_RATIO * random_mean["uniformity"],
-        "B": paced["boundary_shift"] <= B_RATIO * random_mean["boundary_shift"],
-    }
+def paced(labels, counts, k, seq_len, packing, seed) -> np.ndarray:
+    return ORDERINGS["paced"](labels, counts, k, OrderingOptions(seq_len=seq_len, packing=packing, seed=seed))
+
+
+def verdict(metrics: dict, stratified: dict, random_mean: dict) -> dict:
+    return criteria(metrics["diversity"], metrics["uniformity"], metrics["boundary_shift"], stratified["diversity"],
+                    random_mean["uniformity"], random_mean["boundary_shift"])
 
 
 def quality(corpora: dict) -> dict:
     results = {}
     for name, (labels, counts, k) in corpora.items():
         started = time.perf_counter()
-        token_balanced = ordering.token_balanced_order(labels, counts, k, ordering.OrderingOptions(seed=SEED))
+        token_balanced = ORDERINGS["token-balanced"](labels, counts, k, OrderingOptions(seed=SEED))
         shuffles = [np.random.default_rng(s).permutation(labels.size) for s in RANDOM_SEEDS]
         cells = []
         for seq_len in SEQ_LENS:
@@ -146,7 +143,7 @@ def quality(corpora: dict) -> dict:
                 metrics["random"] = random_mean
                 seeds = []
                 for seed in PACED_SEEDS:
-                    order = paced_order(labels, counts, k, seq_len, packing == "split", seed)
+                    order = paced(labels, counts, k, seq_len, packing, seed)
                     seeds.append(verdict(window_metrics(labels, counts, k, seq_len, packing, order),
                                          metrics["stratified"], random_mean))
                 cells.append({
@@ -179,17 +176,15 @@ def timing(n_docs: int, corpora: dict) -> list[dict]:
     rows = []
     for input_name, (labels, counts) in inputs.items():
         runs = {
-            "stratified": (ordering.stratified_order, (labels, counts, 30)),
-            "balanced": (ordering.balanced_order, (labels, counts, 30, ordering.OrderingOptions(seq_len=16384))),
-            "paced (whole, 16384)": (paced_order, (labels, counts, 30, 16384, False, SEED)),
-            "paced (split, 16384)": (paced_order, (labels, counts, 30, 16384, True, SEED)),
-            "paced (split, 131072)": (paced_order, (labels, counts, 30, 131072, True, SEED)),
-            "paced-1 (whole, 16384)": (paced1_order, (labels, counts, 30, 16384, False, SEED)),
-            "paced-1 (split, 16384)": (paced1_order, (labels, counts, 30, 16384, True, SEED)),
+            "stratified": (ORDERINGS["stratified"], (labels, counts, 30)),
+            "balanced": (ORDERINGS["balanced"], (labels, counts, 30, OrderingOptions(seq_len=16384))),
+            "paced (whole, 16384)": (paced, (labels, counts, 30, 16384, "whole", SEED)),
+            "paced (split, 16384)": (paced, (labels, counts, 30, 16384, "split", SEED)),
+            "paced (split, 131072)": (paced, (labels, counts, 30, 131072, "split", SEED)),
         }
-        for warm in (paced_order, paced1_order):  # numba compiles outside the timing
-            warm(labels[:2000], counts[:2000], 30, 16384, False, SEED)
-            warm(labels[:2000], counts[:2000], 30, 16384, True, SEED)
+        for packing in ("whole", "split"):  # numba compiles outside the timing
+            paced(labels[:2000], counts[:2000], 30, 16384, packing, SEED)
+        ORDERINGS["balanced"](labels[:2000], counts[:2000], 30, OrderingOptions(seq_len=16384))
         for name, (run, run_args) in runs.items():
             wall, cpu = [], []
             for _ in range(3):
@@ -211,8 +206,8 @@ def _flags(v: dict) -> str:
 def markdown(results: dict) -> str:
     lines = [
         "| corpus | L | packing | stratified D (eff) | paced D (eff, cluster-bound eff) | ΔD | U paced / random"
-        " (forced) | paced-1 U / random | B paced / random | verdict | seeds D/U/B of 5 |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
+        " (forced) | B paced / random | verdict | seeds D/U/B of 5 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for role in ("tuning", "held-out"):
         for name, r in results.items():
@@ -227,7 +222,6 @@ def markdown(results: dict) -> str:
                     f"| {m['diversity'] - strat['diversity']:+.2f} "
                     f"| {m['uniformity']:.3f} / {rand['uniformity']:.3f} = {m['uniformity'] / rand['uniformity']:.2f}"
                     f" ({cell['forced_uniformity'] / rand['uniformity']:.2f}) "
-                    f"| {cell['metrics']['paced-1']['uniformity'] / rand['uniformity']:.2f} "
                     f"| {m['boundary_shift']:.3f} / {rand['boundary_shift']:.3f}"
                     f" = {m['boundary_shift'] / rand['boundary_shift']:.2f} "
                     f"| {_flags(cell['verdict'])} "
@@ -237,7 +231,7 @@ def markdown(results: dict) -> str:
 
 def summary(results: dict) -> str:
     """For every ordering: in how many cells it meets each criterion, tuning and held-out corpora apart."""
-    names = ("paced", "paced-1", "balanced", "stratified-shuffled", "token-balanced", "stratified")
+    names = ("paced", "balanced", "stratified-shuffled", "token-balanced", "stratified")
     lines = ["| ordering | corpora | cells | D | U | B | all three | median U / random | median B / random |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in names:
@@ -281,8 +275,8 @@ def main() -> None:
     out = {
         "machine": f"{platform.processor() or platform.machine()}, {platform.system()}, "
                    f"python {platform.python_version()}",
-        "criteria": {"D": f"diversity >= stratified - {D_MARGIN}", "U": f"uniformity <= {U_RATIO} x random",
-                     "B": f"boundary shift <= {B_RATIO} x random", "T": f"<= {TIME_LIMIT_S} s for 1M documents"},
+        "criteria": {"D": f"diversity >= stratified - {DIVERSITY_MARGIN}", "U": f"uniformity <= {UNIFORMITY_RATIO} x random",
+                     "B": f"boundary shift <= {SHIFT_RATIO} x random", "T": f"<= {TIME_LIMIT_S} s for 1M documents"},
         "random_seeds": list(RANDOM_SEEDS), "paced_seeds": list(PACED_SEEDS), "seed": SEED,
         "tuning_corpora": [n for n in results if n in TUNING_CORPORA],
         "held_out_corpora": [n for n in results if n not in TUNING_CORPORA],

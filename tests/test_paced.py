@@ -1,87 +1,28 @@
-"""The ordering-quality benchmark's compiled code against plain loops written from the definitions.
-
-- benchmarks/split_metrics.py: per-window unique clusters, documents present and uniformity under
-  split packing (one token stream cut every L tokens) and whole packing;
-- benchmarks/candidate_ordering.py: the ``paced`` ordering's pools (sigma-delta interleave of short
-  and long documents) and its window-filling greedy.
-Random inputs from hypothesis, with zero-token documents, documents longer than a window and
-clusters without documents.
+"""The ``paced`` ordering (diversity_order/orderings/paced.py) against plain loops written from its rules:
+the pools (sigma-delta interleave of short and long documents), the due positions (count-paced merge)
+and the window-filling greedy under both packing models, on random inputs from hypothesis with
+zero-token documents, documents longer than a window and clusters without documents; and the
+guarantees the rules give (pool prefixes on schedule, documents at most a few windows ahead).
 """
 
 from __future__ import annotations
 
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from diversity_order import diversity
+from diversity_order.orderings import OrderingOptions, paced
 
-import candidate_ordering  # noqa: E402
-import split_metrics  # noqa: E402
 
-from diversity_order import diversity  # noqa: E402
+def paced_order(labels, counts, n_clusters, seq_len, split, seed=42):
+    options = OrderingOptions(seq_len=seq_len, packing="split" if split else "whole", seed=seed)
+    return paced.paced_order(labels, counts, n_clusters, options)
+
 
 # --- plain loops, written from the definitions ----------------------------------------------------
-
-
-def plain_split_windows(labels, counts, seq_len, n_clusters):
-    """Split packing: a document of t > 0 tokens starting at offset s is in windows s // L ..
-    (s + t - 1) // L with its overlap counted in each; one of 0 tokens is in the window holding the
-    token before it (window 0 at the start)."""
-    if len(labels) == 0:
-        return [0], [0], [0.0]
-    total = sum(counts)
-    shares = [sum(t for c, t in zip(labels, counts) if c == k) / total if total else 0.0 for k in range(n_clusters)]
-    n_windows = max(1, -(-total // seq_len))
-    present = [set() for _ in range(n_windows)]
-    docs = [0] * n_windows
-    tokens = [[0] * n_clusters for _ in range(n_windows)]
-    offset = 0
-    for c, t in zip(labels, counts):
-        if t == 0:
-            reached = [0 if offset == 0 else (offset - 1) // seq_len]
-        else:
-            reached = range(offset // seq_len, (offset + t - 1) // seq_len + 1)
-        for w in reached:
-            present[w].add(c)
-            docs[w] += 1
-            tokens[w][c] += max(0, min(offset + t, (w + 1) * seq_len) - max(offset, w * seq_len))
-        offset += t
-    deviation = []
-    for w in range(n_windows):
-        fill = sum(tokens[w])
-        deviation.append(max(abs(tokens[w][k] / fill - shares[k]) for k in range(n_clusters)) if fill else 0.0)
-    return [len(p) for p in present], docs, deviation
-
-
-def plain_whole_windows(labels, counts, seq_len):
-    """Whole packing (the reference's loop), counting the documents in each window too."""
-    unique, docs = [], []
-    present, n_docs, fill = set(), 0, 0
-    for c, t in zip(labels, counts):
-        if fill + t <= seq_len:
-            present.add(c)
-            n_docs += 1
-            fill += t
-        else:
-            if fill > 0:
-                unique.append(len(present))
-                docs.append(n_docs)
-            present, n_docs, fill = {c}, 1, t
-            while fill >= seq_len:
-                unique.append(1)
-                docs.append(1)
-                fill -= seq_len
-                present, n_docs = ({c}, 1) if fill > 0 else (set(), 0)
-    if present:
-        unique.append(len(present))
-        docs.append(n_docs)
-    return (unique, docs) if unique else ([0], [0])
 
 
 def plain_paced_pools(shuffled, labels, counts, n_clusters):
@@ -107,62 +48,6 @@ def plain_paced_pools(shuffled, labels, counts, n_clusters):
             error += n_k * counts[doc] - total
     pool_starts.append(len(members))
     return members, pool_starts
-
-
-def plain_paced1(members, pool_starts, counts_in_pool, seq_len, split):
-    """The first version's rules 2-3: document j of a cluster of n is due at (j + 1/2) / n of the stream's tokens; take the
-    earliest due of a cluster the window lacks if due before the next window ends (and it fits,
-    packing whole), else (whole) the earliest due before this window ends that fits, else the
-    earliest due; ties to the lowest cluster."""
-    n_clusters = len(pool_starts) - 1
-    total = max(float(sum(counts_in_pool)), 1.0)
-    taken = [0] * n_clusters
-    in_window = [set() for _ in range(n_clusters)]  # windows each cluster is present in
-    window, fill, placed = 0, 0, 0
-    order = []
-    for _ in range(len(members)):
-        if split:
-            window = placed // seq_len
-            room = (window + 1) * seq_len - placed
-        else:
-            room = seq_len - fill
-        window_end = (placed + room) / total
-        next_window_end = window_end + seq_len / total
-        candidates = []
-        for k in range(n_clusters):
-            size = pool_starts[k + 1] - pool_starts[k]
-            if taken[k] < size:
-                t = counts_in_pool[pool_starts[k] + taken[k]]
-                candidates.append(((taken[k] + 0.5) / size, k, split or fill + t <= seq_len, window in in_window[k]))
-        lacking = [c for c in candidates if c[2] and not c[3] and c[0] <= next_window_end]
-        fitting = [c for c in candidates if c[2] and c[3] and c[0] <= window_end]
-        pick = min(lacking) if lacking else (min(fitting) if fitting and not split else min(candidates))
-        k = pick[1]
-        position = pool_starts[k] + taken[k]
-        taken[k] += 1
-        order.append(members[position])
-        t = counts_in_pool[position]
-        if split:
-            if t > 0:
-                in_window[k].update(range(placed // seq_len, (placed + t - 1) // seq_len + 1))
-            else:
-                in_window[k].add((placed - 1) // seq_len if placed > 0 else 0)
-            placed += t
-        else:
-            placed += t
-            if fill + t <= seq_len:
-                in_window[k].add(window)
-                fill += t
-            else:
-                window += 1
-                fill = t
-                while fill >= seq_len:
-                    in_window[k].add(window)
-                    fill -= seq_len
-                    window += 1
-                if fill > 0:
-                    in_window[k].add(window)
-    return order
 
 
 def plain_due_positions(pool_starts, counts_in_pool):
@@ -195,7 +80,7 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
     due = plain_due_positions(pool_starts, counts_in_pool)
     cluster_tokens = [sum(counts_in_pool[pool_starts[k]:pool_starts[k + 1]]) for k in range(n_clusters)]
     total = sum(cluster_tokens)
-    horizon_windows = candidate_ordering.STRADDLE_HORIZON
+    horizon_windows = paced.STRADDLE_HORIZON
     taken = [0] * n_clusters
     in_window = [set() for _ in range(n_clusters)]
     window, fill, placed = 0, 0, 0
@@ -296,71 +181,15 @@ def short_documents(draw, max_docs=60):
     return np.asarray(labels, dtype=np.int64), np.asarray(counts, dtype=np.int64), n_clusters, seq_len
 
 
-# --- split_metrics ----------------------------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None)
-@given(corpora())
-def test_split_windows_matches_plain_loop(corpus):
-    labels, counts, n_clusters, seq_len = corpus
-    unique, docs, deviation = split_metrics.split_windows(labels, counts, seq_len, n_clusters)
-    want_unique, want_docs, want_deviation = plain_split_windows(list(labels), list(counts), seq_len, n_clusters)
-    assert unique.tolist() == want_unique
-    assert docs.tolist() == want_docs
-    np.testing.assert_allclose(deviation, want_deviation, rtol=0, atol=1e-12)
-
-
-@settings(max_examples=300, deadline=None)
-@given(corpora())
-def test_whole_windows_matches_plain_loop_and_window_diversity(corpus):
-    labels, counts, n_clusters, seq_len = corpus
-    unique, docs = split_metrics.whole_windows(labels, counts, seq_len, n_clusters)
-    want_unique, want_docs = plain_whole_windows(list(labels), list(counts), seq_len)
-    assert unique.tolist() == want_unique
-    assert docs.tolist() == want_docs
-    assert unique.tolist() == diversity.window_diversity(labels, counts, seq_len).tolist()
-
-
-@settings(max_examples=200, deadline=None)
-@given(corpora(), st.randoms(use_true_random=False))
-def test_metrics_follow_the_order_argument(corpus, rnd):
-    labels, counts, n_clusters, seq_len = corpus
-    order = np.arange(labels.size)
-    rnd.shuffle(order)
-    got = split_metrics.split_windows(labels, counts, seq_len, n_clusters, order)
-    want = split_metrics.split_windows(labels[order], counts[order], seq_len, n_clusters)
-    for a, b in zip(got, want):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_split_windows_by_hand():
-    # L = 4: [A A A | A B B | B . .] with a zero-token C after B (in the window of B's last token)
-    # and a zero-token A at the start (window 0).
-    labels = np.array([0, 0, 1, 2])
-    counts = np.array([0, 4, 5, 0])
-    unique, docs, deviation = split_metrics.split_windows(labels, counts, 4, 3)
-    assert unique.tolist() == [1, 1, 2]
-    assert docs.tolist() == [2, 1, 2]
-    # shares: A 4/9, B 5/9; window 0 all A, window 1 all B, window 2 all B.
-    np.testing.assert_allclose(deviation, [5 / 9, 4 / 9, 4 / 9])
-
-
-def test_efficiency_counts_the_documents_a_window_holds():
-    assert split_metrics.efficiency(np.array([1, 2, 3]), np.array([1, 2, 40]), 3) == pytest.approx(1.0)
-    assert split_metrics.efficiency(np.array([1, 2, 2]), np.array([1, 4, 40]), 3) == pytest.approx(5 / 7)
-    assert split_metrics.efficiency(np.array([1, 1]), np.array([2, 5]), 30) == pytest.approx(2 / 7)
-    assert split_metrics.efficiency(np.array([0]), np.array([0]), 30) == 1.0
-
-
-# --- candidate ordering -----------------------------------------------------------------------------
+# --- paced ----------------------------------------------------------------------------------------
 
 
 @settings(max_examples=300, deadline=None)
 @given(corpora(), st.integers(0, 2**32 - 1))
 def test_pools_match_plain_loop(corpus, seed):
     labels, counts, n_clusters, _ = corpus
-    shuffled = np.random.default_rng(seed).permutation(labels.size).astype(np.int64)
-    members, pool_starts = candidate_ordering._paced_pools(shuffled, labels, counts, n_clusters)
+    shuffled = np.random.default_rng(seed).permutation(labels.size)  # the seeded shuffle of cluster_pools
+    members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     want_members, want_starts = plain_paced_pools(list(shuffled), list(labels), list(counts), n_clusters)
     assert members.tolist() == want_members
     assert pool_starts.tolist() == want_starts
@@ -372,7 +201,7 @@ def test_pool_prefixes_keep_to_the_token_schedule(corpus, seed):
     """Rule 1's guarantee: after j documents a pool holds j * mean tokens, to within half the largest
     excess of a long document above, and that plus one mean below."""
     labels, counts, n_clusters, _ = corpus
-    members, pool_starts = candidate_ordering.paced_pools(labels, counts, n_clusters, seed)
+    members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     for k in range(n_clusters):
         pool = counts[members[pool_starts[k]:pool_starts[k + 1]]]
         if pool.size == 0:
@@ -389,8 +218,8 @@ def test_pool_prefixes_keep_to_the_token_schedule(corpus, seed):
 @given(corpora(), st.integers(0, 2**32 - 1))
 def test_due_positions_match_plain_merge(corpus, seed):
     labels, counts, n_clusters, _ = corpus
-    members, pool_starts = candidate_ordering.paced_pools(labels, counts, n_clusters, seed)
-    due = candidate_ordering.due_positions(members, pool_starts, counts)
+    members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
+    due = paced.due_positions(members, pool_starts, counts)
     assert due.tolist() == plain_due_positions(pool_starts.tolist(), counts[members].tolist())
 
 
@@ -398,32 +227,20 @@ def test_due_positions_match_plain_merge(corpus, seed):
 @given(st.one_of(corpora(), short_documents()), st.integers(0, 2**32 - 1), st.booleans())
 def test_greedy_matches_plain_loop(corpus, seed, split):
     labels, counts, n_clusters, seq_len = corpus
-    order = candidate_ordering.paced_order(labels, counts, n_clusters, seq_len, split, seed)
-    members, pool_starts = candidate_ordering.paced_pools(labels, counts, n_clusters, seed)
+    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
+    members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     want = plain_paced(members.tolist(), pool_starts.tolist(), counts[members].tolist(), seq_len, split)
     assert order.tolist() == want
-
-
-@settings(max_examples=300, deadline=None)
-@given(corpora(), st.integers(0, 2**32 - 1), st.booleans())
-def test_first_version_matches_plain_loop(corpus, seed, split):
-    labels, counts, n_clusters, seq_len = corpus
-    members, pool_starts = candidate_ordering.paced_pools(labels, counts, n_clusters, seed)
-    counts_in_pool = counts[members]
-    order = candidate_ordering._paced1(members, pool_starts, counts_in_pool, seq_len, split, int(counts.sum()))
-    want = plain_paced1(members.tolist(), pool_starts.tolist(), counts_in_pool.tolist(), seq_len, split)
-    assert order.tolist() == want
-    assert order.tolist() == candidate_ordering.paced1_order(labels, counts, n_clusters, seq_len, split, seed).tolist()
 
 
 @settings(max_examples=200, deadline=None)
 @given(corpora(), st.integers(0, 2**32 - 1), st.booleans())
 def test_paced_order_is_a_seeded_permutation(corpus, seed, split):
     labels, counts, n_clusters, seq_len = corpus
-    order = candidate_ordering.paced_order(labels, counts, n_clusters, seq_len, split, seed)
+    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
     assert order.dtype == np.int64
     assert sorted(order.tolist()) == list(range(labels.size))
-    again = candidate_ordering.paced_order(labels, counts, n_clusters, seq_len, split, seed)
+    again = paced_order(labels, counts, n_clusters, seq_len, split, seed)
     assert order.tolist() == again.tolist()
 
 
@@ -433,10 +250,10 @@ def test_documents_run_at_most_the_horizon_ahead(corpus, seed, split):
     """The pacing guarantee: each document starts at most STRADDLE_HORIZON + 1 windows (split) or 2 windows
     (whole) before its due position, unless no document at all was due by then (it is then the earliest due)."""
     labels, counts, n_clusters, seq_len = corpus
-    order = candidate_ordering.paced_order(labels, counts, n_clusters, seq_len, split, seed)
-    members, pool_starts = candidate_ordering.paced_pools(labels, counts, n_clusters, seed)
-    due_of = dict(zip(members.tolist(), candidate_ordering.due_positions(members, pool_starts, counts).tolist()))
-    ahead = (candidate_ordering.STRADDLE_HORIZON + 1 if split else 2) * seq_len
+    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
+    members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
+    due_of = dict(zip(members.tolist(), paced.due_positions(members, pool_starts, counts).tolist()))
+    ahead = (paced.STRADDLE_HORIZON + 1 if split else 2) * seq_len
     placed = 0
     remaining = set(order.tolist())
     for doc in order.tolist():
@@ -454,7 +271,7 @@ def test_a_long_document_straddles_the_boundary_at_its_middle():
     # holds more than 4 of its tokens.
     labels = np.array([0] + [k for k in range(1, 10) for _ in range(2)])
     counts = np.array([8] + [1] * 18)
-    order = candidate_ordering.paced_order(labels, counts, 10, 10, split=True, seed=0)
+    order = paced_order(labels, counts, 10, 10, split=True, seed=0)
     start = int(np.cumsum(counts[order])[np.flatnonzero(order == 0)[0]] - 8)
     assert start % 10 == 6
 
@@ -464,9 +281,8 @@ def test_a_lacking_cluster_goes_first():
     labels = np.array([0] * 8 + [1] * 8)
     counts = np.ones(16, dtype=np.int64)
     for split in (False, True):
-        order = candidate_ordering.paced_order(labels, counts, 2, 2, split, seed=0)
-        unique, _ = split_metrics.whole_windows(labels, counts, 2, 2, order)
-        assert unique.tolist() == [2] * 8
+        order = paced_order(labels, counts, 2, 2, split, seed=0)
+        assert diversity.window_diversity(labels, counts, 2, order).tolist() == [2] * 8
 
 
 def test_long_documents_stay_off_the_ends():
@@ -475,16 +291,10 @@ def test_long_documents_stay_off_the_ends():
     labels = np.zeros(51, dtype=np.int64)
     counts = np.ones(51, dtype=np.int64)
     counts[7] = 100
-    order = candidate_ordering.paced_order(labels, counts, 1, 16, split=True, seed=3)
+    order = paced_order(labels, counts, 1, 16, split=True, seed=3)
     start = int(np.cumsum(counts[order])[np.flatnonzero(order == 7)[0]] - 100)
     assert 0.05 * counts.sum() <= start and start + 100 <= 0.95 * counts.sum()
 
 
-def test_rejects_bad_input():
-    with pytest.raises(ValueError):
-        candidate_ordering.paced_order(np.array([0, 3]), np.array([1, 1]), 2, 8, False)
-    with pytest.raises(ValueError):
-        candidate_ordering.paced_order(np.array([0, 1]), np.array([1, -1]), 2, 8, False)
-    with pytest.raises(ValueError):
-        candidate_ordering.paced_order(np.array([0, 1]), np.array([1, 1]), 2, 0, False)
-    assert candidate_ordering.paced_order(np.zeros(0, np.int64), np.zeros(0, np.int64), 3, 8, True).size == 0
+def test_no_documents():
+    assert paced_order(np.zeros(0, np.int64), np.zeros(0, np.int64), 3, 8, True).size == 0
