@@ -58,7 +58,7 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  highlight=True),
     OrderingSpec("paced", paced_order, CLUSTER,
                  "as many clusters per window as stratified, the head of the order like its tail, long documents "
-                 "spread by token share; honours the packing model", seq_len_aware=True, color="#e6550d",
+                 "spread by token share; honours the packing model", seq_len_aware=True, color="#c51b7d",
                  highlight=True),
     OrderingSpec("token-balanced", token_balanced_order, CLUSTER,
                  "keeps every cluster's (length bin's, balance field's) token share on track",
