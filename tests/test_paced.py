@@ -25,11 +25,6 @@ def paced_order(labels, counts, n_clusters, seq_len, split, seed=42):
     return paced.paced_order(labels, counts, n_clusters, options_for(seq_len, split, seed))
 
 
-def greedy_order(labels, counts, n_clusters, seq_len, split, seed=42):
-    """Rules 1-4: the order before rule 5 polishes it (packing whole; unchanged packing split)."""
-    return paced.greedy_order(labels, counts, n_clusters, options_for(seq_len, split, seed))
-
-
 # --- plain loops, written from the definitions ----------------------------------------------------
 
 
@@ -235,7 +230,7 @@ def test_due_positions_match_plain_merge(corpus, seed):
 @given(st.one_of(corpora(), short_documents()), st.integers(0, 2**32 - 1), st.booleans())
 def test_greedy_matches_plain_loop(corpus, seed, split):
     labels, counts, n_clusters, seq_len = corpus
-    order = greedy_order(labels, counts, n_clusters, seq_len, split, seed)
+    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     want = plain_paced(members.tolist(), pool_starts.tolist(), counts[members].tolist(), seq_len, split)
     assert order.tolist() == want
@@ -256,10 +251,9 @@ def test_paced_order_is_a_seeded_permutation(corpus, seed, split):
 @given(corpora(), st.integers(0, 2**32 - 1), st.booleans())
 def test_documents_run_at_most_the_horizon_ahead(corpus, seed, split):
     """The pacing guarantee: each document starts at most STRADDLE_HORIZON + 1 windows (split) or 2 windows
-    (whole) before its due position, unless no document at all was due by then (it is then the earliest due).
-    Packing whole, before rule 5 (which then moves a document a window per step)."""
+    (whole) before its due position, unless no document at all was due by then (it is then the earliest due)."""
     labels, counts, n_clusters, seq_len = corpus
-    order = greedy_order(labels, counts, n_clusters, seq_len, split, seed)
+    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     due_of = dict(zip(members.tolist(), paced.due_positions(members, pool_starts, counts).tolist()))
     ahead = (paced.STRADDLE_HORIZON + 1 if split else 2) * seq_len
@@ -309,7 +303,7 @@ def test_no_documents():
     assert paced_order(np.zeros(0, np.int64), np.zeros(0, np.int64), 3, 8, True).size == 0
 
 
-# --- rule 5: polishing, documents whole -----------------------------------------------------------
+# --- polish.py: a pass after paced, documents whole (not part of paced: see its docstring) ------------
 
 
 def plain_whole_windows(order, counts, seq_len):
@@ -352,13 +346,13 @@ def plain_deviation(window, labels, shares):
 
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(corpora(), short_documents()), st.integers(0, 2**32 - 1), st.booleans())
-def test_polish_keeps_the_cuts_and_clusters_and_never_raises_deviation(corpus, seed, from_greedy):
-    """Rule 5's guarantees on any order (a random one or the greedy's): a permutation; the trainer cuts as many
+def test_polish_keeps_the_cuts_and_clusters_and_never_raises_deviation(corpus, seed, from_paced):
+    """The polish's guarantees on any order (a random one or paced's): a permutation; the trainer cuts as many
     windows, and every window a document longer than a window touches holds the same documents; unique
     clusters summed over windows do not fall; summed largest share deviation does not rise."""
     labels, counts, n_clusters, seq_len = corpus
-    if from_greedy:
-        order = greedy_order(labels, counts, n_clusters, seq_len, False, seed)
+    if from_paced:
+        order = paced_order(labels, counts, n_clusters, seq_len, False, seed)
     else:
         order = np.random.default_rng(seed).permutation(labels.size)
     shares = diversity.global_token_shares(labels, counts, n_clusters)

@@ -2,8 +2,7 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Five rules; no constant in rules 1-4 was fitted to a corpus (rule 5's effort bounds were set on the
-tuning corpora, see ``polish.py``):
+Four rules; no constant in them was fitted to a corpus:
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -29,9 +28,6 @@ tuning corpora, see ``polish.py``):
    goes now; else the earliest-due document of a lacking cluster, due before the next window ends,
    that fits in the room minus h; else the straddler if the room is at most 1.5 h; else rule 3.
 
-5. Packing whole, adjacent windows exchange or pass documents when that lowers their largest
-   share deviations (uniformity) and keeps their clusters and the trainer's cuts (``polish.py``).
-
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
 greedy, compiled with numba.
 """
@@ -41,10 +37,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..diversity import global_token_shares
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .options import OrderingOptions
-from .polish import polish_whole
 from .pools import cluster_pools
 
 NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
@@ -279,9 +273,10 @@ def due_positions(members: np.ndarray, pool_starts: np.ndarray, token_counts: np
     return _due_positions(pool_starts, np.asarray(token_counts, dtype=np.int64)[members])
 
 
-def greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
-                 options: OrderingOptions = OrderingOptions()) -> np.ndarray:
-    """Rules 1-4 only: the order before rule 5's polishing."""
+def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+                options: OrderingOptions = OrderingOptions()) -> np.ndarray:
+    """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
+    and ``options.seed``: an int64 permutation of input positions."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if labels.size == 0:
@@ -295,14 +290,3 @@ def greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     saturated = labels.size * seq_len >= int(n_clusters) * int(running[-1])
     return _paced(members, pool_starts, member_counts, _due_positions(pool_starts, member_counts), cluster_tokens,
                   seq_len, packing_model(options.packing), saturated)
-
-
-def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
-                options: OrderingOptions = OrderingOptions()) -> np.ndarray:
-    """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
-    and ``options.seed``: an int64 permutation of input positions."""
-    order = greedy_order(labels, token_counts, n_clusters, options)
-    if packing_model(options.packing) == WHOLE:  # rule 5
-        shares = global_token_shares(labels, token_counts, n_clusters)
-        order = polish_whole(order, labels, token_counts, int(options.seq_len), shares)
-    return order

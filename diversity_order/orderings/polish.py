@@ -1,4 +1,9 @@
-"""Rule 5 of ``paced``: local polishing of an order for token-share uniformity, documents packed whole.
+"""A pass after ``paced``: local polishing of an order for token-share uniformity, documents packed whole.
+
+Not part of the ``paced`` ordering: on the evaluation suite it meets issue 14's uniformity bar in 4
+more of 72 cells (3 tuning, 1 held out) and loses no diversity or boundary-shift cell, but it costs
+about 0.6 s of CPU per 1M documents, which takes ``paced`` past the 1 s budget (BENCHMARKS.md,
+"Ordering quality"); ``benchmarks/bench_ordering_quality.py`` measures it as ``paced+polish``.
 
 Walks the trainer's windows (``packing.py``'s whole-document rule) once, first to last, and for each
 pair of adjacent windows made only of documents that fit a window takes up to ``ROUNDS`` steps. A
