@@ -2,25 +2,25 @@
 
 Not part of the ``paced`` ordering: on the evaluation suite it meets issue 14's uniformity bar in 4
 more of 72 cells (3 tuning, 1 held out) and loses no diversity or boundary-shift cell, but it costs
-about 0.6 s of CPU per 1M documents, which takes ``paced`` past the 1 s budget (BENCHMARKS.md,
+0.6-0.8 s of CPU per 1M documents, which takes ``paced`` past the 1 s budget (BENCHMARKS.md,
 "Ordering quality"); ``benchmarks/bench_ordering_quality.py`` measures it as ``paced+polish``.
 
 Walks the trainer's windows (``packing.py``'s whole-document rule) once, first to last, and for each
 pair of adjacent windows made only of documents that fit a window takes up to ``ROUNDS`` steps. A
 step exchanges a document of one window with one of the other, or moves one to the end of the
-other; the step taken is the admissible one that lowers the pair's summed squared deviation
-(sum_k (share of k in the window - tau_k)^2, O(1) to update) the most, and it is kept only if the
-pair's summed largest deviation (max_k |share - tau_k|, the uniformity measure) does not rise.
-Admissible:
+other. Of the admissible steps, the ``SHORTLIST`` that lower the pair's summed squared deviation
+(sum_k (share of k in the window - tau_k)^2, O(1) to update) most are shortlisted, and the one that
+lowers the pair's summed largest deviation (max_k |share - tau_k|, the uniformity measure) most is
+taken, if it does not raise it. Admissible:
 
 - every window still holds all its documents (its tokens fit, and the first document of the next
   window still does not fit): the trainer cuts as many windows, after the same windows outside the pair;
 - the pair holds at least as many unique clusters as before (diversity per window is kept).
 
 A window holding more than ``CANDIDATES`` documents offers only its ``CANDIDATES`` longest ones.
-Windows touched by a document longer than a window are left alone. A document moves one window per
-step, so it ends up near where the order put it (boundary shift is kept). Linear in the number of
-documents: O(ROUNDS * CANDIDATES^2) per pair of windows.
+Windows touched by a document longer than a window are left alone. A step moves a document one
+window (it can ride on over the next pairs; on the suite boundary shift moved by at most 0.02 x a
+random shuffle's). Linear in the number of documents: O(ROUNDS * CANDIDATES^2) per pair of windows.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Effort bounds, set on the tuning corpora against the 1 s budget for 1M documents: steps per pair of
-# windows, documents per window offered for a step, passes over the windows.
+# Effort bounds, set on the tuning corpora (less effort lost the cells it gains, more cost more time): steps
+# per pair of windows, documents per window offered for a step, passes over the windows.
 ROUNDS = 4
 CANDIDATES = 8
 SWEEPS = 1
