@@ -14,12 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
-from diversity_order.orderings import OrderingOptions, paced
+from diversity_order.orderings import OrderingOptions, paced, polish
+
+
+def options_for(seq_len, split, seed):
+    return OrderingOptions(seq_len=seq_len, packing="split" if split else "whole", seed=seed)
 
 
 def paced_order(labels, counts, n_clusters, seq_len, split, seed=42):
-    options = OrderingOptions(seq_len=seq_len, packing="split" if split else "whole", seed=seed)
-    return paced.paced_order(labels, counts, n_clusters, options)
+    return paced.paced_order(labels, counts, n_clusters, options_for(seq_len, split, seed))
 
 
 # --- plain loops, written from the definitions ----------------------------------------------------
@@ -298,3 +301,133 @@ def test_long_documents_stay_off_the_ends():
 
 def test_no_documents():
     assert paced_order(np.zeros(0, np.int64), np.zeros(0, np.int64), 3, 8, True).size == 0
+
+
+# --- polish.py: a pass after paced, documents whole (not part of paced: see its docstring) ------------
+
+
+def plain_whole_windows(order, counts, seq_len):
+    """Whole packing, written from packing.py's rule: each window as its (document, tokens in it) pieces."""
+    windows, window, fill = [], [], 0
+    for doc in order:
+        t = int(counts[doc])
+        if fill + t <= seq_len:
+            window.append((doc, t))
+            fill += t
+            continue
+        if window:
+            windows.append(window)
+        window, fill, rest = [], 0, t
+        while True:
+            fill = min(rest, seq_len)
+            window = [(doc, fill)]
+            rest -= fill
+            if rest == 0:
+                break
+            windows.append(window)
+        if fill == seq_len and t > seq_len:
+            windows.append(window)
+            window, fill = [], 0
+    if window:
+        windows.append(window)
+    return windows
+
+
+def plain_deviation(window, labels, shares):
+    """max_k |share of cluster k in the window - tau_k| (0 for a window without tokens)."""
+    fill = sum(t for _, t in window)
+    if fill == 0:
+        return 0.0
+    tokens = np.zeros(shares.size)
+    for d, t in window:
+        tokens[labels[d]] += t
+    return float(np.abs(tokens / fill - shares).max())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(corpora(), short_documents()), st.integers(0, 2**32 - 1), st.booleans())
+def test_polish_keeps_the_cuts_and_clusters_and_never_raises_deviation(corpus, seed, from_paced):
+    """The polish's guarantees on any order (a random one or paced's): a permutation; the trainer cuts as many
+    windows, and every window a document longer than a window touches holds the same documents; unique
+    clusters summed over windows do not fall; summed largest share deviation does not rise."""
+    labels, counts, n_clusters, seq_len = corpus
+    if from_paced:
+        order = paced_order(labels, counts, n_clusters, seq_len, False, seed)
+    else:
+        order = np.random.default_rng(seed).permutation(labels.size)
+    shares = diversity.global_token_shares(labels, counts, n_clusters)
+    polished = polish.polish_whole(order, labels, counts, seq_len, shares)
+    assert sorted(polished.tolist()) == sorted(order.tolist())
+    before = plain_whole_windows(order.tolist(), counts, seq_len)
+    after = plain_whole_windows(polished.tolist(), counts, seq_len)
+    assert len(after) == len(before)
+    for old, new in zip(before, after):
+        if any(counts[d] > seq_len for d, _ in old + new):
+            assert old == new
+    assert sum(len({labels[d] for d, _ in w}) for w in after) >= sum(len({labels[d] for d, _ in w}) for w in before)
+    deviation = [sum(plain_deviation(w, labels, shares) for w in ws) for ws in (before, after)]
+    assert deviation[1] <= deviation[0] + 1e-9
+    # the plain windows are the package's: its measure gives the same deviations
+    measured = diversity.window_share_deviation(labels, counts, seq_len, polished, n_clusters, "whole")
+    if counts.sum() > 0:
+        assert np.allclose(measured, [plain_deviation(w, labels, shares) for w in after if sum(t for _, t in w) > 0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(corpora())
+def test_polish_windows_match_plain_packing(corpus):
+    labels, counts, _, seq_len = corpus
+    if labels.size == 0:
+        return
+    starts, frozen = polish._windows(counts, seq_len)
+    # plain: a document opens a window when it does not fit the open one; one longer than a window closes
+    # it, fills whole windows alone and leaves its remainder open (or nothing, when it divides evenly)
+    want_starts, want_frozen, fill = [], [], 0
+    for i, t in enumerate(counts.tolist()):
+        if i == 0 or fill + t > seq_len:
+            want_starts.append(i)
+            want_frozen.append(False)
+            fill = 0
+        if t > seq_len:
+            want_frozen[-1] = True
+            fill = t % seq_len or seq_len
+        else:
+            fill += t
+    assert starts.tolist() == want_starts + [labels.size]
+    assert frozen.tolist() == want_frozen
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=30))
+def test_candidates_are_the_longest_documents(tokens):
+    tokens = np.asarray(tokens, dtype=np.int64)
+    out = np.empty(polish.CANDIDATES, dtype=np.int64)
+    m = polish._candidates(tokens, tokens.size, out)
+    want = sorted(range(tokens.size), key=lambda i: (-tokens[i], i))[:polish.CANDIDATES]
+    assert out[:m].tolist() == (want if tokens.size > polish.CANDIDATES else list(range(tokens.size)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30)), min_size=1, max_size=12),
+       st.lists(st.integers(1, 20), min_size=6, max_size=6))
+def test_window_deviation_matches_plain(window, weights):
+    shares = np.asarray(weights, dtype=np.float64) / sum(weights)
+    labs = np.asarray([k for k, _ in window], dtype=np.int64)
+    toks = np.asarray([t for _, t in window], dtype=np.int64)
+    cnt = np.bincount(labs, weights=toks, minlength=6).astype(np.int64)
+    ndocs = np.bincount(labs, minlength=6).astype(np.int64)
+    got = polish._deviation(labs, labs.size, cnt, ndocs, int(toks.sum()), shares, np.argsort(-shares, kind="mergesort"),
+                            np.zeros(6, dtype=np.int64), 1)
+    want = plain_deviation(list(zip(range(labs.size), toks.tolist())), labs, shares)
+    assert abs(got - want) < 1e-12
+
+
+def test_polish_mixes_two_one_cluster_windows():
+    # L = 10: window 1 holds two 5-token documents of cluster 0, window 2 two of cluster 1; each is 0.5 off the
+    # corpus mix (half and half). One exchange makes both windows half and half.
+    labels = np.array([0, 0, 1, 1])
+    counts = np.full(4, 5, dtype=np.int64)
+    shares = diversity.global_token_shares(labels, counts, 2)
+    polished = polish.polish_whole(np.arange(4), labels, counts, 10, shares)
+    assert diversity.window_share_deviation(labels, counts, 10, polished, 2, "whole").tolist() == [0.0, 0.0]
+    assert diversity.window_diversity(labels, counts, 10, polished).tolist() == [2, 2]
