@@ -47,7 +47,6 @@ import eval_corpora  # noqa: E402
 from diversity_order import diversity  # noqa: E402
 from diversity_order.ordering_report import DIVERSITY_MARGIN, SHIFT_RATIO, UNIFORMITY_RATIO, criteria  # noqa: E402
 from diversity_order.orderings import ORDERINGS, OrderingOptions  # noqa: E402
-from diversity_order.orderings.polish import polish_whole  # noqa: E402
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus  # noqa: E402
 
 SEQ_LENS = (4096, 16384, 131072)
@@ -125,11 +124,9 @@ def paced(labels, counts, k, seq_len, packing, seed) -> np.ndarray:
 
 
 def paced_polished(labels, counts, k, seq_len, packing, seed) -> np.ndarray:
-    """paced, then polish.py's pass (documents whole; packing split it is paced's order)."""
-    order = paced(labels, counts, k, seq_len, packing, seed)
-    if packing != "whole":
-        return order
-    return polish_whole(order, labels, counts, seq_len, diversity.global_token_shares(labels, counts, k))
+    """paced, then the polishing pass (documents whole; packing split it is paced's order)."""
+    options = OrderingOptions(seq_len=seq_len, packing=packing, seed=seed)
+    return ORDERINGS["paced-polished"](labels, counts, k, options)
 
 
 def verdict(metrics: dict, stratified: dict, random_mean: dict) -> dict:

@@ -431,3 +431,21 @@ def test_polish_mixes_two_one_cluster_windows():
     polished = polish.polish_whole(np.arange(4), labels, counts, 10, shares)
     assert diversity.window_share_deviation(labels, counts, 10, polished, 2, "whole").tolist() == [0.0, 0.0]
     assert diversity.window_diversity(labels, counts, 10, polished).tolist() == [2, 2]
+
+
+def test_registered_paced_polished_is_paced_then_the_pass():
+    from diversity_order.diversity import global_token_shares
+    from diversity_order.orderings import ORDERINGS, OrderingOptions
+    from diversity_order.orderings.polish import polish_whole
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 6, 400)
+    counts = rng.integers(1, 900, 400)
+    for packing in ("whole", "split"):
+        options = OrderingOptions(seq_len=2048, packing=packing, seed=5)
+        paced = ORDERINGS["paced"](labels, counts, 6, options)
+        polished = ORDERINGS["paced-polished"](labels, counts, 6, options)
+        expected = (polish_whole(paced, labels, counts, 2048, global_token_shares(labels, counts, 6))
+                    if packing == "whole" else paced)
+        assert np.array_equal(polished, expected)
+        assert sorted(polished.tolist()) == list(range(400))

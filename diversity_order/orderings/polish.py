@@ -28,6 +28,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..packing import WHOLE, packing_model
+from .options import OrderingOptions
+
 # Effort bounds, set on the tuning corpora (less effort lost the cells it gains, more cost more time): steps
 # per pair of windows, documents per window offered for a step, passes over the windows.
 ROUNDS = 4
@@ -408,3 +411,19 @@ def polish_whole(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray
     counts = np.asarray(token_counts, dtype=np.int64)
     order = np.asarray(order, dtype=np.int64)
     return _polish_whole(order, labels, counts, int(seq_len), np.asarray(shares, dtype=np.float64))
+
+
+def paced_polished_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+                         options: OrderingOptions = OrderingOptions()) -> np.ndarray:
+    """``paced``, then the polishing pass when documents are packed whole (split packing: ``paced``'s order).
+
+    Steadier token shares than ``paced`` for about twice its run time.
+    """
+    from ..diversity import global_token_shares
+    from .paced import paced_order
+
+    order = paced_order(labels, token_counts, n_clusters, options)
+    if packing_model(options.packing) != WHOLE:
+        return order
+    shares = global_token_shares(labels, token_counts, n_clusters)
+    return polish_whole(order, labels, token_counts, options.seq_len, shares)

@@ -18,6 +18,7 @@ import numpy as np
 from .baselines import original_order, random_order, round_robin_order
 from .options import OrderingOptions, flag_fields, flag_value
 from .paced import paced_order
+from .polish import paced_polished_order
 from .score import folding_order, saw_order, segment_order, sorted_order, stair_order, zigzag_order
 from .token_share import token_balanced_order
 from .window_greedy import balanced_order, bin_packing_order, stratified_order
@@ -60,6 +61,10 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  "as many clusters per window as stratified, the head of the order like its tail, long documents "
                  "spread by token share; honours the packing model", seq_len_aware=True, color="#c51b7d",
                  highlight=True),
+    OrderingSpec("paced-polished", paced_polished_order, CLUSTER,
+                 "paced, then adjacent windows trade documents where that steadies token shares without losing "
+                 "clusters (documents packed whole; about twice paced's run time)", seq_len_aware=True,
+                 color="#e7298a", line="--"),
     OrderingSpec("token-balanced", token_balanced_order, CLUSTER,
                  "keeps every cluster's (length bin's, balance field's) token share on track",
                  ("length_bins", "length_weight", "balance_fields"), color="#2ca02c"),
