@@ -174,17 +174,32 @@ class ArrowTableSource:
         order = np.asarray(order, dtype=np.int64)
         if order.shape[0] != len(self) or not np.array_equal(np.sort(order), np.arange(len(self))):
             raise ValueError("order must be a permutation of the record positions")
+        return self.write_rows(order, output, output_kind)
+
+    def write_rows(self, rows: np.ndarray, output: Path, output_kind: str | None = None) -> int:
+        """Rows ``rows`` (in that order; any part of the rows, e.g. a shard) to ``output``."""
         self.check_unchanged()
+        rows = np.asarray(rows, dtype=np.int64)
         kind = output_kind or self.kind
         if kind == "parquet":
-            return self._write_parquet(order, Path(output))
+            return self._write_parquet(rows, Path(output))
         if kind == "arrow":
-            return self._write_dataset_folder(order, Path(output))
+            return self._write_dataset_folder(rows, Path(output))
         raise ValueError(f"cannot write {kind} from a {self.kind} input")
+
+    def record_keys(self, row: int) -> str:
+        return ", ".join(self._schema().names[:10]) or "none"
+
+    def ordered_tables(self, rows: np.ndarray) -> Iterator:
+        """Tables of ``rows`` in that order, a bounded piece at a time, each row checked against its fingerprint."""
+        self.check_unchanged()
+        return self._ordered_pieces(np.asarray(rows, dtype=np.int64))
 
     def _ordered_pieces(self, order: np.ndarray) -> Iterator:
         """Tables of rows in ``order``, a bounded piece at a time; each row checked against its fingerprint."""
         pa = _pyarrow()
+        if order.size == 0:
+            return
         bounds = [0]
         sizes = self.row_sizes[order]
         total = 0
@@ -228,8 +243,9 @@ class ArrowTableSource:
                 if writer is None:
                     writer = pa.parquet.ParquetWriter(tmp, table.schema)
                 writer.write_table(table)
-            if writer is not None:
-                writer.close()
+            if writer is None:  # no rows (an empty shard): the schema alone
+                writer = pa.parquet.ParquetWriter(tmp, self._schema())
+            writer.close()
             give_plain_permissions(tmp)
             os.replace(tmp, output)
         except BaseException:
@@ -250,8 +266,9 @@ class ArrowTableSource:
                     if writer is None:
                         writer = pa.ipc.new_stream(sink, table.schema)
                     writer.write_table(table)
-                if writer is not None:
-                    writer.close()
+                if writer is None:
+                    writer = pa.ipc.new_stream(sink, self._schema())
+                writer.close()
             if self.folder is not None and (self.folder / DATASET_INFO).is_file():
                 shutil.copyfile(self.folder / DATASET_INFO, staging / DATASET_INFO)
             state = {"_data_files": [{"filename": data_name}], "_fingerprint": os.urandom(8).hex(),
@@ -260,14 +277,14 @@ class ArrowTableSource:
             (staging / DATASET_STATE).write_text(json.dumps(state, indent=2))
             for child in [staging, *staging.iterdir()]:
                 give_plain_permissions(child) if child.is_file() else os.chmod(child, 0o755)
-            _replace_folder(staging, output)
+            replace_folder(staging, output)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return sum(p.stat().st_size for p in output.iterdir())
 
 
-def _replace_folder(staging: Path, output: Path) -> None:
+def replace_folder(staging: Path, output: Path) -> None:
     """Put ``staging`` at ``output``; an earlier folder there is moved aside first, then removed."""
     old = None
     if output.exists():
