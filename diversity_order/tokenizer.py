@@ -104,11 +104,13 @@ class DocumentTokenizer:
         """The ids the trainer adds before and after each document (see ``SPECIAL_TOKEN_MODES``)."""
         if mode == "none":
             return [], []
-        if mode == "eos":
-            eos = self._special_id("eos_token")
-            if eos is None:
-                raise UserError(f"--count-special-tokens eos: the tokenizer of {self.model_dir} has no EOS token")
-            return [], [eos]
+        if mode in ("eos", "bos-eos"):
+            names = ("bos_token", "eos_token") if mode == "bos-eos" else ("eos_token",)
+            ids = [self._special_id(name) for name in names]
+            if None in ids:
+                missing = names[ids.index(None)].split("_")[0].upper()
+                raise UserError(f"--count-special-tokens {mode}: the tokenizer of {self.model_dir} has no {missing} token")
+            return ids[:-1], ids[-1:]
         plain = self._encode_one("a", False)
         full = self._encode_one("a", True)
         at = next(i for i in range(len(full) + 1) if full[i: i + len(plain)] == plain)
@@ -162,8 +164,9 @@ class DocumentTokenizer:
 
 # What the trainer adds to each document, counted in every token count and window with
 # --count-special-tokens: nothing; the tokens the tokenizer adds with add_special_tokens=True (BOS
-# and/or EOS, as its post-processor says); or one EOS separator (Megatron, nanoGPT, torchtitan).
-SPECIAL_TOKEN_MODES = ("none", "tokenizer", "eos")
+# and/or EOS, as its post-processor says); one EOS separator (Megatron's --append-eod, nanoGPT,
+# TRL SFT); or BOS and EOS (torchtitan's encode(add_bos=True, add_eos=True)).
+SPECIAL_TOKEN_MODES = ("none", "tokenizer", "eos", "bos-eos")
 
 
 def _chat_template_text(model_dir: Path) -> str:

@@ -54,7 +54,8 @@ def _add_data_flags(p) -> None:
     group.add_argument("--count-special-tokens", default=SPECIAL_TOKEN_MODES[0], choices=SPECIAL_TOKEN_MODES,
                        help="tokens the trainer adds to each document, counted in every token count and window: "
                             "none (default); tokenizer (what add_special_tokens=True adds, e.g. BOS for Llama); eos "
-                            "(one EOS separator, as Megatron, nanoGPT and torchtitan add)")
+                            "(one EOS separator: Megatron --append-eod, nanoGPT, TRL SFT); bos-eos (BOS and EOS: "
+                            "torchtitan)")
     group.add_argument("--packing", default=PACKING_MODELS[0], choices=PACKING_MODELS,
                        help="how the trainer fills its --seq-len windows: whole (documents never split; the original "
                             "toolkit's model, default) or split (concatenate and cut every --seq-len tokens: "
