@@ -218,3 +218,25 @@ def test_incremental_run_on_parquet_embeds_only_new_rows(tmp_path, demo_records,
     assert curate("--input", parquet, "--output", tmp_path / "o" / "c.parquet", "--model-dir", tiny_model_dir,
                   *COMMON) == 0
     assert f"Embedding {1 + N_DEMO - 200} new or changed record(s) of {N_DEMO - 1}" in caplog.text
+
+
+def test_deep_extraction_reads_every_format(tmp_path, demo_records, tiny_model_dir):
+    import datasets
+
+    from diversity_order import deep
+
+    records = demo_records[:40]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(records), parquet, row_group_size=16)
+    folder = tmp_path / "d_ds"
+    datasets.Dataset.from_list(records).save_to_disk(str(folder), num_shards=2)
+    vectors = {}
+    for name, path in (("jsonl", jsonl), ("parquet", parquet), ("datasets", folder)):
+        out = tmp_path / f"{name}.npy"
+        deep.extract(deep.DeepConfig(input=path, output=out, model_dir=tiny_model_dir, progress=False,
+                                     dtype="float32", device="cpu", token_budget=4096, batch_size=8))
+        vectors[name] = np.load(out)
+    np.testing.assert_array_equal(vectors["jsonl"], vectors["parquet"])
+    np.testing.assert_array_equal(vectors["jsonl"], vectors["datasets"])
