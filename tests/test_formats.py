@@ -240,3 +240,26 @@ def test_deep_extraction_reads_every_format(tmp_path, demo_records, tiny_model_d
         vectors[name] = np.load(out)
     np.testing.assert_array_equal(vectors["jsonl"], vectors["parquet"])
     np.testing.assert_array_equal(vectors["jsonl"], vectors["datasets"])
+
+
+def test_torchrun_on_parquet_equals_single_process(tmp_path, demo_records, tiny_model_dir):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    for folder in (single, multi):
+        (folder / "in").mkdir(parents=True)
+        for i in range(2):
+            pq.write_table(pa.Table.from_pylist(demo_records[i * 60:(i + 1) * 60]), folder / "in" / f"p{i}.parquet",
+                           row_group_size=25)
+    common = ["--model-dir", tiny_model_dir, *COMMON]
+    assert curate("--input", single / "in", "--output", single / "c.parquet", *common) == 0
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "curate_dataset.py",
+           *map(str, ["--input", multi / "in", "--output", multi / "c.parquet", *common]), "--no-progress", "--no-plot"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for name in ["c_labels.npy", "c_order.npy", "c_embeddings.npy"]:
+        assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+    assert pq.read_table(multi / "c.parquet").equals(pq.read_table(single / "c.parquet"))
