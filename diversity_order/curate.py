@@ -388,7 +388,7 @@ def write_outputs(run: Run) -> None:
         log.info("Wrote %d records (%.1f MB, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
                  config.written_kind, config.output if len(written) == 1 else
                  f"{written[0][0]} ... {written[-1][0].name}")
-    elif not config.output.exists():
+    elif not any(path.exists() for path in writers.shard_paths(config.output, config.output_shards)):
         log.info("--stats-only: the curated data was not written")
     else:
         same = _same_as_saved(run)

@@ -26,6 +26,7 @@ A source is a sequence of records, each known by (file, row), with these members
 from __future__ import annotations
 
 import glob
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,6 @@ class Inputs:
 
 
 def _common_folder(files: list[Path]) -> str:
-    import os
-
     return os.path.commonpath([str(f.absolute().parent) for f in files])
 
 

@@ -263,3 +263,29 @@ def test_torchrun_on_parquet_equals_single_process(tmp_path, demo_records, tiny_
     for name in ["c_labels.npy", "c_order.npy", "c_embeddings.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
     assert pq.read_table(multi / "c.parquet").equals(pq.read_table(single / "c.parquet"))
+
+
+def test_special_tokens_are_the_ones_the_tokenizer_adds(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    folder = tmp_path / "bos_model"
+    shutil.copytree(tiny_model_dir, folder)
+    pipeline = json.loads((folder / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in pipeline["added_tokens"]}
+    pipeline["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [ids["<s>"]], "tokens": ["<s>"]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(pipeline))
+    ours = DocumentTokenizer(folder)
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    text = "the galaxy and the oven"
+    with_special, without = hf(text)["input_ids"], hf(text, add_special_tokens=False)["input_ids"]
+    before, after = ours.special_tokens_per_document("tokenizer")
+    assert before + without + after == with_special and before == [ids["<s>"]] and after == []
+    assert ours.special_tokens_per_document("eos") == ([], [ids["</s>"]])
+    assert ours.special_tokens_per_document("bos-eos") == ([ids["<s>"]], [ids["</s>"]])
+    assert ours.special_tokens_per_document("none") == ([], [])
