@@ -5,7 +5,7 @@
 Converts demo/stdlib.jsonl to one Parquet file, a 4-file save_to_disk folder, 4 Parquet files read
 by a glob, and chat conversations (with the same conversations rendered by the chat template as a
 plain JSONL baseline); runs curate_dataset.py on each (a fresh process each, caches not shared:
-every run has its own folder) and compares labels, order and curated rows. Also a --packing split
+every run has its own folder and cache registry) and compares labels, order and curated rows. Also a --packing split
 --count-special-tokens eos --export-packed run, whose exported sequences are checked against the
 run's per-window diversity. Results: benchmarks/results_formats.json.
 """
@@ -56,8 +56,10 @@ def _run(work: Path, name: str, args: list[str], model: Path) -> dict:
            *args]
     started = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # Each run its own cache registry: no run reuses another's embeddings, so every run embeds.
+    registry = work / name / ".cache_registry"
     done = subprocess.run(cmd, cwd=work / name, capture_output=True, text=True,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR=str(registry)))
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

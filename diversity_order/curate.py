@@ -120,6 +120,10 @@ class CurateConfig:
                             f"{', '.join(SPECIAL_TOKEN_MODES)}")
         self.inputs = sources.resolve_inputs(self.input)
         self.written_kind = writers.output_kind(self.inputs.kind, self.output, self.output_format)
+        inside = [f for f in self.inputs.files if self.output.absolute() in f.absolute().parents]
+        if inside:
+            raise UserError(f"--output {self.output}: holds the input {inside[0]}; the curated folder would replace "
+                            "it: choose another output path")
         if self.written_kind == "arrow" and self.output_shards > 1:
             raise UserError("--output-shards: a datasets folder is written as one folder; for shards write Parquet "
                             "(--output-format parquet)")

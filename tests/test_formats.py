@@ -196,6 +196,12 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     jsonl.write_text('{"text": "x"}\n')
     assert "the inputs mix formats" in run_error(capsys, "--input", jsonl, "--input", parquet, *base)
     assert "is given twice" in run_error(capsys, "--input", jsonl, "--input", jsonl, *base)
+    import datasets
+
+    datasets.Dataset.from_list([{"text": "a b"}]).save_to_disk(str(tmp_path / "ds"))
+    capsys.readouterr()  # its progress bar
+    assert "holds the input" in run_error(capsys, "--input", tmp_path / "ds", "--model-dir", tiny_model_dir,
+                                          "--output", tmp_path / "ds")
     assert "its name says jsonl, but --output-format is parquet" in run_error(
         capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / "x.jsonl", "--output-format",
         "parquet")
