@@ -14,6 +14,7 @@ that hold its rows) and written to a temp file renamed when complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -124,11 +125,22 @@ class ArrowTableSource:
         table = self._read_piece(piece, columns or None)
         if local_rows is not None:
             table = table.take(local_rows)
+        plain = self._plain_text_column()
+        if plain is not None and table.column(plain).null_count == 0:
+            return table.column(plain).to_pylist()  # one string column: no per-row dict (6x faster)
         records = table.to_pylist()
         first = piece.first
         picked = range(len(records)) if local_rows is None else local_rows.tolist()
         return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), _keys_text)
                 for record, i in zip(records, picked)]
+
+    def _plain_text_column(self) -> str | None:
+        """The column name when the document is one top-level string column, else None."""
+        pa = _pyarrow()
+        if len(self.text_fields) != 1 or self.text_fields[0] not in self._schema().names:
+            return None
+        kind = self._schema().field(self.text_fields[0]).type
+        return self.text_fields[0] if pa.types.is_string(kind) or pa.types.is_large_string(kind) else None
 
     def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
                        max_batch_rows: int = 1 << 30) -> Iterator[tuple[np.ndarray, list]]:
@@ -327,11 +339,9 @@ def dataset_folder_files(folder: Path) -> list[Path]:
 def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...], folder: Path | None = None,
                       progress=None) -> ArrowTableSource:
     """Index ``files``: their pieces, and each row's fingerprint and size (one streaming pass)."""
-    from .records import text_fingerprint
-
     pa = _pyarrow()
     source = ArrowTableSource(list(files), kind, tuple(text_fields), folder)
-    fingerprints, sizes = [], []
+    sizes: list[int] = []
     first = 0
     schema = None
     for number, path in enumerate(source.files):
@@ -349,15 +359,18 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     if missing:
         raise UserError(f"--input {source.name}: no column '{missing[0]}' (columns: {', '.join(schema.names[:10])}); "
                         "choose the text field with --text-field")
+    digests = bytearray()
     for piece in source.pieces:
-        documents = source._documents(piece)
-        fingerprints.extend(text_fingerprint(fields_mod.fingerprint_text(d)) for d in documents)
-        sizes.extend(len(fields_mod.fingerprint_text(d).encode("utf-8", "surrogatepass")) + 16 for d in documents)
+        for document in source._documents(piece):
+            # Each text encoded once, for its fingerprint (records.text_fingerprint's bytes) and its size.
+            encoded = fields_mod.fingerprint_text(document).encode("utf-8", "surrogatepass")
+            digests += hashlib.blake2b(encoded, digest_size=8).digest()
+            sizes.append(len(encoded) + 16)
         if progress is not None:
             progress.update(piece.nbytes)
-    if not fingerprints:
+    if not sizes:
         raise UserError(f"--input {source.name}: no rows")
-    source.fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    source.fingerprints = np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
     source.row_sizes = np.asarray(sizes, dtype=np.int64)
     return source
 
