@@ -173,6 +173,7 @@ class Run:
     comparison: dict | None = None
     packed: dict | None = None  # what --export-packed wrote
     curated_files: list = field(default_factory=list)
+    special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
 
     @property
     def n(self) -> int:
@@ -370,6 +371,7 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
         return counts
     before, after = run.model.tokenizer(f"for --count-special-tokens {mode}").special_tokens_per_document(mode)
     added = before + after
+    run.special_tokens_per_document = len(added)
     log.info("--count-special-tokens %s: %d token(s) added to each document's count (%s)", mode, len(added),
              run.model.tokenizer("").token_texts(added) if added else "this tokenizer adds none")
     return counts + len(added)
@@ -479,6 +481,7 @@ def write_metadata(run: Run) -> dict:
         "output_format": config.written_kind,
         "output_files": run.curated_files,
         "count_special_tokens": config.count_special_tokens,
+        "special_tokens_per_document": run.special_tokens_per_document,
         "packing": config.ordering_options.packing,
         "packed_export": run.packed,
         "pca": run.pca_info.as_dict() if run.pca_info else None,

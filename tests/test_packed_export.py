@@ -97,6 +97,11 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
             document = tokenizer.encode(records[row]["text"]) + eos
             assert _is_slice(ids[start:end], document)
     assert summary["unique_clusters_per_sequence"]["mean"] == pytest.approx(np.mean(recomputed))
+    # animate_ordering, given the run's metadata, packs as the run did.
+    from diversity_order.animate import load_inputs
+
+    inputs = load_inputs(tmp_path / "data_token_counts.npy", meta=tmp_path / "o" / "c_meta.json")
+    assert inputs.packing == "split" and inputs.token_counts.sum() == meta["total_tokens"]
 
 
 def _is_slice(piece, document):
