@@ -261,11 +261,14 @@ def test_torchrun_on_parquet_equals_single_process(tmp_path, demo_records, tiny_
                            row_group_size=25)
     common = ["--model-dir", tiny_model_dir, *COMMON]
     assert curate("--input", single / "in", "--output", single / "c.parquet", *common) == 0
-    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    # Its own cache registry: else it would reuse the single run's embeddings and share no work.
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               DIVERSITY_ORDER_CACHE_DIR=str(tmp_path / "multi_registry"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "curate_dataset.py",
            *map(str, ["--input", multi / "in", "--output", multi / "c.parquet", *common]), "--no-progress", "--no-plot"]
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "Rank 0 of 2" in done.stderr and "taken from" not in done.stderr  # the ranks shared the embedding
     for name in ["c_labels.npy", "c_order.npy", "c_embeddings.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
     assert pq.read_table(multi / "c.parquet").equals(pq.read_table(single / "c.parquet"))
