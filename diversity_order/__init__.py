@@ -2,7 +2,12 @@
 
 Data flows one way; each stage is one module (the scripts only parse flags and call them):
 
-    records       JSONL records -> a byte-offset index and fingerprints; text batches; the output writer
+    sources       every input format as one kind of source (--input files, folders, globs)
+      records       JSONL records -> a byte-offset index and fingerprints; text batches; byte-exact writer
+      arrow_sources Parquet files and datasets folders (save_to_disk), read a row group at a time
+      fields        which part of a record is the document: dotted paths, joined fields, conversations
+    writers       the curated data in the input's format or converted, in --output-shards slices
+    packed_export --export-packed: the curated order as ready training sequences with boundaries
     tokenizer     texts -> token ids                      embedding_table  the model's input-embedding table
     embed         ids -> shallow embeddings (mean pooled) features  counts + embeddings, cached (caches)
     clustering    embeddings -> PCA, k-means labels, k calibration

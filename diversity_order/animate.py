@@ -47,6 +47,7 @@ class AnimationInputs:
     n_clusters: int
     seq_len: int
     source: str  # where labels/order came from
+    packing: str = "whole"  # the curate run's --packing (packing.py)
 
 
 def _resolve_beside(meta_path: Path, recorded: str) -> Path:
@@ -74,7 +75,8 @@ def read_meta(meta_path: Path) -> dict:
 
 def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path | None = None,
                 labels: Path | None = None, order: Path | None = None, n_clusters: int | None = None,
-                seq_len: int | None = None, seed: int = DEFAULT_SEED, ordering: str = "stratified") -> AnimationInputs:
+                seq_len: int | None = None, seed: int = DEFAULT_SEED, ordering: str = "stratified",
+                packing: str = "whole") -> AnimationInputs:
     """Labels and order as a curate run saved them (``--meta``, or ``--labels``/``--order``);
     k-means on the embeddings and ``ordering`` (a cluster ordering of the registry) only for what is
     not given."""
@@ -92,6 +94,9 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
         meta_k = m.get("n_clusters")
         if seq_len is None and m.get("sequence_length"):
             seq_len = int(m["sequence_length"])
+        packing = m.get("packing") or packing
+        # The curate run counted the tokens its trainer adds per document (--count-special-tokens).
+        counts = counts + int(m.get("special_tokens_per_document") or 0)
         if labels is None:
             raise UserError(f"--meta {meta}: no labels_file recorded (an older curate run?); pass --labels")
     seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
@@ -130,9 +135,9 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
 
         if ordering not in CLUSTER_ORDERINGS:
             raise UserError(f"--ordering {ordering}: choose a cluster ordering ({', '.join(CLUSTER_ORDERINGS)})")
-        ordr = ORDERINGS[ordering](lab, counts, k, OrderingOptions(seed=seed, seq_len=seq_len))
+        ordr = ORDERINGS[ordering](lab, counts, k, OrderingOptions(seed=seed, seq_len=seq_len, packing=packing))
         source += f", {ordering} order recomputed"
-    return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source)
+    return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source, packing)
 
 
 # ---------------------------------------------------------------- encoder
@@ -273,8 +278,8 @@ class BarFrames:
         bright = _rgb(cluster_colors(k))
         self.bright = bright
         self.dim = np.round(bright * DIM_KEEP + DIM_TOWARD * (1 - DIM_KEEP)).astype(np.uint8)
-        self.before = window_diversity(labels, counts, inputs.seq_len)
-        self.after = window_diversity(labels, counts, inputs.seq_len, order)
+        self.before = window_diversity(labels, counts, inputs.seq_len, packing=inputs.packing)
+        self.after = window_diversity(labels, counts, inputs.seq_len, order, packing=inputs.packing)
         sb, sa = summarize_windows(self.before), summarize_windows(self.after)
         self.summary_before, self.summary_after = sb, sa
         self.total_tokens = int(counts.sum())
@@ -349,7 +354,7 @@ class BarFrames:
         if placed == 0:
             return 0
         prefix = window_diversity(self.inputs.labels, self.inputs.token_counts, self.inputs.seq_len,
-                                  self.inputs.order[:placed])
+                                  self.inputs.order[:placed], packing=self.inputs.packing)
         return max(prefix.size - 1, 0)  # the last window may still grow
 
     def frame(self, placed: int, unplaced_mask: np.ndarray) -> np.ndarray:

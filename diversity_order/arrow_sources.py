@@ -14,6 +14,7 @@ that hold its rows) and written to a temp file renamed when complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -124,11 +125,22 @@ class ArrowTableSource:
         table = self._read_piece(piece, columns or None)
         if local_rows is not None:
             table = table.take(local_rows)
+        plain = self._plain_text_column()
+        if plain is not None and table.column(plain).null_count == 0:
+            return table.column(plain).to_pylist()  # one string column: no per-row dict (6x faster)
         records = table.to_pylist()
         first = piece.first
         picked = range(len(records)) if local_rows is None else local_rows.tolist()
         return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), _keys_text)
                 for record, i in zip(records, picked)]
+
+    def _plain_text_column(self) -> str | None:
+        """The column name when the document is one top-level string column, else None."""
+        pa = _pyarrow()
+        if len(self.text_fields) != 1 or self.text_fields[0] not in self._schema().names:
+            return None
+        kind = self._schema().field(self.text_fields[0]).type
+        return self.text_fields[0] if pa.types.is_string(kind) or pa.types.is_large_string(kind) else None
 
     def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
                        max_batch_rows: int = 1 << 30) -> Iterator[tuple[np.ndarray, list]]:
@@ -174,17 +186,32 @@ class ArrowTableSource:
         order = np.asarray(order, dtype=np.int64)
         if order.shape[0] != len(self) or not np.array_equal(np.sort(order), np.arange(len(self))):
             raise ValueError("order must be a permutation of the record positions")
+        return self.write_rows(order, output, output_kind)
+
+    def write_rows(self, rows: np.ndarray, output: Path, output_kind: str | None = None) -> int:
+        """Rows ``rows`` (in that order; any part of the rows, e.g. a shard) to ``output``."""
         self.check_unchanged()
+        rows = np.asarray(rows, dtype=np.int64)
         kind = output_kind or self.kind
         if kind == "parquet":
-            return self._write_parquet(order, Path(output))
+            return self._write_parquet(rows, Path(output))
         if kind == "arrow":
-            return self._write_dataset_folder(order, Path(output))
+            return self._write_dataset_folder(rows, Path(output))
         raise ValueError(f"cannot write {kind} from a {self.kind} input")
+
+    def record_keys(self, row: int) -> str:
+        return ", ".join(self._schema().names[:10]) or "none"
+
+    def ordered_tables(self, rows: np.ndarray) -> Iterator:
+        """Tables of ``rows`` in that order, a bounded piece at a time, each row checked against its fingerprint."""
+        self.check_unchanged()
+        return self._ordered_pieces(np.asarray(rows, dtype=np.int64))
 
     def _ordered_pieces(self, order: np.ndarray) -> Iterator:
         """Tables of rows in ``order``, a bounded piece at a time; each row checked against its fingerprint."""
         pa = _pyarrow()
+        if order.size == 0:
+            return
         bounds = [0]
         sizes = self.row_sizes[order]
         total = 0
@@ -228,8 +255,9 @@ class ArrowTableSource:
                 if writer is None:
                     writer = pa.parquet.ParquetWriter(tmp, table.schema)
                 writer.write_table(table)
-            if writer is not None:
-                writer.close()
+            if writer is None:  # no rows (an empty shard): the schema alone
+                writer = pa.parquet.ParquetWriter(tmp, self._schema())
+            writer.close()
             give_plain_permissions(tmp)
             os.replace(tmp, output)
         except BaseException:
@@ -250,8 +278,9 @@ class ArrowTableSource:
                     if writer is None:
                         writer = pa.ipc.new_stream(sink, table.schema)
                     writer.write_table(table)
-                if writer is not None:
-                    writer.close()
+                if writer is None:
+                    writer = pa.ipc.new_stream(sink, self._schema())
+                writer.close()
             if self.folder is not None and (self.folder / DATASET_INFO).is_file():
                 shutil.copyfile(self.folder / DATASET_INFO, staging / DATASET_INFO)
             state = {"_data_files": [{"filename": data_name}], "_fingerprint": os.urandom(8).hex(),
@@ -260,14 +289,14 @@ class ArrowTableSource:
             (staging / DATASET_STATE).write_text(json.dumps(state, indent=2))
             for child in [staging, *staging.iterdir()]:
                 give_plain_permissions(child) if child.is_file() else os.chmod(child, 0o755)
-            _replace_folder(staging, output)
+            replace_folder(staging, output)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return sum(p.stat().st_size for p in output.iterdir())
 
 
-def _replace_folder(staging: Path, output: Path) -> None:
+def replace_folder(staging: Path, output: Path) -> None:
     """Put ``staging`` at ``output``; an earlier folder there is moved aside first, then removed."""
     old = None
     if output.exists():
@@ -310,11 +339,9 @@ def dataset_folder_files(folder: Path) -> list[Path]:
 def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...], folder: Path | None = None,
                       progress=None) -> ArrowTableSource:
     """Index ``files``: their pieces, and each row's fingerprint and size (one streaming pass)."""
-    from .records import text_fingerprint
-
     pa = _pyarrow()
     source = ArrowTableSource(list(files), kind, tuple(text_fields), folder)
-    fingerprints, sizes = [], []
+    sizes: list[int] = []
     first = 0
     schema = None
     for number, path in enumerate(source.files):
@@ -332,15 +359,18 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     if missing:
         raise UserError(f"--input {source.name}: no column '{missing[0]}' (columns: {', '.join(schema.names[:10])}); "
                         "choose the text field with --text-field")
+    digests = bytearray()
     for piece in source.pieces:
-        documents = source._documents(piece)
-        fingerprints.extend(text_fingerprint(fields_mod.fingerprint_text(d)) for d in documents)
-        sizes.extend(len(fields_mod.fingerprint_text(d).encode("utf-8", "surrogatepass")) + 16 for d in documents)
+        for document in source._documents(piece):
+            # Each text encoded once, for its fingerprint (records.text_fingerprint's bytes) and its size.
+            encoded = fields_mod.fingerprint_text(document).encode("utf-8", "surrogatepass")
+            digests += hashlib.blake2b(encoded, digest_size=8).digest()
+            sizes.append(len(encoded) + 16)
         if progress is not None:
             progress.update(piece.nbytes)
-    if not fingerprints:
+    if not sizes:
         raise UserError(f"--input {source.name}: no rows")
-    source.fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    source.fingerprints = np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
     source.row_sizes = np.asarray(sizes, dtype=np.int64)
     return source
 

@@ -22,7 +22,7 @@ from collections import Counter
 import numpy as np
 
 from . import matrix
-from .records import RecordIndex, iter_text_batches
+from .fields import plain_text
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _sample_rows(labels: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
 
 
-def token_counts_per_cluster(index: RecordIndex, labels: np.ndarray, n_clusters: int, tokenizer,
+def token_counts_per_cluster(index: object, labels: np.ndarray, n_clusters: int, tokenizer,
                              seed: int) -> list[Counter]:
     """Counts of the words a sample of each cluster's documents holds.
 
@@ -55,8 +55,8 @@ def token_counts_per_cluster(index: RecordIndex, labels: np.ndarray, n_clusters:
     """
     counters = [Counter() for _ in range(n_clusters)]
     rows = _sample_rows(labels, n_clusters, seed)
-    for batch_rows, texts in iter_text_batches(index, rows):
-        texts = [text[:SAMPLE_CHARS] for text in texts]
+    for batch_rows, texts in index.iter_documents(rows):
+        texts = [plain_text(text)[:SAMPLE_CHARS] for text in texts]
         if tokenizer is not None:
             flat, lengths = tokenizer.encode_batch(texts)
             pieces = [piece.tolist() for piece in np.split(flat, np.cumsum(lengths)[:-1])]
@@ -134,16 +134,23 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
     return cohesion, nearest
 
 
-def _openings(index: RecordIndex, rows: np.ndarray) -> dict[int, str]:
+def _openings(index: object, rows: np.ndarray) -> dict[int, str]:
     out = {}
-    for batch_rows, texts in iter_text_batches(index, np.sort(rows)):
+    for batch_rows, texts in index.iter_documents(np.sort(rows)):
         for row, text in zip(batch_rows.tolist(), texts):
-            flat = " ".join(text.split())
+            flat = " ".join(plain_text(text).split())
             out[row] = flat if len(flat) <= OPENING_CHARS else flat[: OPENING_CHARS - 1] + "…"
     return out
 
 
-def describe_clusters(index: RecordIndex, labels: np.ndarray, token_counts: np.ndarray, embeddings: np.ndarray,
+def _example(index, row: int, opening: str) -> dict:
+    """A record near its cluster's centre: where it is (its line, for a single JSONL file) and how it opens."""
+    if hasattr(index, "line_numbers"):
+        return {"line": int(index.line_numbers[row]), "opening": opening}
+    return {"row": row, "where": index.where(row), "opening": opening}
+
+
+def describe_clusters(index: object, labels: np.ndarray, token_counts: np.ndarray, embeddings: np.ndarray,
                       n_clusters: int, tokenizer, seed: int) -> list[dict]:
     """One dict per non-empty cluster, largest first (see the module doc)."""
     sizes = np.bincount(labels, minlength=n_clusters)
@@ -162,8 +169,7 @@ def describe_clusters(index: RecordIndex, labels: np.ndarray, token_counts: np.n
             "token_share": round(float(tokens[k] / total_tokens), 4),
             "cohesion": round(float(cohesion[k]), 4),
             "distinguishing_tokens": [{"token": t, "z": z} for t, z in top[k]],
-            "nearest_centre": [{"line": int(index.line_numbers[r]), "opening": openings[int(r)]}
-                               for r in nearest[k].tolist()],
+            "nearest_centre": [_example(index, r, openings[int(r)]) for r in nearest[k].tolist()],
         })
     return clusters
 
@@ -187,7 +193,8 @@ def markdown(clusters: list[dict], title: str, n_clusters: int, tokenized: bool)
                   "", "Distinguishing: " + (", ".join(f"`{_cell(t['token'])}` ({t['z']:.1f})"
                                                       for t in c["distinguishing_tokens"]) or "none"),
                   "", "Nearest its centre:", ""]
-        lines += [f"- line {e['line']}: {_cell(e['opening'])}" for e in c["nearest_centre"]]
+        lines += [f"- {'line ' + str(e['line']) if 'line' in e else e['where']}: {_cell(e['opening'])}"
+                  for e in c["nearest_centre"]]
     return "\n".join(lines) + "\n"
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import clustering, distributed, diversity, features, ordering_report, outputs, plots, records
+from . import clustering, distributed, diversity, features, ordering_report, outputs, plots, records, sources, writers
 from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
+from .fields import as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
 from .projection import projection_or_none
 from .runtime import StageTimer, start
@@ -32,14 +33,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CurateConfig:
-    input: Path
+    input: Path | str | tuple  # one --input value or several (files, folders, globs; see sources.py)
     output: Path
     model_dir: Path | None = None
     device: str = "auto"
     gpu: int = 0
     embed_batch_size: int = 1024
     n_clusters: int = DEFAULT_N_CLUSTERS
-    text_field: str = "text"
+    text_field: str | tuple[str, ...] = "text"  # several: their texts joined (fields.py)
+    output_format: str | None = None  # None: the output's suffix, else the input's format (writers.py)
+    output_shards: int = 1
+    count_special_tokens: str = "none"  # tokenizer.SPECIAL_TOKEN_MODES
+    export_packed: Path | None = None
     stats_only: bool = False
     calibrate_k_samples: int = 10000
     no_plot: bool = False
@@ -54,6 +59,9 @@ class CurateConfig:
     compare_strategies: bool = False
     # Everything the orderings read: the sequence length, the seed and the ordering flags.
     ordering_options: OrderingOptions = field(default_factory=OrderingOptions)
+    # Set by validate(): the files behind --input, and the format of the curated output.
+    inputs: sources.Inputs | None = field(default=None, repr=False, compare=False)
+    written_kind: str = field(default="", repr=False, compare=False)
 
     @property
     def seq_len(self) -> int:
@@ -86,10 +94,45 @@ class CurateConfig:
         for value in self.extra_seq_lens:
             check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()
-        written = outputs.output_paths(self.input, self.output)
+        self._validate_data_flags()
+        written = outputs.output_paths(self.inputs.name, self.output)
         if self.load_embeddings is not None:
             del written["embeddings"]  # precomputed embeddings: no shallow cache is written
-        outputs.check_locations(self.output, written, {"--input": self.input, "--load-embeddings": self.load_embeddings})
+        if self.output_shards > 1:
+            written.update({f"output shard {i}": path for i, path in
+                            enumerate(writers.shard_paths(self.output, self.output_shards))})
+        for path in self.inputs.files:
+            outputs.check_locations(self.output, written, {"--input": path, "--load-embeddings": self.load_embeddings},
+                                    folder_output=self.written_kind == "arrow")
+        if self.export_packed is not None:
+            from .packed_export import check_folder
+
+            check_folder(self.export_packed)
+            outputs.check_writable_folder(self.export_packed.absolute().parent, "--export-packed")
+
+    def _validate_data_flags(self) -> None:
+        """The inputs exist and are one format; the output format, shards and token flags make sense."""
+        from .tokenizer import SPECIAL_TOKEN_MODES
+
+        check_range(self.output_shards, "--output-shards", 1, 99999)
+        if self.count_special_tokens not in SPECIAL_TOKEN_MODES:
+            raise UserError(f"--count-special-tokens {self.count_special_tokens}: choose one of "
+                            f"{', '.join(SPECIAL_TOKEN_MODES)}")
+        self.inputs = sources.resolve_inputs(self.input)
+        self.written_kind = writers.output_kind(self.inputs.kind, self.output, self.output_format)
+        inside = [f for f in self.inputs.files if self.output.absolute() in f.absolute().parents]
+        if inside:
+            raise UserError(f"--output {self.output}: holds the input {inside[0]}; the curated folder would replace "
+                            "it: choose another output path")
+        if self.written_kind == "arrow" and self.output_shards > 1:
+            raise UserError("--output-shards: a datasets folder is written as one folder; for shards write Parquet "
+                            "(--output-format parquet)")
+        if self.export_packed is not None and self.model_dir is None:
+            raise UserError("--export-packed needs --model-dir: the packed sequences are token ids")
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        return as_tuple(self.text_field)
 
 
 @dataclass
@@ -128,6 +171,9 @@ class Run:
     field_quality: dict = field(default_factory=dict)
     similarity: dict = field(default_factory=dict)
     comparison: dict | None = None
+    packed: dict | None = None  # what --export-packed wrote
+    curated_files: list = field(default_factory=list)
+    special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
 
     @property
     def n(self) -> int:
@@ -175,7 +221,7 @@ def _start(config: CurateConfig) -> Run:
     device, ctx = start(config.device, config.gpu)
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
-    return Run(config, device, ctx, paths=outputs.output_paths(config.input, config.output))
+    return Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output))
 
 
 def _finish(run: Run) -> None:
@@ -205,8 +251,8 @@ def index_input(run: Run, fail_fast: bool) -> None:
     """Validate and index every record; with ``fail_fast``, also read the score/balance fields now."""
     config = run.config
     with run.timer.stage("Indexing input"):
-        run.index = records.scan_jsonl(config.input, config.text_field, progress=config.progress)
-    log.info("%s: %d records, %.1f MB", config.input, run.n, run.index.total_bytes / 1e6)
+        run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress)
+    log.info("%s: %d records, %.1f MB", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
     if not fail_fast:
         return
     if config.n_clusters > run.n:
@@ -223,9 +269,9 @@ def counts_and_embeddings(run: Run) -> None:
         if external:
             run.embeddings = features.load_external_embeddings(config.load_embeddings, run.n)
         counts, embeddings = features.counts_and_embeddings(
-            run.index, run.paths, run.model, config.text_field, not external, config.embed_batch_size,
+            run.index, run.paths, run.model, cache_key(config.text_field), not external, config.embed_batch_size,
             config.progress, run.ctx)
-        run.counts = counts
+        run.counts = _with_special_tokens(run, counts)
         if not external:
             run.embeddings = embeddings
         run.method = EXTERNAL_METHOD if external else SHALLOW_METHOD
@@ -253,7 +299,7 @@ def sweep_k(run: Run):
         rows, recommended = clustering.calibrate_k(run.embeddings, samples, config.seed, progress=config.progress,
                                                    device=run.device)
     _log_calibration(rows, recommended)
-    save_json(run.paths["calibration"], {"input": str(config.input), "samples": used, "seed": config.seed,
+    save_json(run.paths["calibration"], {"input": str(config.inputs.name), "samples": used, "seed": config.seed,
                                          "pca": run.pca_info.as_dict() if run.pca_info else None,
                                          "rows": [r.as_dict() for r in rows], "recommended_k": recommended})
     log.info("Calibration table written to %s", run.paths["calibration"])
@@ -309,26 +355,47 @@ def _compare_strategies(run: Run) -> None:
         rows, curves = ordering_report.compare_strategies(run.labels, run.counts, config.n_clusters, seq_lens,
                                                           options, names)
         report, table = ordering_report.write_report(outputs.output_stem(config.output), rows, curves, config.n_clusters,
-                                                     config.input.name, registry.comparison_options(options),
+                                                     config.inputs.name.name, registry.comparison_options(options),
                                                      plot=not config.no_plot)
     print(table, flush=True)
     log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
     run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: str(v) for k, v in report.items()}}
 
 
+def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | None:
+    """Token counts as the trainer sees them: plus the tokens it adds to each document (--count-special-tokens).
+
+    The caches keep the documents' own counts; the added tokens are not embedded."""
+    mode = run.config.count_special_tokens
+    if counts is None or mode == "none":
+        return counts
+    before, after = run.model.tokenizer(f"for --count-special-tokens {mode}").special_tokens_per_document(mode)
+    added = before + after
+    run.special_tokens_per_document = len(added)
+    log.info("--count-special-tokens %s: %d token(s) added to each document's count (%s)", mode, len(added),
+             run.model.tokenizer("").token_texts(added) if added else "this tokenizer adds none")
+    return counts + len(added)
+
+
 def write_outputs(run: Run) -> None:
-    """The curated file (unless --stats-only), and the labels and order it was written with.
+    """The curated data (unless --stats-only), the labels and order it was written with, and the
+    packed sequences (--export-packed).
 
     A --stats-only trial beside an existing curated file never replaces the files that describe
     that file's order (an earlier run's metadata, labels, order, plots): its own go to ``B_stats-only_*``.
     """
     config = run.config
     if not config.stats_only:
-        with run.timer.stage(f"Writing {config.output}"):
-            written = records.write_reordered(run.index, run.order, config.output)
-        log.info("Wrote %d records (%.1f MB) to %s", run.n, written / 1e6, config.output)
-    elif not config.output.exists():
-        log.info("--stats-only: the curated JSONL was not written")
+        shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
+        with run.timer.stage(f"Writing {config.output}{shards}"):
+            written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
+                                            config.output_shards)
+        run.curated_files = [str(path) for path, _ in written]
+        log.info("Wrote %d records (%.1f MB, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
+                 config.written_kind, config.output if len(written) == 1 else
+                 f"{written[0][0]} ... {written[-1][0].name}")
+    elif not any(path.exists() for path in writers.shard_paths(config.output, config.output_shards)):
+        log.info("--stats-only: the curated data was not written")
     else:
         same = _same_as_saved(run)
         run.paths = outputs.stats_only_paths(run.paths, config.output)
@@ -337,6 +404,13 @@ def write_outputs(run: Run) -> None:
                  outputs.output_stem(config.output).name, outputs.STATS_ONLY_TAG)
     save_npy(run.paths["labels"], run.labels)
     save_npy(run.paths["order"], run.order)
+    if config.export_packed is not None:
+        from . import packed_export
+
+        with run.timer.stage(f"Exporting packed sequences to {config.export_packed}"):
+            run.packed = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
+                                              config.seq_len, config.count_special_tokens, config.export_packed,
+                                              run.labels, config.progress)
 
 
 def _same_as_saved(run: Run) -> bool:
@@ -357,10 +431,10 @@ def describe(run: Run) -> None:
         tokenizer = run.model.tokenizer("") if config.model_dir is not None else None
         clusters = cluster_report.describe_clusters(run.index, run.labels, run.counts, run.embeddings,
                                                     config.n_clusters, tokenizer, config.seed)
-        text = cluster_report.markdown(clusters, config.input.name, config.n_clusters, tokenizer is not None)
+        text = cluster_report.markdown(clusters, config.inputs.name.name, config.n_clusters, tokenizer is not None)
         with atomic_open(run.paths["clusters_md"], "w") as handle:
             handle.write(text)
-        save_json(run.paths["clusters_json"], {"input": str(config.input), "n_clusters": config.n_clusters,
+        save_json(run.paths["clusters_json"], {"input": str(config.inputs.name), "n_clusters": config.n_clusters,
                                                "clusters": clusters})
     log.info("What the clusters are: %s", run.paths["clusters_md"])
 
@@ -386,7 +460,7 @@ def write_metadata(run: Run) -> dict:
     by_size = sorted(np.flatnonzero(sizes).tolist(), key=lambda k: (-sizes[k], k))
     before, after = run.quality["original"]["diversity"], run.quality["curated"]["diversity"]
     meta = {
-        "input": str(config.input),
+        "input": str(config.inputs.name),
         "output": str(config.output),
         "input_count": run.n,
         "final_count": run.n,
@@ -402,6 +476,14 @@ def write_metadata(run: Run) -> dict:
         "load_embeddings_path": str(config.load_embeddings) if config.load_embeddings else None,
         "model_dir": str(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
+        "input_format": config.inputs.kind,
+        "input_files": [str(path) for path in config.inputs.files],
+        "output_format": config.written_kind,
+        "output_files": run.curated_files,
+        "count_special_tokens": config.count_special_tokens,
+        "special_tokens_per_document": run.special_tokens_per_document,
+        "packing": config.ordering_options.packing,
+        "packed_export": run.packed,
         "pca": run.pca_info.as_dict() if run.pca_info else None,
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample},
         "token_window_diversity": {"original": before, "curated": after},

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .records import RecordIndex, iter_text_batches
 from .runtime import Progress
 from .tokenizer import DocumentTokenizer
 
@@ -52,7 +51,7 @@ class TokenizeStats:
 
 
 def embed_and_count(
-    index: RecordIndex,
+    index,
     rows: np.ndarray,
     tokenizer: DocumentTokenizer,
     table: torch.Tensor | None,
@@ -79,7 +78,7 @@ def embed_and_count(
     started = time.perf_counter()
     done = 0
     with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar:
-        for batch_rows, texts in iter_text_batches(index, rows, batch_bytes, batch_docs):
+        for batch_rows, texts in index.iter_documents(rows, batch_bytes, batch_docs):
             flat, lengths = tokenizer.encode_batch(texts)
             n = len(texts)
             counts[done : done + n] = lengths
@@ -96,8 +95,9 @@ def embed_and_count(
     stats.documents = done
     stats.seconds = time.perf_counter() - started
     if stats.empty_rows:
-        shown = ", ".join(str(int(index.line_numbers[r])) for r in stats.empty_rows[:10])
+        shown = (f"lines {', '.join(str(int(index.line_numbers[r])) for r in stats.empty_rows[:10])}"
+                 if hasattr(index, "line_numbers") else ", ".join(index.where(r) for r in stats.empty_rows[:10]))
         more = "" if len(stats.empty_rows) <= 10 else f" and {len(stats.empty_rows) - 10} more"
-        log.warning("%d document(s) have no tokens (lines %s%s): %s", len(stats.empty_rows), shown, more,
+        log.warning("%d document(s) have no tokens (%s%s): %s", len(stats.empty_rows), shown, more,
                     "their embedding is the zero vector" if table is not None else "token count 0")
     return vectors, counts, stats

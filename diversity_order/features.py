@@ -86,7 +86,7 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
     bytes and rank 0 gets everything back in row order. Other ranks get (None, None).
 
     In a single process the vectors are written straight into ``out[rows]``."""
-    share = distributed.my_share(ctx, rows, index.ends[rows] - index.starts[rows])
+    share = distributed.my_share(ctx, rows, index.row_sizes[rows])
     if ctx.active:
         log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     vectors, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,

@@ -83,6 +83,15 @@ def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Co
     return parts[0] if len(parts) == 1 else JOIN.join(parts)
 
 
+def as_tuple(text_field: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (text_field,) if isinstance(text_field, str) else tuple(text_field)
+
+
+def cache_key(text_field: str | tuple[str, ...]) -> str:
+    """The fields as cache keys name them: one field as itself (the keys of earlier runs), several joined by "+"."""
+    return "+".join(as_tuple(text_field))
+
+
 def fingerprint_text(value: str | Conversation) -> str:
     """The text a fingerprint covers: the document itself, or the conversation's canonical JSON."""
     return value.messages_json if isinstance(value, Conversation) else value
@@ -98,3 +107,10 @@ def render(value: str | Conversation, tokenizer) -> str:
 def _json_type(value) -> str:
     return {dict: "object", list: "array", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
         type(value), type(value).__name__)
+
+
+def plain_text(value: str | Conversation) -> str:
+    """The words of a document, for reports: the text, or a conversation's message contents."""
+    if isinstance(value, Conversation):
+        return "\n".join(message["content"] for message in value.messages)
+    return value

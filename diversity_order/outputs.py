@@ -15,8 +15,8 @@ from pathlib import Path
 
 from .errors import UserError
 from .records import COMPRESSED_SUFFIXES
+from .sources import JSONL_SUFFIXES, PARQUET_SUFFIX
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 STATS_ONLY_TAG = "_stats-only"
 # The files that describe one curated order; a --stats-only trial run beside a real run's output
 # writes its own (see curate.write_outputs).
@@ -24,8 +24,11 @@ DESCRIBING_ORDER = ("meta", "labels", "order", "ordering_plot", "cloud_plot", "c
 
 
 def output_stem(output: Path) -> Path:
-    """``dir/name.jsonl[.gz|.zst]`` -> ``dir/name``: the prefix of the files written beside it."""
+    """``dir/name.jsonl[.gz|.zst]`` or ``dir/name.parquet`` -> ``dir/name``: the prefix of the files
+    written beside it (a datasets folder is its own stem)."""
     name = output.name
+    if name.endswith(PARQUET_SUFFIX):
+        return output.with_name(name[: -len(PARQUET_SUFFIX)])
     for compressed in ("", *COMPRESSED_SUFFIXES):
         for suffix in JSONL_SUFFIXES:
             if name.endswith(suffix + compressed):
@@ -67,12 +70,17 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path | None]) -> None:
+def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path | None],
+                    folder_output: bool = False) -> None:
     """Refuse, before any long work, outputs that cannot be written or would destroy an input.
 
-    ``written``: role -> path this run writes; ``read``: flag -> file it reads (None: not given).
+    ``written``: role -> path this run writes; ``read``: flag -> file it reads (None: not given);
+    ``folder_output``: the curated data is a datasets folder (which an earlier run's may be).
     """
-    if output.is_dir():
+    if folder_output and output.is_dir() and any(output.iterdir()) and not (output / "state.json").is_file():
+        raise UserError(f"--output {output}: a folder that is not a datasets folder; the curated datasets folder "
+                        "would replace it: choose a new path")
+    if output.is_dir() and not folder_output:
         raise UserError(f"--output {output}: is a folder; give the path of the curated file to write, "
                         f"e.g. {output / 'curated.jsonl'}")
     for flag, source in read.items():

@@ -26,6 +26,7 @@ from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
+from . import fields
 from .atomic import atomic_open
 from .errors import UserError
 from .runtime import Progress
@@ -48,7 +49,7 @@ _SIGNATURES = (
     (b"\xfe\xff", "UTF-16 text", None),
 )
 _UTF8_BOM = b"\xef\xbb\xbf"
-_MISSING = object()
+_MISSING = fields.MISSING
 _JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst)"
 
 
@@ -398,6 +399,41 @@ class RecordIndex:
     def total_bytes(self) -> int:
         return int((self.ends - self.starts).sum())
 
+    # The source interface (see sources.py): what every input format offers the pipeline.
+    kind = "jsonl"
+
+    @property
+    def name(self) -> Path:
+        return self.path
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path]
+
+    @property
+    def row_sizes(self) -> np.ndarray:
+        """Bytes of each record: what torchrun shares and batches are balanced by."""
+        return self.ends - self.starts
+
+    def where(self, row: int) -> str:
+        return f"{self.path}:{int(self.line_numbers[row])}"
+
+    def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
+                       max_batch_rows: int = 1 << 30):
+        return iter_text_batches(self, rows, max_batch_bytes, max_batch_rows)
+
+    def field_values(self, name: str) -> list:
+        return read_field_values(self, name)
+
+    def check_unchanged(self) -> None:
+        check_unchanged(self)
+
+    def read_raw(self, rows: np.ndarray) -> list[bytes]:
+        return read_records(self, rows)
+
+    def write_rows(self, rows: np.ndarray, output: Path) -> int:
+        return write_rows(self, rows, output)
+
 
 class _NotJsonl(UserError):
     """A line that is not a UTF-8 JSON object: on the first record, most likely not a JSONL file at all."""
@@ -417,8 +453,11 @@ def _parse_json(decoded: str):
     return value
 
 
-def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
-    """Decode and validate one line; raise a UserError naming the file and line."""
+def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tuple[str, ...]):
+    """Decode and validate one line; its document (a text, or a ``fields.Conversation``).
+
+    ``text_field`` is one field name or several (see ``fields``); raises a UserError naming the file and line.
+    """
     try:
         record = _parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -433,18 +472,23 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> s
                         f"{sys.getrecursionlimit()} levels)") from None
     if not isinstance(record, dict):
         raise _NotJsonl(f"{path}:{line_number}: expected a JSON object, found a JSON {type(record).__name__}")
-    text = record.get(text_field, _MISSING)
-    if text is _MISSING:
-        raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
-                        f"{_keys_text(record)}); choose the text field with --text-field")
-    if not isinstance(text, str):
-        raise UserError(f"{path}:{line_number}: field '{text_field}' is a JSON {type(text).__name__}, "
-                        f"expected a string")
-    return text
+    if isinstance(text_field, str):  # the usual case, kept fast: one top-level field holding a string
+        text = record.get(text_field, _MISSING)
+        if isinstance(text, str):
+            return text
+        if text is _MISSING and "." not in text_field:
+            raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
+                            f"{_keys_text(record)}); choose the text field with --text-field")
+        if text is not _MISSING and not isinstance(text, list):
+            raise UserError(f"{path}:{line_number}: field '{text_field}' is a JSON {type(text).__name__}, "
+                            f"expected a string")
+        text_field = (text_field,)
+    return fields.extract(record, text_field, lambda: f"{path}:{line_number}", _keys_text)
 
 
-def _surrogate_error(text: str, exc: UnicodeEncodeError, where: str, text_field: str) -> UserError:
+def _surrogate_error(text: str, exc: UnicodeEncodeError, where: str, text_field) -> UserError:
     """A JSON \\ud800-\\udfff escape without its pair decodes to a string no tokenizer can encode."""
+    text_field = text_field if isinstance(text_field, str) else "+".join(text_field)
     return UserError(f"{where}: field '{text_field}' holds a lone surrogate (\\u{ord(text[exc.start]):04x} at "
                      f"character {exc.start}): valid JSON but not Unicode text, which no tokenizer can read; "
                      f"fix or remove the record")
@@ -462,7 +506,7 @@ def _skip_preamble(handle, path: Path) -> int:
     return 0
 
 
-def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True) -> RecordIndex:
+def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", progress: bool = True) -> RecordIndex:
     """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
     path = Path(path)
     check_input(path)
@@ -483,6 +527,8 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
                     content = line[:-1] if line.endswith(b"\n") else line
                     if content and not content.isspace():
                         text = _record_text(content, path, line_number, text_field)
+                        if not isinstance(text, str):  # a conversation: its canonical JSON
+                            text = fields.fingerprint_text(text)
                         try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
                             encoded = text.encode("utf-8")
                         except UnicodeEncodeError as exc:
@@ -604,13 +650,14 @@ def _iter_raw_batches(
 
 
 def read_field_values(index: RecordIndex, field: str) -> list:
-    """The JSON value of ``field`` in every record, in input order (a sentinel where it is absent).
+    """The JSON value at ``field`` (a dotted path, see ``fields.lookup``) in every record, in input
+    order (``fields.MISSING`` where it is absent).
 
     Records were validated by ``scan_jsonl``, so each line is a JSON object.
     """
     values: list = []
     for _, raws in _iter_raw_batches(index, None):
-        values.extend(json.loads(raw).get(field, _MISSING) for raw in raws)
+        values.extend(fields.lookup(json.loads(raw), field) for raw in raws)
     return values
 
 
@@ -619,11 +666,14 @@ def _keys_text(record: dict) -> str:
     return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(record)[:10]) or "none"
 
 
-def _record_keys(index: RecordIndex, row: int) -> str:
-    """The keys of record ``row``, read again from the file (for error messages only)."""
-    with open_binary(index.path) as handle:
-        handle.seek(int(index.starts[row]))
-        return _keys_text(json.loads(handle.read(int(index.ends[row] - index.starts[row]))))
+def record_keys(source, row: int) -> str:
+    """The keys (columns) of record ``row`` of any source, read again (for error messages only)."""
+    keys = getattr(source, "record_keys", None)
+    if keys is not None:
+        return keys(row)
+    with open_binary(source.path) as handle:
+        handle.seek(int(source.starts[row]))
+        return _keys_text(json.loads(handle.read(int(source.ends[row] - source.starts[row]))))
 
 
 def _finite_number(value) -> float | None:
@@ -636,31 +686,31 @@ def _finite_number(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def read_scores(index: RecordIndex, field: str) -> np.ndarray:
+def read_scores(index, field: str) -> np.ndarray:
     """A finite number per record from ``field`` (float64); a missing or non-numeric value is a UserError."""
-    values = read_field_values(index, field)
+    values = index.field_values(field)
     scores = np.empty(len(values), dtype=np.float64)
     for row, value in enumerate(values):
         number = _finite_number(value)
         if number is None:
-            where = f"{index.path}:{int(index.line_numbers[row])}"
-            found = (f"no such field (this record has keys: {_record_keys(index, row)})" if value is _MISSING
+            where = index.where(row)
+            found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
                      else f"the value {json.dumps(value)[:40]}")
             raise UserError(f"{where}: --score-field {field} needs a finite number in every record; found {found}")
         scores[row] = number
     return scores
 
 
-def read_categories(index: RecordIndex, field: str) -> tuple[np.ndarray, list[str]]:
+def read_categories(index, field: str) -> tuple[np.ndarray, list[str]]:
     """A category id per record from ``field`` (any JSON value; absent -> its own "(missing)" category).
 
     Returns (ids in input order, category names by id, most frequent first). A field that no
     record has is a UserError (most likely a misspelt name).
     """
-    values = read_field_values(index, field)
+    values = index.field_values(field)
     if values and all(v is _MISSING for v in values):
         raise UserError(f"--balance-field {field}: no record has this field (the first record has keys: "
-                        f"{_record_keys(index, 0)})")
+                        f"{record_keys(index, 0)})")
     keys = ["(missing)" if v is _MISSING else (v if isinstance(v, str) else json.dumps(v, sort_keys=True))
             for v in values]
     names, ids, sizes = np.unique(np.asarray(keys, dtype=object), return_inverse=True, return_counts=True)
@@ -671,28 +721,54 @@ def read_categories(index: RecordIndex, field: str) -> tuple[np.ndarray, list[st
 
 
 def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str, max_pass_bytes: int = 1 << 30) -> int:
-    """Write the input records in ``order`` to ``output`` atomically; return bytes written.
+    """Write the input records in ``order`` (a permutation of them) to ``output`` atomically; return bytes written."""
+    order = np.asarray(order, dtype=np.int64)
+    if order.shape[0] != len(index) or not np.array_equal(np.sort(order), np.arange(len(index))):
+        raise ValueError("order must be a permutation of the record positions")
+    return write_rows(index, order, output, max_pass_bytes)
+
+
+def write_rows(index: RecordIndex, rows: np.ndarray, output: Path | str, max_pass_bytes: int = 1 << 30) -> int:
+    """Write the records ``rows`` (in that order) to ``output`` atomically; return bytes written.
 
     Each record is copied byte for byte from the input and followed by exactly one newline.
     The input must still be the file indexed (checked before anything is written), and every
     record copied must hash as indexed, else a UserError and no output. Plain input is copied
     through a memory map. Compressed input cannot be read at random, so the output is assembled
     in pieces of at most ``max_pass_bytes``, one forward pass over the input per piece. An output
-    named ``.gz`` or ``.zst`` is compressed.
+    named ``.gz`` or ``.zst`` is compressed. ``rows`` may be any part of the records (a shard).
     """
     output = Path(output)
-    order = np.asarray(order, dtype=np.int64)
-    if order.shape[0] != len(index) or not np.array_equal(np.sort(order), np.arange(len(index))):
-        raise ValueError("order must be a permutation of the record positions")
+    rows = np.asarray(rows, dtype=np.int64)
     check_unchanged(index)
     written = 0
-    with atomic_open(output, "wb") as target, _compressing(output, target) as sink:
-        for rows, records in _record_pieces(index, order, max_pass_bytes):
-            _verify(index, rows, records)
+    with open_output(output) as sink:
+        for batch, records in _record_pieces(index, rows, max_pass_bytes) if rows.size else ():
+            _verify(index, batch, records)
             sink.write(b"\n".join(records))
             sink.write(b"\n")
             written += sum(map(len, records)) + len(records)
     return written
+
+
+@contextlib.contextmanager
+def open_output(output: Path):
+    """A binary sink that becomes ``output`` only when complete (compressed for .gz / .zst names)."""
+    with atomic_open(output, "wb") as target, _compressing(output, target) as sink:
+        yield sink
+
+
+def read_records(index: RecordIndex, rows: np.ndarray) -> list[bytes]:
+    """The bytes of records ``rows``, in that order (read in file order; each checked as indexed)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    by_offset = np.argsort(index.starts[rows], kind="stable")
+    found: list[bytes] = [b""] * rows.size
+    with open_binary(index.path, expect=index.identity) as source:
+        for j in by_offset.tolist():
+            source.seek(int(index.starts[rows[j]]))
+            found[j] = source.read(int(index.ends[rows[j]] - index.starts[rows[j]]))
+    _verify(index, rows, found)
+    return found
 
 
 _WRITE_GROUP_BYTES = 16 << 20  # records joined per write (and verified together)

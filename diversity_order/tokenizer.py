@@ -73,17 +73,71 @@ class DocumentTokenizer:
         return len(self._hf)
 
     def _fingerprint(self) -> str:
-        """A short hash of everything that decides the ids, to key token-count caches."""
+        """A short hash of everything that decides the ids, to key token-count caches (the chat
+        template too, when the folder has one: it decides a conversation's tokens)."""
         digest = hashlib.blake2b(digest_size=8)
         if self._backend is not None:
             digest.update(self._backend.to_str().encode("utf-8"))
         else:
             digest.update(json.dumps(sorted(self._hf.get_vocab().items())).encode("utf-8"))
             digest.update(type(self._hf).__name__.encode())
+        template = _chat_template_text(self.model_dir)
+        if template:
+            digest.update(b"\0chat template\0" + template.encode("utf-8"))
         return digest.hexdigest()
 
-    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids of all ``texts`` concatenated (int64), and each text's token count."""
+    def render_chat(self, messages: list[dict]) -> str:
+        """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized."""
+        hf = self._hf
+        if not getattr(hf, "chat_template", None):
+            raise UserError(f"--model-dir {self.model_dir}: the tokenizer has no chat template, so a conversation "
+                            "field cannot be rendered as a chat trainer would; give a model folder whose tokenizer "
+                            "has one (chat_template.jinja or tokenizer_config.json's chat_template), or a text field")
+        try:
+            return hf.apply_chat_template(messages, tokenize=False)
+        except Exception as exc:  # noqa: BLE001 - a template raises what its Jinja code raises
+            raise UserError(f"--model-dir {self.model_dir}: the chat template cannot render a conversation "
+                            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+                            ) from None
+
+    def special_tokens_per_document(self, mode: str) -> tuple[list[int], list[int]]:
+        """The ids the trainer adds before and after each document (see ``SPECIAL_TOKEN_MODES``)."""
+        if mode == "none":
+            return [], []
+        if mode in ("eos", "bos-eos"):
+            names = ("bos_token", "eos_token") if mode == "bos-eos" else ("eos_token",)
+            ids = [self._special_id(name) for name in names]
+            if None in ids:
+                missing = names[ids.index(None)].split("_")[0].upper()
+                raise UserError(f"--count-special-tokens {mode}: the tokenizer of {self.model_dir} has no {missing} token")
+            return ids[:-1], ids[-1:]
+        plain = self._encode_one("a", False)
+        full = self._encode_one("a", True)
+        at = next(i for i in range(len(full) + 1) if full[i: i + len(plain)] == plain)
+        return full[:at], full[at + len(plain):]
+
+    def _encode_one(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self._transformers_tokenizer is None and self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def _special_id(self, name: str) -> int | None:
+        config_file = self.model_dir / "tokenizer_config.json"
+        token = None
+        if self._backend is not None and config_file.is_file():
+            token = json.loads(config_file.read_text(encoding="utf-8")).get(name)
+            token = token.get("content") if isinstance(token, dict) else token
+            return self._backend.token_to_id(token) if token else None
+        return getattr(self._hf, f"{name}_id", None)
+
+    def encode_batch(self, texts: list) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of all ``texts`` concatenated (int64), and each text's token count.
+
+        A ``fields.Conversation`` is rendered with the chat template first."""
+        if any(not isinstance(text, str) for text in texts):
+            from .fields import render
+
+            texts = [render(text, self) for text in texts]
         if self._backend is not None:
             encodings = self._encode_ids_batch(texts, add_special_tokens=False)
             id_lists = [encoding.ids for encoding in encodings]
@@ -106,6 +160,25 @@ class DocumentTokenizer:
         if self._transformers_tokenizer is None and self._backend is not None:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self._hf.encode(text, add_special_tokens=False))
+
+
+# What the trainer adds to each document, counted in every token count and window with
+# --count-special-tokens: nothing; the tokens the tokenizer adds with add_special_tokens=True (BOS
+# and/or EOS, as its post-processor says); one EOS separator (Megatron's --append-eod, nanoGPT,
+# TRL SFT); or BOS and EOS (torchtitan's encode(add_bos=True, add_eos=True)).
+SPECIAL_TOKEN_MODES = ("none", "tokenizer", "eos", "bos-eos")
+
+
+def _chat_template_text(model_dir: Path) -> str:
+    """The folder's chat template as written (chat_template.jinja, else tokenizer_config.json's), or ""."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    try:
+        template = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return template if isinstance(template, str) else json.dumps(template or "")
 
 
 # tokenizer_config.json keys that leave transformers' tokenizer pipeline as tokenizer.json has it.

@@ -107,3 +107,10 @@ def test_a_file_changed_after_indexing_is_refused(tmp_path, parquet_file):
     with pytest.raises(UserError, match="changed while this run was going"):
         source.write_reordered(np.arange(len(source)), tmp_path / "o.parquet")
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_null_in_a_plain_string_column_is_one_clear_error(tmp_path):
+    path = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", None, "d"]}), path, row_group_size=2)
+    with pytest.raises(UserError, match=r"nulls\.parquet row 2: field 'text' is a JSON null, expected a string"):
+        open_arrow_source([path], "parquet", ("text",))

@@ -90,6 +90,7 @@ def test_a_plain_tokenizer_json_is_read_without_transformers(tiny_tokenizer):
     # The same fingerprint as when transformers loaded it: token-count caches stay valid.
     via_transformers = DocumentTokenizer.__new__(DocumentTokenizer)
     via_transformers._backend = hf.backend_tokenizer
+    via_transformers.model_dir = tiny_tokenizer.model_dir  # its chat template (if any) is part of the fingerprint
     assert via_transformers._fingerprint() == tiny_tokenizer.fingerprint
 
 

@@ -33,6 +33,28 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
 
 
+def add_input_flags(parser) -> None:
+    """--input and --text-field, as every script that reads the records takes them."""
+    parser.add_argument("--input", required=True, action="append", metavar="PATH",
+                        help="the records: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet (.parquet), or a Hugging "
+                             "Face datasets folder (save_to_disk); a folder of such files or a quoted glob "
+                             "(data/*.parquet) reads them all, and --input may be repeated (one format in all)")
+    parser.add_argument("--text-field", action="append", metavar="FIELD",
+                        help="the field holding the document (default: text): a dotted path reads nested objects "
+                             "(meta.body); repeated, the fields' texts are joined with a newline (prompt + "
+                             "completion); a conversation (a list of role/content messages) is rendered with the "
+                             "tokenizer's chat template")
+
+
+def input_values(args: argparse.Namespace) -> tuple:
+    """(--input value(s), --text-field value(s)) as the configs take them: one value alone, several as a tuple."""
+    from pathlib import Path
+
+    inputs = [Path(value) for value in args.input]
+    fields = args.text_field or ["text"]
+    return (inputs[0] if len(inputs) == 1 else tuple(inputs)), (fields[0] if len(fields) == 1 else tuple(fields))
+
+
 def add_output_flags(parser, progress: bool = True) -> None:
     """The flags every script shares for what it prints: -v, and --no-progress where it has bars."""
     if progress:

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from . import ArgumentParser, add_output_flags, run_main, setup_logging
+from . import ArgumentParser, add_input_flags, add_output_flags, input_values, run_main, setup_logging
 
 
 def _add_ordering_flags(group, config_defaults: dict) -> None:
@@ -38,6 +38,34 @@ def _add_ordering_flags(group, config_defaults: dict) -> None:
                            help=f"{'/'.join(readers(f.name))}: {f.metadata['help']}{suffix}", **kwargs)
 
 
+def _add_data_flags(p) -> None:
+    """The flags for what the trainer sees: output format and shards, special tokens, packing, packed export."""
+    from ..packing import PACKING_MODELS
+    from ..tokenizer import SPECIAL_TOKEN_MODES
+    from ..writers import OUTPUT_FORMATS
+
+    group = p.add_argument_group("the data as the trainer sees it (see README: 'Keep the order in your trainer')")
+    group.add_argument("--output-format", default=None, choices=OUTPUT_FORMATS,
+                       help="write the curated data as JSONL or Parquet whatever the input's format (default: the "
+                            "input's format, or what the --output name says)")
+    group.add_argument("--output-shards", type=int, default=1, metavar="N",
+                       help="write N files B-00000-of-0000N.<ext>, consecutive slices of the curated order "
+                            "(default: 1, one file B.<ext>)")
+    group.add_argument("--count-special-tokens", default=SPECIAL_TOKEN_MODES[0], choices=SPECIAL_TOKEN_MODES,
+                       help="tokens the trainer adds to each document, counted in every token count and window: "
+                            "none (default); tokenizer (what add_special_tokens=True adds, e.g. BOS for Llama); eos "
+                            "(one EOS separator: Megatron --append-eod, nanoGPT, TRL SFT); bos-eos (BOS and EOS: "
+                            "torchtitan)")
+    group.add_argument("--packing", default=PACKING_MODELS[0], choices=PACKING_MODELS,
+                       help="how the trainer fills its --seq-len windows: whole (documents never split; the original "
+                            "toolkit's model, default) or split (concatenate and cut every --seq-len tokens: "
+                            "Megatron, nanoGPT, torchtitan, HF group_texts, TRL packing 'wrapped'); the statistics, "
+                            "plots and window-aware orderings follow it")
+    group.add_argument("--export-packed", type=Path, default=None, metavar="DIR",
+                       help="also write the curated order as ready training sequences: Parquet shards of input_ids "
+                            "rows of exactly --seq-len tokens with document boundaries (needs --model-dir)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from ..clustering import CLUSTER_BACKENDS
     from ..curate import CurateConfig
@@ -46,8 +74,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = {f.name: f.default for f in fields(CurateConfig) if not callable(f.default_factory)}
     options = OrderingOptions()
     p = ArgumentParser(description=__doc__, prog="curate_dataset.py")
-    p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
-    p.add_argument("--output", required=True, type=Path, help="curated JSONL to write (caches and metadata go beside it)")
+    add_input_flags(p)
+    p.add_argument("--output", required=True, type=Path,
+                   help="curated data to write, in the input's format unless --output-format or the name says "
+                        "otherwise (B.jsonl[.gz|.zst], B.parquet, or a datasets folder); caches and metadata go "
+                        "beside it as B_*")
+    _add_data_flags(p)
     p.add_argument("--model-dir", type=Path, default=None,
                    help="local Hugging Face model folder (tokenizer + safetensors with the input-embedding table); "
                         "with --load-embeddings only the tokenizer is needed, and only for records whose token "
@@ -62,8 +94,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, nargs="+", default=[options.seq_len], metavar="TOKENS",
                    help=f"training sequence length in tokens (default: {options.seq_len}); with --compare-strategies "
                         "several values may be given, and the curated file follows the first")
-    p.add_argument("--text-field", default=defaults["text_field"],
-                   help=f"JSON field holding the document text (default: {defaults['text_field']})")
     p.add_argument("--stats-only", action="store_true", help="compute and report everything but do not write the curated JSONL")
     p.add_argument("--calibrate-k", action="store_true",
                    help="sweep k = 5..100, report silhouette scores and a recommended k, then exit")
@@ -96,11 +126,14 @@ def config_from_args(args: argparse.Namespace):
 
     values = {f.name: getattr(args, f.name) for f in flag_fields()}
     values["balance_fields"] = tuple(values["balance_fields"])
-    options = OrderingOptions(seq_len=args.seq_len[0], seed=args.seed, **values)
+    options = OrderingOptions(seq_len=args.seq_len[0], seed=args.seed, packing=args.packing, **values)
+    inputs, text_field = input_values(args)
     return CurateConfig(
-        input=args.input, output=args.output, model_dir=args.model_dir, device=args.device, gpu=args.gpu,
+        input=inputs, output=args.output, output_format=args.output_format, output_shards=args.output_shards,
+        count_special_tokens=args.count_special_tokens, export_packed=args.export_packed,
+        model_dir=args.model_dir, device=args.device, gpu=args.gpu,
         embed_batch_size=args.embed_batch_size, n_clusters=args.n_clusters, extra_seq_lens=tuple(args.seq_len[1:]),
-        text_field=args.text_field, stats_only=args.stats_only, calibrate_k_samples=args.calibrate_k_samples,
+        text_field=text_field, stats_only=args.stats_only, calibrate_k_samples=args.calibrate_k_samples,
         no_plot=args.no_plot, load_embeddings=args.load_embeddings, pca_components=args.pca_components,
         cluster_backend=args.cluster_backend, cluster_fit_sample=args.cluster_fit_sample,
         progress=not args.no_progress, ordering=args.ordering, compare_strategies=args.compare_strategies,

@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import ArgumentParser, add_output_flags, run_main, setup_logging
+from . import ArgumentParser, add_input_flags, add_output_flags, input_values, run_main, setup_logging
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from ..deep import DTYPES
 
     p = ArgumentParser(description=__doc__, prog="extract_deep_embeddings.py")
-    p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
+    add_input_flags(p)
     p.add_argument("--output", required=True, type=Path, help="embeddings to write (.npy, N x D float32, input order)")
     p.add_argument("--model-dir", required=True, type=Path,
                    help="local Hugging Face model folder (tokenizer + weights); the content of its files keys the "
@@ -46,7 +46,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="truncate to the model's context; default: the model's max_position_embeddings")
     p.add_argument("--reverse", action="store_true", help="process the longest documents first (fail fast on memory)")
-    p.add_argument("--text-field", default="text", help="JSON field holding the document text (default: text)")
     p.add_argument("--limit", type=int, default=None, help="embed only the first N documents")
     p.add_argument("--token-budget", type=int, default=None,
                    help="tokens per batch (documents x longest length); default: from free GPU memory, 16384 on CPU")
@@ -67,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     from ..deep import DeepConfig, extract
 
+    inputs, text_field = input_values(args)
     config = DeepConfig(
-        input=args.input, output=args.output, model_dir=args.model_dir, batch_size=args.batch_size,
+        input=inputs, output=args.output, model_dir=args.model_dir, batch_size=args.batch_size,
         device=args.device, gpu=args.gpu, dtype=args.dtype, tp=args.tp, max_tokens=args.max_tokens,
-        max_seq_len=args.max_seq_len, reverse=args.reverse, text_field=args.text_field, limit=args.limit,
+        max_seq_len=args.max_seq_len, reverse=args.reverse, text_field=text_field, limit=args.limit,
         token_budget=args.token_budget, checkpoint_docs=args.checkpoint_docs,
         checkpoint_seconds=args.checkpoint_seconds, attn_implementation=args.attn_implementation,
         progress=not args.no_progress,

@@ -21,8 +21,9 @@ import numpy as np
 
 from .. import caches, distributed
 from ..atomic import save_json
-from ..records import RecordIndex, scan_jsonl
+from ..fields import cache_key
 from ..runtime import start
+from ..sources import open_source
 from .batches import BatchLoop, Embedder, initial_budget, progress_for
 from .checkpoint import Partial, skipped_path
 from .config import DeepConfig, DeepResult, check_config
@@ -42,7 +43,7 @@ class _Job:
     forward: ForwardFn | None
     started: float = field(default_factory=time.perf_counter)
     result: DeepResult | None = None
-    index: RecordIndex | None = None
+    index: object = None  # the input's source (see sources.py)
     n: int = 0
     fingerprints: np.ndarray | None = None
     tokenizer: object = None
@@ -114,7 +115,7 @@ def index_and_key(job: _Job) -> None:
     from ..tokenizer import DocumentTokenizer
 
     config = job.config
-    job.index = scan_jsonl(config.input, config.text_field, progress=job.progress)
+    job.index = open_source(config.input, config.text_field, progress=job.progress)
     job.n = len(job.index) if config.limit is None else min(config.limit, len(job.index))
     job.fingerprints = job.index.fingerprints[: job.n]
     job.tokenizer = DocumentTokenizer(config.model_dir)
@@ -128,7 +129,7 @@ def index_and_key(job: _Job) -> None:
         "tokenizer": job.tokenizer.fingerprint,
         "dtype": str(job.dtype),
         "max_len": job.max_len,
-        "text_field": config.text_field,
+        "text_field": cache_key(config.text_field),
     }
 
 
@@ -166,7 +167,7 @@ def reuse_output(job: _Job) -> bool:
 def load_tokens(job: _Job) -> None:
     """Tokens from (or added to) the cache beside the output; rank 0 writes it before the others read it."""
     config, ctx = job.config, job.ctx
-    token_key = {"version": 1, "tokenizer": job.tokenizer.fingerprint, "text_field": config.text_field,
+    token_key = {"version": 1, "tokenizer": job.tokenizer.fingerprint, "text_field": cache_key(config.text_field),
                  "max_len": job.max_len}
     if ctx.active and not ctx.is_main:
         distributed.barrier(ctx)
@@ -201,7 +202,7 @@ def share_and_checkpoint(job: _Job) -> tuple[Partial, np.ndarray, dict]:
     position = {int(r): i for i, r in enumerate(rows.tolist())}
     todo = np.asarray([r for r in share.tolist() if not partial.done[position[r]]], dtype=np.int64)
     for row in todo[lengths[todo] == 0].tolist():
-        log.warning("record %d (line %d) has no tokens: its vector is all zeros", row, int(job.index.line_numbers[row]))
+        log.warning("record %d (%s) has no tokens: its vector is all zeros", row, job.index.where(row))
         partial.data[position[row]] = 0.0
         partial.done[position[row]] = True
     return partial, todo[lengths[todo] > 0], position

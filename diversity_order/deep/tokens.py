@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import caches
-from ..records import RecordIndex, iter_text_batches
 from ..runtime import Progress
 from .config import TOKENIZE_CHUNK_DOCS
 
@@ -31,7 +30,7 @@ def token_cache_files(output: Path) -> caches.CacheFiles:
                              {"ids": Path(f"{base}.ids.npy")})
 
 
-def tokenize_rows(index: RecordIndex, rows: np.ndarray, tokenizer, max_len: int | None,
+def tokenize_rows(index, rows: np.ndarray, tokenizer, max_len: int | None,
                   progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token ids of ``rows`` (ascending; each tokenized once): flat ids truncated to ``max_len``
     (int32), each row's kept length and its untruncated length, in the order of ``rows``."""
@@ -41,7 +40,7 @@ def tokenize_rows(index: RecordIndex, rows: np.ndarray, tokenizer, max_len: int 
     full = np.zeros(rows.size, dtype=np.int64)
     done = 0
     with Progress(int(rows.size), "Tokenizing", bar=progress) as bar:
-        for batch_rows, texts in iter_text_batches(index, rows, max_batch_rows=TOKENIZE_CHUNK_DOCS):
+        for batch_rows, texts in index.iter_documents(rows, max_batch_rows=TOKENIZE_CHUNK_DOCS):
             flat, counts = tokenizer.encode_batch(texts)
             kept = counts if max_len is None else np.minimum(counts, max_len)
             if max_len is not None and (kept < counts).any():
@@ -72,7 +71,7 @@ class Tokens:
         return np.asarray(self.flat[start : start + int(self.lengths[row])])
 
 
-def prepare_tokens(output: Path, key: dict, index: RecordIndex, fingerprints: np.ndarray, needed: np.ndarray,
+def prepare_tokens(output: Path, key: dict, index, fingerprints: np.ndarray, needed: np.ndarray,
                    tokenizer, max_len: int | None, progress: bool, writer: bool) -> Tokens:
     """Token ids of the ``needed`` rows: reused from ``OUTPUT.tokens.*`` where the text
     fingerprint (and tokenizer, text field, truncation) match, the rest tokenized once.

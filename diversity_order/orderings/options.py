@@ -113,6 +113,10 @@ class OrderingOptions:
 
         check_range(self.seq_len, "--seq-len", 1, MAX_COUNT, "tokens")
         check_range(self.seed, "--seed", 0, 2**32 - 1)
+        from ..packing import PACKING_MODELS
+
+        if self.packing not in PACKING_MODELS:
+            raise UserError(f"--packing {self.packing}: choose one of {', '.join(PACKING_MODELS)}")
         if self.within_cluster_sort not in WITHIN_CLUSTER_SORTS:
             raise UserError(f"--within-cluster-sort {self.within_cluster_sort}: choose one of "
                             f"{', '.join(WITHIN_CLUSTER_SORTS)}")

@@ -1,0 +1,230 @@
+"""Every input format as one kind of source: the pipeline asks the same questions of each.
+
+``--input`` may be given several times, and each may be a file, a folder or a glob
+(``data/*.parquet``); together they must be one format:
+
+- JSONL (``.jsonl``/``.json``/``.ndjson``, also ``.gz`` and ``.zst``): ``records.RecordIndex``,
+  several files as ``JsonlFiles``;
+- Parquet files (``.parquet``), streamed by row group, and Hugging Face ``datasets`` folders
+  written by ``save_to_disk``: ``arrow_sources.ArrowTableSource``.
+
+A source is a sequence of records, each known by (file, row), with these members:
+
+    kind            "jsonl", "parquet" or "arrow" (a save_to_disk folder)
+    name, files     what to call it in messages; the files it reads
+    fingerprints    uint64 per record: the caches are keyed by them, so a corpus converted from
+                    one format to another reuses its counts and embeddings
+    row_sizes       bytes per record (torchrun shares and batches are balanced by them)
+    where(row)      "file:line" or "file row N", for messages
+    iter_documents(rows, max_batch_bytes, max_batch_rows) -> (rows ascending, documents)
+                    a document is a text or a ``fields.Conversation``
+    field_values(name)   the value at a dotted path of every record (``fields.MISSING`` where absent)
+    check_unchanged()    a UserError if any file changed since it was indexed
+    write_rows(rows, output)  those records, in that order, in the input's own format (atomically)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import records
+from .arrow_sources import dataset_folder_files, is_dataset_folder, open_arrow_source
+from .errors import UserError
+from .runtime import Progress
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIX = ".parquet"
+KINDS = {"jsonl": "JSONL", "parquet": "Parquet", "arrow": "a datasets folder"}
+
+
+def is_jsonl_name(name: str) -> bool:
+    return any(name.endswith(suffix + compressed) for suffix in JSONL_SUFFIXES
+               for compressed in ("", *records.COMPRESSED_SUFFIXES))
+
+
+def kind_of_file(path: Path) -> str:
+    """A file's format by its name: Parquet by ``.parquet``, JSONL otherwise (its reader says what it is if not)."""
+    return "parquet" if path.name.endswith(PARQUET_SUFFIX) else "jsonl"
+
+
+@dataclass
+class Inputs:
+    """The files behind the ``--input`` values, resolved before any long work."""
+
+    kind: str
+    files: list[Path]
+    folder: Path | None = None  # the (first) save_to_disk folder
+    given: tuple[Path, ...] = ()  # the --input values as typed
+
+    @property
+    def name(self) -> Path:
+        """One path standing for all inputs: the file, the datasets folder, or several files' common folder.
+        The token-count cache is named after it."""
+        if len(self.files) == 1:
+            return self.files[0]
+        if self.folder is not None and len(self.given) == 1:
+            return self.folder
+        return Path(_common_folder(self.files))
+
+    def describe(self) -> str:
+        return str(self.name) if len(self.files) == 1 or self.folder else f"{len(self.files)} files in {self.name}"
+
+
+def _common_folder(files: list[Path]) -> str:
+    return os.path.commonpath([str(f.absolute().parent) for f in files])
+
+
+def _is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _folder_files(folder: Path) -> tuple[str, list[Path]]:
+    """The data files of a plain folder (searched recursively; hidden files, such as temps, left out)."""
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                           p.relative_to(folder).parts))
+    parquet = [p for p in found if p.name.endswith(PARQUET_SUFFIX)]
+    jsonl = [p for p in found if is_jsonl_name(p.name)]
+    if parquet and jsonl:
+        raise UserError(f"--input {folder}: holds both Parquet ({parquet[0].name}) and JSONL ({jsonl[0].name}) files; "
+                        f"give one format (e.g. a glob such as {folder}/*.parquet)")
+    if not parquet and not jsonl:
+        raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl[.gz|.zst] files (nor a datasets "
+                        "folder written by save_to_disk)")
+    return ("parquet", parquet) if parquet else ("jsonl", jsonl)
+
+
+def _resolve_one(value: Path | str) -> list[tuple[str, Path, Path | None]]:
+    """(kind, file, datasets folder) for one --input value."""
+    path = Path(value)
+    text = str(value)
+    if not path.exists() and _is_pattern(text):
+        matches = sorted(Path(m) for m in glob.glob(text, recursive=True))
+        if not matches:
+            raise UserError(f"--input {text}: no file matches this pattern")
+        return [item for match in matches for item in _resolve_one(match)]
+    if path.is_dir():
+        if is_dataset_folder(path) or (path / "dataset_dict.json").is_file():
+            return [("arrow", f, path) for f in dataset_folder_files(path)]
+        kind, files = _folder_files(path)
+        return [(kind, f, None) for f in files]
+    records.check_input(path)  # not found, a pipe, ...: one line
+    return [(kind_of_file(path), path, None)]
+
+
+def resolve_inputs(values) -> Inputs:
+    """Resolve ``--input`` values (paths, folders, globs) to files of one format."""
+    values = [values] if isinstance(values, str | Path) else list(values)
+    if not values:
+        raise UserError("--input is required")
+    items = [item for value in values for item in _resolve_one(value)]
+    kinds = sorted({kind for kind, _, _ in items})
+    if len(kinds) > 1:
+        first = {kind: path for kind, path, _ in reversed(items)}
+        raise UserError(f"--input: the inputs mix formats ({', '.join(f'{KINDS[k]}: {first[k]}' for k in kinds)}); "
+                        "give files of one format")
+    seen: set = set()
+    for _, path, _ in items:
+        key = path.resolve()
+        if key in seen:
+            raise UserError(f"--input: {path} is given twice; every record must appear once in the output")
+        seen.add(key)
+    folders = [folder for _, _, folder in items if folder is not None]
+    return Inputs(kinds[0], [path for _, path, _ in items], folders[0] if folders else None,
+                  tuple(Path(v) for v in values))
+
+
+def open_source(inputs, text_fields, progress: bool = True):
+    """Index the inputs (an ``Inputs``, or ``--input`` values): a source (see the module doc)."""
+    inputs = inputs if isinstance(inputs, Inputs) else resolve_inputs(inputs)
+    text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
+    field = text_fields[0] if len(text_fields) == 1 else text_fields
+    if inputs.kind == "jsonl":
+        indexes = [records.scan_jsonl(path, field, progress=progress) for path in inputs.files]
+        return indexes[0] if len(indexes) == 1 else JsonlFiles(indexes, inputs.name)
+    # Counted in uncompressed row-group bytes, which the files' sizes do not tell: no total.
+    with Progress(None, f"Indexing {inputs.describe()}", unit="MB", rate_unit="MB", bar=progress,
+                  scale=1 << 20) as bar:
+        return open_arrow_source(inputs.files, inputs.kind, text_fields, inputs.folder, progress=bar)
+
+
+class JsonlFiles:
+    """Several JSONL files as one source: their records one after another, each known by (file, line)."""
+
+    kind = "jsonl"
+
+    def __init__(self, indexes: list[records.RecordIndex], name: Path):
+        self.parts = indexes
+        self.name = name
+        sizes = [len(index) for index in indexes]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.fingerprints = np.concatenate([index.fingerprints for index in indexes])
+        self.row_sizes = np.concatenate([index.row_sizes for index in indexes])
+
+    @property
+    def files(self) -> list[Path]:
+        return [index.path for index in self.parts]
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.row_sizes.sum())
+
+    def _part_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, rows, side="right") - 1
+
+    def where(self, row: int) -> str:
+        part = int(self._part_of(np.asarray([row]))[0])
+        return self.parts[part].where(row - int(self.offsets[part]))
+
+    def record_keys(self, row: int) -> str:
+        part = int(self._part_of(np.asarray([row]))[0])
+        return records.record_keys(self.parts[part], row - int(self.offsets[part]))
+
+    def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
+                       max_batch_rows: int = 1 << 30):
+        rows = np.arange(len(self), dtype=np.int64) if rows is None else np.sort(np.asarray(rows, dtype=np.int64))
+        owner = self._part_of(rows)
+        for part in np.unique(owner).tolist():
+            first = int(self.offsets[part])
+            for batch, documents in self.parts[part].iter_documents(rows[owner == part] - first, max_batch_bytes,
+                                                                    max_batch_rows):
+                yield batch + first, documents
+
+    def field_values(self, name: str) -> list:
+        return [value for index in self.parts for value in index.field_values(name)]
+
+    def check_unchanged(self) -> None:
+        for index in self.parts:
+            index.check_unchanged()
+
+    def read_raw(self, rows: np.ndarray) -> list[bytes]:
+        """The bytes of records ``rows``, in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        owner = self._part_of(rows)
+        found: list[bytes] = [b""] * rows.size
+        for part in np.unique(owner).tolist():
+            at = np.flatnonzero(owner == part)
+            for j, raw in zip(at.tolist(), self.parts[part].read_raw(rows[at] - self.offsets[part])):
+                found[j] = raw
+        return found
+
+    def write_rows(self, rows: np.ndarray, output: Path, max_pass_bytes: int = 1 << 30) -> int:
+        """Records ``rows``, in that order, byte for byte, to one JSONL file (atomically)."""
+        self.check_unchanged()
+        rows = np.asarray(rows, dtype=np.int64)
+        written = 0
+        bounds = records.batch_bounds(self.row_sizes[rows], max_pass_bytes, 1 << 62)
+        with records.open_output(Path(output)) as sink:
+            for lo, hi in zip(bounds[:-1], bounds[1:]) if rows.size else ():
+                raws = self.read_raw(rows[lo:hi])
+                sink.write(b"\n".join(raws))
+                sink.write(b"\n")
+                written += sum(map(len, raws)) + len(raws)
+        return written

@@ -1,0 +1,145 @@
+"""The curated data: the records in the curated order, in the input's format or another, in one
+file or in ``--output-shards N`` consecutive slices of the order.
+
+- JSONL in, JSONL out: every record byte for byte (``records``); Parquet or a datasets folder in,
+  the same format out, same schema (``arrow_sources``).
+- ``--output-format`` converts: Parquet/datasets rows to JSONL (one JSON object per row), JSONL
+  records to Parquet (columns inferred from all records, one schema for the file).
+- ``--output-shards N`` names the files ``B-00000-of-0000N.<ext>`` (the naming of Hugging Face
+  datasets and datatrove); shard i holds the i-th of N consecutive slices of the order, of
+  near-equal record counts. ``write_shard`` writes one of them from its slice alone, so the
+  shards can be written by different processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import records
+from .atomic import give_plain_permissions
+from .errors import UserError
+
+OUTPUT_FORMATS = ("jsonl", "parquet")
+# Records converted per Parquet row group / per JSON piece: bounds the converter's memory.
+CONVERT_PIECE_BYTES = 256 << 20
+
+
+def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
+    """The format written: --output-format if given, else the output's suffix, else the input's."""
+    named = "parquet" if output.name.endswith(".parquet") else (
+        "jsonl" if _jsonl_name(output.name) else None)
+    if requested is not None:
+        if requested not in OUTPUT_FORMATS:
+            raise UserError(f"--output-format {requested}: choose one of {', '.join(OUTPUT_FORMATS)}")
+        if named is not None and named != requested:
+            raise UserError(f"--output {output}: its name says {named}, but --output-format is {requested}; "
+                            "make them agree")
+        return requested
+    return named or source_kind
+
+
+def _jsonl_name(name: str) -> bool:
+    from .sources import is_jsonl_name
+
+    return is_jsonl_name(name)
+
+
+def shard_paths(output: Path, shards: int) -> list[Path]:
+    """``B.ext`` as ``shards`` files ``B-00000-of-0000N.ext`` (itself when there is one)."""
+    if shards == 1:
+        return [output]
+    from .outputs import output_stem
+
+    stem = output_stem(output)
+    suffix = output.name[len(stem.name):]
+    return [stem.with_name(f"{stem.name}-{i:05d}-of-{shards:05d}{suffix}") for i in range(shards)]
+
+
+def shard_slices(n: int, shards: int) -> list[tuple[int, int]]:
+    """Consecutive (lo, hi) positions of the order, one per shard, near-equal in record count."""
+    bounds = np.linspace(0, n, shards + 1).round().astype(np.int64)
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: int = 1) -> list[tuple[Path, int]]:
+    """The records in ``order`` (a permutation of them) as ``kind``: (path, bytes) per file written."""
+    order = np.asarray(order, dtype=np.int64)
+    if order.shape[0] != len(source) or not np.array_equal(np.sort(order), np.arange(len(source))):
+        raise ValueError("order must be a permutation of the record positions")
+    paths = shard_paths(output, shards)
+    return [(path, write_shard(source, order[lo:hi], path, kind))
+            for path, (lo, hi) in zip(paths, shard_slices(order.size, shards))]
+
+
+def write_shard(source, rows: np.ndarray, path: Path, kind: str) -> int:
+    """Records ``rows`` (a slice of the curated order), in that order, to ``path`` as ``kind``; bytes written."""
+    if kind == source.kind or (kind == "parquet" and source.kind == "arrow"):
+        if source.kind == "jsonl":
+            return source.write_rows(rows, path)
+        return source.write_rows(rows, path, kind)
+    if kind == "jsonl":
+        return _arrow_to_jsonl(source, rows, path)
+    if kind == "parquet":
+        return _jsonl_to_parquet(source, rows, path)
+    raise ValueError(f"cannot write {kind} from a {source.kind} input")
+
+
+def _json_value(value):
+    """What JSON cannot hold as it is (dates, decimals, bytes): its text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def _arrow_to_jsonl(source, rows: np.ndarray, path: Path) -> int:
+    written = 0
+    with records.open_output(path) as sink:
+        for table in source.ordered_tables(rows):
+            lines = [json.dumps(row, ensure_ascii=False, default=_json_value) for row in table.to_pylist()]
+            data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+            sink.write(data)
+            written += len(data)
+    return written
+
+
+def _jsonl_pieces(source, rows: np.ndarray):
+    bounds = records.batch_bounds(source.row_sizes[rows], CONVERT_PIECE_BYTES, 1 << 62)
+    for lo, hi in zip(bounds[:-1], bounds[1:]) if rows.size else ():
+        yield [json.loads(raw) for raw in source.read_raw(rows[lo:hi])]
+
+
+def _jsonl_to_parquet(source, rows: np.ndarray, path: Path) -> int:
+    """JSONL records as Parquet rows: a first pass finds one schema for every record, the second writes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source.check_unchanged()
+    try:
+        schemas = [pa.Table.from_pylist(piece).schema for piece in _jsonl_pieces(source, rows)]
+        schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise UserError(f"{source.name}: the records cannot be one Parquet table ({str(exc).splitlines()[0]}); "
+                        "write JSONL instead (--output-format jsonl)") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for piece in _jsonl_pieces(source, rows):
+                try:
+                    writer.write_table(pa.Table.from_pylist(piece, schema=schema))
+                except (pa.ArrowException, TypeError, ValueError) as exc:
+                    raise UserError(f"{source.name}: the records cannot be one Parquet table "
+                                    f"({str(exc).splitlines()[0]}); write JSONL instead (--output-format jsonl)"
+                                    ) from None
+        give_plain_permissions(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size

@@ -1,0 +1,300 @@
+"""The user's own data in: the demo corpus as Parquet, a datasets folder, several files and chat
+conversations gives the JSONL run's labels and order; outputs in the input's format or converted,
+in shards; special tokens counted; one clear line for bad input in each format."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import curate_dataset
+from diversity_order.cli import run_main
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+DEMO = Path(__file__).parent.parent / "demo" / "stdlib.jsonl"
+N_DEMO = 240
+
+
+def curate(*args):
+    return run_main(curate_dataset.main, [str(a) for a in args] + ["--no-progress", "--no-plot"])
+
+
+def run_error(capsys, *args):
+    code = curate(*args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.fixture(scope="module")
+def demo_records():
+    if not DEMO.is_file():
+        pytest.skip("the demo corpus is not here")
+    with DEMO.open() as handle:
+        return [json.loads(next(handle)) for _ in range(N_DEMO)]
+
+
+@pytest.fixture()
+def demo_jsonl(tmp_path, demo_records):
+    path = tmp_path / "demo.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in demo_records))
+    return path
+
+
+@pytest.fixture()
+def chat_model_dir(tiny_model_dir, tmp_path):
+    """The tiny model with a small chat template of its own."""
+    folder = tmp_path / "chat_model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}")
+    return folder
+
+
+def _same_run(a: Path, b: Path) -> None:
+    for what in ("labels", "order"):
+        np.testing.assert_array_equal(np.load(f"{a}_{what}.npy"), np.load(f"{b}_{what}.npy"), err_msg=what)
+
+
+COMMON = ("--n-clusters", 8, "--seq-len", 4096)
+
+
+def test_demo_in_every_format_gives_the_jsonl_runs_labels_and_order(tmp_path, demo_jsonl, demo_records,
+                                                                     tiny_model_dir):
+    import datasets
+
+    assert curate("--input", demo_jsonl, "--output", tmp_path / "j" / "c.jsonl", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    # Parquet, several row groups; the same order written back as Parquet with the input's schema.
+    parquet = tmp_path / "demo.parquet"
+    pq.write_table(pa.Table.from_pylist(demo_records), parquet, row_group_size=50)
+    assert curate("--input", parquet, "--output", tmp_path / "p" / "c.parquet", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    _same_run(tmp_path / "j" / "c", tmp_path / "p" / "c")
+    order = np.load(tmp_path / "j" / "c_order.npy")
+    out = pq.read_table(tmp_path / "p" / "c.parquet")
+    assert out.schema.equals(pq.read_schema(parquet))
+    assert out.to_pylist() == [demo_records[i] for i in order]
+    # A save_to_disk folder of several Arrow files, written back as a folder load_from_disk opens.
+    folder = tmp_path / "demo_ds"
+    datasets.Dataset.from_list(demo_records).save_to_disk(str(folder), num_shards=3)
+    assert curate("--input", folder, "--output", tmp_path / "d" / "c_ds", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    _same_run(tmp_path / "j" / "c", tmp_path / "d" / "c_ds")
+    assert datasets.load_from_disk(str(tmp_path / "d" / "c_ds")).to_list() == [demo_records[i] for i in order]
+    # Several Parquet files by a glob, converted to JSONL: the JSONL run's curated file, line for line.
+    (tmp_path / "parts").mkdir()
+    for i in range(3):
+        pq.write_table(pa.Table.from_pylist(demo_records[80 * i: 80 * (i + 1)]), tmp_path / "parts" / f"p{i}.parquet")
+    assert curate("--input", tmp_path / "parts" / "*.parquet", "--output", tmp_path / "g" / "c.jsonl",
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    _same_run(tmp_path / "j" / "c", tmp_path / "g" / "c")
+    got = [json.loads(line) for line in (tmp_path / "g" / "c.jsonl").read_text().splitlines()]
+    assert got == [demo_records[i] for i in order]
+
+
+def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_records, chat_model_dir):
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    chats = [{"messages": [{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"]}]}
+             for r in demo_records]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps(c) + "\n" for c in chats))
+    tokenizer = DocumentTokenizer(chat_model_dir)
+    rendered = tmp_path / "rendered.jsonl"
+    rendered.write_text("".join(json.dumps({"text": tokenizer.render_chat(c["messages"])}) + "\n" for c in chats))
+    assert "<s>assistant\n" in tokenizer.render_chat(chats[0]["messages"])
+    for name, path, field in (("c", chat, "messages"), ("r", rendered, "text")):
+        assert curate("--input", path, "--text-field", field, "--output", tmp_path / name / "c.jsonl",
+                      "--model-dir", chat_model_dir, *COMMON) == 0
+    _same_run(tmp_path / "c" / "c", tmp_path / "r" / "c")
+    meta_c = json.loads((tmp_path / "c" / "c_meta.json").read_text())
+    meta_r = json.loads((tmp_path / "r" / "c_meta.json").read_text())
+    assert meta_c["total_tokens"] == meta_r["total_tokens"]
+    assert (tmp_path / "c" / "c.jsonl").read_bytes().splitlines() == [
+        chat.read_bytes().splitlines()[i] for i in np.load(tmp_path / "c" / "c_order.npy")]
+
+
+def test_dotted_and_joined_fields(tmp_path, demo_records, tiny_model_dir):
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text("".join(json.dumps({"meta": {"body": r["text"]}, "name": r["name"]}) + "\n"
+                              for r in demo_records))
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text("".join(json.dumps({"text": r["name"] + "\n" + r["text"]}) + "\n" for r in demo_records))
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in demo_records))
+    runs = [("n", nested, ["--text-field", "meta.body"]), ("f", flat, []),
+            ("jn", nested, ["--text-field", "name", "--text-field", "meta.body"]), ("jf", joined, [])]
+    for name, path, flags in runs:
+        assert curate("--input", path, *flags, "--output", tmp_path / name / "c.jsonl", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    _same_run(tmp_path / "n" / "c", tmp_path / "f" / "c")
+    _same_run(tmp_path / "jn" / "c", tmp_path / "jf" / "c")
+
+
+def test_shards_and_conversion(tmp_path, demo_jsonl, tiny_model_dir):
+    out = tmp_path / "s" / "c.jsonl"
+    assert curate("--input", demo_jsonl, "--output", tmp_path / "one" / "c.jsonl", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    assert curate("--input", demo_jsonl, "--output", out, "--output-shards", 3, "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    shards = sorted(out.parent.glob("c-*.jsonl"))
+    assert [p.name for p in shards] == [f"c-{i:05d}-of-00003.jsonl" for i in range(3)]
+    assert b"".join(p.read_bytes() for p in shards) == (tmp_path / "one" / "c.jsonl").read_bytes()
+    assert [len(p.read_bytes().splitlines()) for p in shards] == [80, 80, 80]
+    meta = json.loads((tmp_path / "s" / "c_meta.json").read_text())
+    assert meta["output_files"] == [str(p) for p in shards]
+    # JSONL in, Parquet shards out: the same records in the same order.
+    assert curate("--input", demo_jsonl, "--output", tmp_path / "q" / "c.parquet", "--output-shards", 2,
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    rows = [row for i in range(2) for row in pq.read_table(tmp_path / "q" / f"c-{i:05d}-of-00002.parquet").to_pylist()]
+    assert rows == [json.loads(line) for line in (tmp_path / "one" / "c.jsonl").read_text().splitlines()]
+
+
+def test_special_tokens_are_counted_in_every_window(tmp_path, demo_jsonl, tiny_model_dir):
+    from diversity_order.diversity import window_counts
+
+    metas = {}
+    for mode in ("none", "eos"):
+        assert curate("--input", demo_jsonl, "--output", tmp_path / mode / "c.jsonl", "--model-dir", tiny_model_dir,
+                      "--count-special-tokens", mode, *COMMON) == 0
+        metas[mode] = json.loads((tmp_path / mode / "c_meta.json").read_text())
+    assert metas["eos"]["total_tokens"] == metas["none"]["total_tokens"] + N_DEMO
+    raw = np.load(tmp_path / "demo_token_counts.npy")  # the cache keeps the documents' own counts
+    assert int(raw.sum()) == metas["none"]["total_tokens"]
+    labels, order = np.load(tmp_path / "eos" / "c_labels.npy"), np.load(tmp_path / "eos" / "c_order.npy")
+    unique, _ = window_counts(labels, raw + 1, 4096, order)
+    assert metas["eos"]["token_window_diversity"]["curated"]["n_sequences"] == unique.size
+    assert metas["eos"]["token_window_diversity"]["curated"]["mean"] == pytest.approx(unique.mean(), abs=0.005)
+
+
+def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model_dir, capsys):
+    base = ("--model-dir", tiny_model_dir, "--output", tmp_path / "o" / "c.jsonl", "--n-clusters", 1)
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"body": r["text"]} for r in demo_records[:20]]), parquet)
+    assert "no column 'text' (columns: body)" in run_error(capsys, "--input", parquet, *base)
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(parquet.read_bytes()[:200])
+    assert f"{corrupt}: not a Parquet file that can be read" in run_error(capsys, "--input", corrupt, *base)
+    assert "no file matches this pattern" in run_error(capsys, "--input", tmp_path / "none" / "*.parquet", *base)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
+                    json.dumps({"messages": [{"role": "user", "content": ["a", "b"]}]}) + "\n")
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
+        f"error: {chat}:2: field 'messages' message 0 has a content that is a JSON array, expected a string")
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert "has no chat template" in run_error(capsys, "--input", chat, "--text-field", "messages", *base)
+    pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
+    assert "row 0: field 'messages' message 0 has a content that is a JSON null" in run_error(
+        capsys, "--input", parquet, "--text-field", "messages", *base)
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"text": "x"}\n')
+    assert "the inputs mix formats" in run_error(capsys, "--input", jsonl, "--input", parquet, *base)
+    assert "is given twice" in run_error(capsys, "--input", jsonl, "--input", jsonl, *base)
+    import datasets
+
+    datasets.Dataset.from_list([{"text": "a b"}]).save_to_disk(str(tmp_path / "ds"))
+    capsys.readouterr()  # its progress bar
+    assert "holds the input" in run_error(capsys, "--input", tmp_path / "ds", "--model-dir", tiny_model_dir,
+                                          "--output", tmp_path / "ds")
+    assert "its name says jsonl, but --output-format is parquet" in run_error(
+        capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / "x.jsonl", "--output-format",
+        "parquet")
+
+
+def test_incremental_run_on_parquet_embeds_only_new_rows(tmp_path, demo_records, tiny_model_dir, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(demo_records[:200]), parquet, row_group_size=64)
+    assert curate("--input", parquet, "--output", tmp_path / "o" / "c.parquet", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    edited = [dict(r) for r in demo_records]
+    edited[5]["text"] += " edited"
+    del edited[10]
+    pq.write_table(pa.Table.from_pylist(edited), parquet, row_group_size=64)
+    os.utime(parquet)
+    caplog.clear()
+    assert curate("--input", parquet, "--output", tmp_path / "o" / "c.parquet", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    assert f"Embedding {1 + N_DEMO - 200} new or changed record(s) of {N_DEMO - 1}" in caplog.text
+
+
+def test_deep_extraction_reads_every_format(tmp_path, demo_records, tiny_model_dir):
+    import datasets
+
+    from diversity_order import deep
+
+    records = demo_records[:40]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(records), parquet, row_group_size=16)
+    folder = tmp_path / "d_ds"
+    datasets.Dataset.from_list(records).save_to_disk(str(folder), num_shards=2)
+    vectors = {}
+    for name, path in (("jsonl", jsonl), ("parquet", parquet), ("datasets", folder)):
+        out = tmp_path / f"{name}.npy"
+        deep.extract(deep.DeepConfig(input=path, output=out, model_dir=tiny_model_dir, progress=False,
+                                     dtype="float32", device="cpu", token_budget=4096, batch_size=8))
+        vectors[name] = np.load(out)
+    np.testing.assert_array_equal(vectors["jsonl"], vectors["parquet"])
+    np.testing.assert_array_equal(vectors["jsonl"], vectors["datasets"])
+
+
+def test_torchrun_on_parquet_equals_single_process(tmp_path, demo_records, tiny_model_dir):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    for folder in (single, multi):
+        (folder / "in").mkdir(parents=True)
+        for i in range(2):
+            pq.write_table(pa.Table.from_pylist(demo_records[i * 60:(i + 1) * 60]), folder / "in" / f"p{i}.parquet",
+                           row_group_size=25)
+    common = ["--model-dir", tiny_model_dir, *COMMON]
+    assert curate("--input", single / "in", "--output", single / "c.parquet", *common) == 0
+    # Its own cache registry: else it would reuse the single run's embeddings and share no work.
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               DIVERSITY_ORDER_CACHE_DIR=str(tmp_path / "multi_registry"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "curate_dataset.py",
+           *map(str, ["--input", multi / "in", "--output", multi / "c.parquet", *common]), "--no-progress", "--no-plot"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Rank 0 of 2" in done.stderr and "taken from" not in done.stderr  # the ranks shared the embedding
+    for name in ["c_labels.npy", "c_order.npy", "c_embeddings.npy"]:
+        assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+    assert pq.read_table(multi / "c.parquet").equals(pq.read_table(single / "c.parquet"))
+
+
+def test_special_tokens_are_the_ones_the_tokenizer_adds(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    folder = tmp_path / "bos_model"
+    shutil.copytree(tiny_model_dir, folder)
+    pipeline = json.loads((folder / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in pipeline["added_tokens"]}
+    pipeline["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [ids["<s>"]], "tokens": ["<s>"]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(pipeline))
+    ours = DocumentTokenizer(folder)
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    text = "the galaxy and the oven"
+    with_special, without = hf(text)["input_ids"], hf(text, add_special_tokens=False)["input_ids"]
+    before, after = ours.special_tokens_per_document("tokenizer")
+    assert before + without + after == with_special and before == [ids["<s>"]] and after == []
+    assert ours.special_tokens_per_document("eos") == ([], [ids["</s>"]])
+    assert ours.special_tokens_per_document("bos-eos") == ([ids["<s>"]], [ids["</s>"]])
+    assert ours.special_tokens_per_document("none") == ([], [])

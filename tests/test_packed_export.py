@@ -1,0 +1,108 @@
+"""--packing split runs report the statistics of a plain concatenate-and-cut loop, and
+--export-packed writes exactly those sequences, loadable with datasets."""
+
+import json
+
+import numpy as np
+import pytest
+
+import curate_dataset
+from conftest import topical_records, write_jsonl
+from diversity_order.cli import run_main
+
+SEQ_LEN = 256
+
+
+def curate(*args):
+    return run_main(curate_dataset.main, [str(a) for a in args] + ["--no-progress", "--no-plot"])
+
+
+def concatenate_and_cut(labels, counts, order, seq_len):
+    """Unique clusters per window, the plain way: one label per token, cut every seq_len tokens; a
+    zero-token document counts in the window of the token before it."""
+    windows = []
+    tokens_in_window = 0
+    current = set()
+    for row in order:
+        if counts[row] == 0:
+            current.add(labels[row])
+            continue
+        for _ in range(counts[row]):
+            if tokens_in_window == seq_len:
+                windows.append(len(current))
+                current, tokens_in_window = set(), 0
+            current.add(labels[row])
+            tokens_in_window += 1
+    if tokens_in_window:
+        windows.append(len(current))
+    return np.array(windows)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    records = topical_records(per_topic=25, seed=3)
+    records[7]["text"] = ""  # a zero-token document
+    return write_jsonl(tmp_path / "data.jsonl", records), records
+
+
+def test_split_packing_run_reports_the_concatenate_and_cut_statistics(tmp_path, corpus, tiny_model_dir):
+    src, _ = corpus
+    out = tmp_path / "o" / "c.jsonl"
+    assert curate("--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--seq-len", SEQ_LEN, "--packing", "split", "--ordering", "bin-packing") == 0
+    meta = json.loads((tmp_path / "o" / "c_meta.json").read_text())
+    labels, order = np.load(tmp_path / "o" / "c_labels.npy"), np.load(tmp_path / "o" / "c_order.npy")
+    counts = np.load(tmp_path / "data_token_counts.npy")
+    assert meta["packing"] == "split"
+    for name, rows in (("curated", order), ("original", np.arange(labels.size))):
+        expected = concatenate_and_cut(labels, counts, rows, SEQ_LEN)
+        reported = meta["token_window_diversity"][name]
+        assert reported["n_sequences"] == expected.size
+        assert reported["min"] == expected.min()
+        assert reported["mean"] == pytest.approx(expected.mean(), abs=0.005)
+
+
+def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_path, corpus, tiny_model_dir):
+    import datasets
+
+    from diversity_order.diversity import window_counts
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    src, records = corpus
+    packed = tmp_path / "packed"
+    assert curate("--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
+                  "--n-clusters", 6, "--seq-len", SEQ_LEN, "--packing", "split", "--count-special-tokens", "eos",
+                  "--export-packed", packed) == 0
+    labels, order = np.load(tmp_path / "o" / "c_labels.npy"), np.load(tmp_path / "o" / "c_order.npy")
+    files = sorted(str(p) for p in packed.glob("packed-*.parquet"))
+    data = datasets.load_dataset("parquet", data_files=files, split="train")
+    summary = json.loads((packed / "packed.json").read_text())
+    meta = json.loads((tmp_path / "o" / "c_meta.json").read_text())
+    assert len(data) == summary["sequences"] == meta["total_tokens"] // SEQ_LEN
+    assert all(len(ids) == SEQ_LEN for ids in data["input_ids"])
+    # The tokens: every document's ids plus its EOS, in the curated order, cut every SEQ_LEN tokens.
+    tokenizer = DocumentTokenizer(tiny_model_dir)
+    eos = tokenizer.special_tokens_per_document("eos")[1]
+    stream = [t for row in order for t in tokenizer.encode(records[row]["text"]) + eos]
+    assert [t for ids in data["input_ids"] for t in ids] == stream[: len(data) * SEQ_LEN]
+    assert summary["tokens_dropped"] == len(stream) - len(data) * SEQ_LEN
+    # Boundaries: each piece's tokens are its document's, and the diversity is what the run reports.
+    unique, _ = window_counts(labels, np.load(tmp_path / "data_token_counts.npy") + 1, SEQ_LEN, order, "split")
+    recomputed = [len(set(labels[rows].tolist())) for rows in data["document_rows"]]
+    assert recomputed == unique[: len(data)].tolist()
+    assert [list(c) for c in data["document_clusters"]] == [labels[rows].tolist() for rows in data["document_rows"]]
+    for ids, starts, rows in zip(data["input_ids"][:5], data["document_starts"][:5], data["document_rows"][:5]):
+        ends = list(starts[1:]) + [SEQ_LEN]
+        for start, end, row in zip(starts, ends, rows):
+            document = tokenizer.encode(records[row]["text"]) + eos
+            assert _is_slice(ids[start:end], document)
+    assert summary["unique_clusters_per_sequence"]["mean"] == pytest.approx(np.mean(recomputed))
+    # animate_ordering, given the run's metadata, packs as the run did.
+    from diversity_order.animate import load_inputs
+
+    inputs = load_inputs(tmp_path / "data_token_counts.npy", meta=tmp_path / "o" / "c_meta.json")
+    assert inputs.packing == "split" and inputs.token_counts.sum() == meta["total_tokens"]
+
+
+def _is_slice(piece, document):
+    return any(document[i: i + len(piece)] == piece for i in range(len(document) - len(piece) + 1))
