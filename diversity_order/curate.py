@@ -241,6 +241,9 @@ def counts_and_embeddings(run: Run) -> None:
         if not external:
             run.embeddings = embeddings
         run.method = EXTERNAL_METHOD if external else SHALLOW_METHOD
+    # Nothing embeds after this: what embedding held goes back before k-means loads the matrix.
+    run.model.release_table()
+    matrix.return_freed_memory()
 
 
 def reduce(run: Run) -> None:

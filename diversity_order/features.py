@@ -59,6 +59,10 @@ class ModelParts:
                                                device=self.device, dtype=torch.float32)
         return self._table
 
+    def release_table(self) -> None:
+        """Drop the embedding table once every vector is computed (a float32 copy: 113 MB for SmolLM2)."""
+        self._table = None
+
 
 def load_external_embeddings(path: Path, n_records: int) -> Matrix:
     """A precomputed N x D float matrix, memory-mapped (read in blocks by the later stages, so it may be

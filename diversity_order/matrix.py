@@ -21,6 +21,8 @@ import numpy as np
 BLOCK_ROWS = 65536
 # A block holding fewer than 1/this of its rows wanted is read row by row (only those rows' pages).
 SPARSE_READ_SHARE = 8
+# ``load`` copies this many rows at a time into its array (a small transient beside a big array).
+LOAD_BLOCK_ROWS = 8192
 # Without --memory-budget, a matrix is held in memory when it takes at most this share of RAM.
 DEFAULT_RAM_SHARE = 0.25
 
@@ -146,9 +148,20 @@ def load(matrix: Matrix) -> np.ndarray:
     if not isinstance(matrix, MatrixFile):
         return _finite_float32(matrix)
     out = np.empty(matrix.shape, dtype=np.float32)
-    for lo, hi, block in blocks(matrix):
+    for lo, hi, block in blocks(matrix, LOAD_BLOCK_ROWS):
         out[lo:hi] = block
     return out
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed by the process back to the system (glibc keeps freed heap for reuse: after
+    tokenizing millions of documents that is hundreds of MB the next stage's big array adds to)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
 
 
 class RowWriter:
