@@ -1,7 +1,8 @@
 """Large inputs: peak memory end to end, sample-fit vs full-fit k-means, float16 vs float32 caches.
 
     .venv/bin/python benchmarks/bench_large.py corpus --docs 1000000 --out /tmp/large/short_1M.jsonl
-    .venv/bin/python benchmarks/bench_large.py run --input /tmp/large/short_1M.jsonl [--baseline /work/main]
+    .venv/bin/python benchmarks/bench_large.py run --input /tmp/large/short_1M.jsonl [--baseline /work/main] \
+        [--extra=--memory-budget=512M]
     .venv/bin/python benchmarks/bench_large.py kmeans --n 1000000 --budget 1G
     .venv/bin/python benchmarks/bench_large.py dtype
 
