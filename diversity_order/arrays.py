@@ -34,14 +34,15 @@ def load_npy(path: Path, flag: str) -> np.ndarray:
         raise UserError(f"{flag} {path}: not a readable .npy file ({exc})") from None
 
 
-def load_matrix(path: Path, flag: str) -> np.ndarray:
-    """An N x D float matrix from ``.npy`` (float32, memory-mapped), or a one-line error naming ``flag``."""
+def load_matrix(path: Path, flag: str, as_float32: bool = True) -> np.ndarray:
+    """An N x D float matrix from ``.npy`` (memory-mapped; converted to float32 in memory unless not
+    ``as_float32``), or a one-line error naming ``flag``."""
     matrix = load_npy(path, flag)
     if matrix.ndim != 2 or matrix.shape[1] < 1:
         raise UserError(f"{flag} {path}: expected a 2-D N x D matrix, found shape {matrix.shape}")
     if not np.issubdtype(matrix.dtype, np.floating):
         raise UserError(f"{flag} {path}: expected floating-point values, found {matrix.dtype}")
-    return np.asarray(matrix, dtype=np.float32)
+    return np.asarray(matrix, dtype=np.float32) if as_float32 else matrix
 
 
 def check_token_counts(counts: np.ndarray, what: str) -> np.ndarray:

@@ -39,14 +39,17 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
+import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import atomic
+from . import atomic, matrix
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,7 @@ DIGEST_NAME = "blake2b-256 of 64 MiB chunk digests"
 IDENTITY = ("size", "mtime_ns", "inode")
 REGISTRY_FILE = "registry.jsonl"
 REGISTRY_COMPACT_LINES = 1000  # rewrite the registry without duplicates and gone sets beyond this many lines
+COPY_CHUNK_ROWS = 65536  # rows a lazy lookup copies at a time (CacheLookup.copy_into)
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,28 @@ class CacheLookup:
     key: dict | None = None  # the key the reused rows were computed with
     in_order: bool = False  # ``files`` holds exactly the current records, in order: nothing to store
     files: CacheFiles | None = None  # the valid set that ``source``, ``cached`` and ``extras`` refer to
+    # A lazy lookup's reused rows, not yet copied: (current rows, their rows in the array, mapped array).
+    copies: list = field(default_factory=list)
 
     @property
     def missing_rows(self) -> np.ndarray:
         return np.flatnonzero(~self.hit)
+
+    def copy_into(self, out, chunk_rows: int = COPY_CHUNK_ROWS) -> None:
+        """Write a lazy lookup's reused rows into ``out`` (assignable by row index, e.g. a
+        ``matrix.RowWriter``) a chunk at a time; the pages read are released after each chunk, so
+        the copy never holds more than one chunk."""
+        for rows, stored, array in self.copies:
+            for lo in range(0, rows.size, chunk_rows):
+                out[rows[lo : lo + chunk_rows]] = array[stored[lo : lo + chunk_rows]]
+                _release_pages(array)
+
+
+def _release_pages(array: np.ndarray) -> None:
+    """Drop the pages of a read-only map from this process's resident memory (they stay in the page cache)."""
+    mapped = getattr(array, "_mmap", None)
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def _files(target: Path | CacheFiles) -> CacheFiles:
@@ -368,7 +390,8 @@ def _check_manifest(files: CacheFiles, meta: dict, opened: dict[str, _Npy]) -> s
 
 
 def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accept_any_key: bool = False, *,
-           dtype=None, row_shape: tuple | None = None, alternatives: tuple = (), registry: bool = True) -> CacheLookup:
+           dtype=None, row_shape: tuple | None = None, alternatives: tuple = (), registry: bool = True,
+           lazy: bool = False) -> CacheLookup:
     """Reuse cached rows whose text fingerprint matches a current record's.
 
     ``dtype`` and ``row_shape`` (the shape of one row; () for one number per record, None in it
@@ -379,6 +402,9 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     and the registered sets of the same key (``registry``; not for caches with extras); a set
     among the target and ``alternatives`` that holds exactly the current records, in order, is
     used as it is (``in_order``).
+
+    ``lazy``: gather nothing in memory. ``data`` is then the stored array itself (memory-mapped) when
+    ``in_order``, else None, and the reused rows are copied with ``CacheLookup.copy_into``.
     """
     files = _files(target)
     n = fingerprints.shape[0]
@@ -388,7 +414,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     reason = named if isinstance(named, str) else None
     named = None if isinstance(named, str) else named
     if named is not None and not named.legacy and np.array_equal(named.fingerprints, fingerprints):
-        return _whole(named, n, f"all {n} rows reused from {files.data.name}")
+        return _whole(named, n, f"all {n} rows reused from {files.data.name}", lazy)
     if named is not None and want is None:
         want = named.meta.get("key")  # other sets must agree with the one the target holds
     others = []
@@ -399,7 +425,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
                 log.info("%s: %s", alternative.data, found)
             continue
         if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
-            return _whole(found, n, f"all {n} rows reused from {alternative.data}")
+            return _whole(found, n, f"all {n} rows reused from {alternative.data}", lazy)
         others.append(found)
 
     source = match_rows(named.fingerprints, fingerprints) if named is not None else np.full(n, -1, np.int64)
@@ -416,11 +442,11 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     base = named if named is not None else filler
     if base is None:
         return CacheLookup(None, np.zeros(n, dtype=bool), reason or "no cache yet")
-    data = np.zeros((n,) + base.data.shape[1:], dtype=base.data.dtype)
-    if hit.any():
-        data[hit] = named.data[source[hit]]
-    if filled.any():
-        data[filled] = filler.data[filler_source[filled]]
+    sources = [(hit, source, named)] + ([(filled, filler_source, filler)] if filled.any() else [])
+    copies = [(np.flatnonzero(mask), rows[mask], found.data) for mask, rows, found in sources if mask.any()]
+    data = None if lazy else np.zeros((n,) + base.data.shape[1:], dtype=base.data.dtype)
+    for rows, stored, array in ([] if lazy else copies):
+        data[rows] = array[stored]
     if reason:
         parts = [reason if files.data.name in reason else f"{files.data.name}: {reason}"]
     else:
@@ -429,16 +455,18 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
         parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} (a cache of the same key)")
     if named is not None and named.legacy:
         parts.append("older cache format without a manifest: it is rewritten")
+    copies = copies if lazy else []
     if named is None:
-        return CacheLookup(data, filled, "; ".join(parts), np.full(n, -1, np.int64), key=filler.meta.get("key"))
+        return CacheLookup(data, filled, "; ".join(parts), np.full(n, -1, np.int64), key=filler.meta.get("key"),
+                           copies=copies)
     return CacheLookup(data, hit | filled, "; ".join(parts), source, named.extras, named.data, named.meta.get("key"),
-                       False, files)
+                       False, files, copies)
 
 
-def _whole(found: _Set, n: int, reason: str) -> CacheLookup:
-    # Already in order: a sequential copy, much faster than gathering row by row.
-    return CacheLookup(np.array(found.data), np.ones(n, dtype=bool), reason, np.arange(n, dtype=np.int64),
-                       found.extras, found.data, found.meta.get("key"), True, found.files)
+def _whole(found: _Set, n: int, reason: str, lazy: bool = False) -> CacheLookup:
+    # Already in order: a sequential copy, much faster than gathering row by row (lazy: no copy at all).
+    return CacheLookup(found.data if lazy else np.array(found.data), np.ones(n, dtype=bool), reason,
+                       np.arange(n, dtype=np.int64), found.extras, found.data, found.meta.get("key"), True, found.files)
 
 
 def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect: _Expect, fingerprints: np.ndarray,
@@ -522,10 +550,96 @@ def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, da
             manifest["extras"] = {name: int(array.shape[0]) for name, array in extras.items()}
         atomic.save_json(files.marker, manifest)
     except OSError as exc:
-        return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+        return _os_problem(exc)
     if not files.extras:
         _register(files, manifest)
     return None
+
+
+class Fill:
+    """A set whose data file is written in place, row by row, instead of from an array in memory.
+
+    The data goes to a temp file beside the target (``.NAME.HOST.PID.RANDOM.tmp``, as every atomic
+    write): a sparse ``.npy`` of ``shape`` and ``dtype`` whose rows the caller assigns through
+    ``rows`` (``fill.rows[indices] = values``). ``commit`` digests it, renames it into place, then
+    writes the fingerprints and the manifest last, as ``store`` does; a run killed before that leaves
+    the previous set, still trusted, and a temp file the next run sweeps. ``abandon`` removes the temp.
+
+    A cache that cannot be written is a warning, as with ``store``: the rows then go to an unnamed
+    temp file (or stay in the renamed-away temp), read by this run through ``/proc/self/fd``.
+    """
+
+    def __init__(self, target: Path | CacheFiles, shape: tuple[int, int], dtype):
+        self.files = _files(target)
+        self.problem: str | None = None
+        try:
+            self._context = atomic.atomic_open(self.files.data, "w+b")
+            self._handle = self._context.__enter__()
+        except OSError as exc:
+            self._context, self.problem = None, _os_problem(exc)
+            self._handle = _unnamed_temp(self.files.data.parent)
+        # A second descriptor keeps the rows readable should the rename fail (the temp is then removed).
+        self._kept = os.dup(self._handle.fileno())
+        self.rows = matrix.create_npy(self._handle, shape, dtype)
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+    def commit(self, key: dict, fingerprints: np.ndarray) -> matrix.MatrixFile:
+        """Store the set (see the class doc); the rows to read from now on."""
+        if self._context is not None:
+            try:
+                return self._store(key, fingerprints)
+            except OSError as exc:
+                self.problem = _os_problem(exc)
+        log.warning("Cache %s not written (%s); the run goes on without it", self.files.data, self.problem)
+        return matrix.MatrixFile.open(f"/proc/self/fd/{self._kept}")
+
+    def _store(self, key: dict, fingerprints: np.ndarray) -> matrix.MatrixFile:
+        fd = self._handle.fileno()
+        self._handle.flush()
+        os.fsync(fd)
+        stat = os.fstat(fd)
+        entry = {"name": self.files.data.name, **_identity(stat), "blake2b": _digest_fd(fd, stat.st_size)}
+        self.files.marker.unlink(missing_ok=True)  # the set is being replaced: untrusted until its manifest is back
+        context, self._context = self._context, None
+        # fsync, close and rename into place; when that fails the temp is removed, and our descriptor still reads it.
+        context.__exit__(None, None, None)
+        written = {"data": entry, "fingerprints": _write_npy(self.files.fingerprints,
+                                                             np.asarray(fingerprints, dtype=np.uint64))}
+        manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": self.shape[0], "dtype": str(self.dtype),
+                    "shape": list(self.shape), "digest": DIGEST_NAME, "files": written}
+        atomic.save_json(self.files.marker, manifest)
+        _register(self.files, manifest)
+        os.close(self._kept)
+        self._kept = -1
+        return matrix.MatrixFile.open(self.files.data)
+
+    def abandon(self) -> None:
+        """Remove the temp file (on an error before ``commit``)."""
+        context, self._context = self._context, None
+        if context is not None:
+            try:
+                raise _Abandoned
+            except _Abandoned:
+                context.__exit__(*sys.exc_info())
+        self._handle.close()
+        if self._kept >= 0:
+            os.close(self._kept)
+            self._kept = -1
+
+
+class _Abandoned(Exception):
+    pass
+
+
+def _os_problem(exc: OSError) -> str:
+    return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+
+
+def _unnamed_temp(folder: Path):
+    try:
+        return tempfile.TemporaryFile(dir=folder)
+    except OSError:
+        return tempfile.TemporaryFile()
 
 
 # ---- registry ------------------------------------------------------------------------------------

@@ -51,36 +51,50 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
         raise ValueError(f"backend must be one of {', '.join(CLUSTER_BACKENDS)}")
     n = matrix.shape(embeddings)[0]
     sample = sample_rows(n, fit_sample, seed) if 0 < fit_sample < n else None
+    if sample is None and backend == "sklearn":
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            return make_kmeans(n_clusters, seed).fit_predict(matrix.load(embeddings)).astype(np.int64)
     fit_rows = matrix.load(embeddings) if sample is None else matrix.read_rows(embeddings, sample)
+    return assign_to_centres(embeddings, fit_centres(fit_rows, n_clusters, seed, backend, device), device)
+
+
+def fit_centres(rows: np.ndarray, n_clusters: int, seed: int, backend: str = "sklearn", device=None) -> np.ndarray:
+    """k-means centres fitted on ``rows`` (in memory) with ``backend``'s settings."""
     if backend == "sklearn":
         from threadpoolctl import threadpool_limits
 
-        model = make_kmeans(n_clusters, seed)
         # One BLAS thread: MiniBatchKMeans's small batches gain nothing from more, and on a few cores
         # BLAS, OpenMP and torch threads spinning against each other made the fit 4x slower.
         with threadpool_limits(limits=1, user_api="blas"):
-            if sample is None:
-                return model.fit_predict(fit_rows).astype(np.int64)
-            centres = model.fit(fit_rows).cluster_centers_
-    elif backend == "faiss":
-        centres = _faiss_centres(fit_rows, n_clusters, seed)
-    else:
-        centres = _torch_centres(fit_rows, n_clusters, seed, device)
-    return assign_to_centres(embeddings, centres, device)
+            return make_kmeans(n_clusters, seed).fit(rows).cluster_centers_
+    if backend == "faiss":
+        return _faiss_centres(rows, n_clusters, seed)
+    return _torch_centres(rows, n_clusters, seed, device)
 
 
 def assign_to_centres(embeddings: Matrix, centres: np.ndarray, device=None) -> np.ndarray:
     """Index of the nearest centre (squared Euclidean) for every row, a block of rows at a time."""
+    labels = np.empty(matrix.shape(embeddings)[0], dtype=np.int64)
+    for lo, hi, (block_labels,) in assign_blocks(embeddings, [centres], device):
+        labels[lo:hi] = block_labels
+    return labels
+
+
+def assign_blocks(embeddings: Matrix, centre_sets: list[np.ndarray], device=None):
+    """(lo, hi, [nearest centre of rows lo..hi for each set of centres]): one pass over the rows for
+    several fitted models (a k sweep reads a file once, not once per k)."""
     import torch
 
     device = device or torch.device("cpu")
-    c = torch.as_tensor(np.asarray(centres, dtype=np.float32), device=device)
-    c_sq = (c * c).sum(1)
-    labels = np.empty(matrix.shape(embeddings)[0], dtype=np.int64)
+    prepared = []
+    for centres in centre_sets:
+        c = torch.as_tensor(np.asarray(centres, dtype=np.float32), device=device)
+        prepared.append((c, (c * c).sum(1)))
     for lo, hi, block in matrix.blocks(embeddings, ASSIGN_BATCH_ROWS):
         x = torch.as_tensor(block, device=device)
-        labels[lo:hi] = (c_sq - 2 * x @ c.T).argmin(1).cpu().numpy()
-    return labels
+        yield lo, hi, [(c_sq - 2 * x @ c.T).argmin(1).cpu().numpy() for c, c_sq in prepared]
 
 
 # Out-of-core fits use at most this many sampled rows (and half the memory budget).
@@ -253,12 +267,11 @@ def reduce_matrix(embeddings: Matrix, n_components: int, seed: int, plan: Plan,
     if kept < 1:
         return embeddings, None
     pca = PCA(n_components=kept, random_state=seed).fit(matrix.read_rows(embeddings, sample_rows(n_rows, plan.sample, seed)))
-    out = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float32, shape=(n_rows, kept))
-    for lo, hi, block in matrix.blocks(embeddings):
-        reduced = pca.transform(block)
-        out[lo:hi] = reduced / np.maximum(np.linalg.norm(reduced, axis=1, keepdims=True), 1e-8)
-    out.flush()
-    del out
+    with open(scratch, "w+b") as handle:
+        out = matrix.create_npy(handle, (n_rows, kept), np.float32)
+        for lo, hi, block in matrix.blocks(embeddings):
+            reduced = pca.transform(block)
+            out[np.arange(lo, hi)] = reduced / np.maximum(np.linalg.norm(reduced, axis=1, keepdims=True), 1e-8)
     info = PCAInfo(kept, round(float(pca.explained_variance_ratio_.sum()), 4), dim, fit_rows=plan.sample)
     return matrix.MatrixFile.open(scratch), info
 
@@ -320,7 +333,10 @@ class CosineSilhouette:
 
     def score(self, labels: np.ndarray) -> float | None:
         """Mean silhouette over the sample for ``labels`` (all rows); None if < 2 clusters."""
-        sample_labels = np.asarray(labels)[self.rows]
+        return self.score_sample(np.asarray(labels)[self.rows])
+
+    def score_sample(self, sample_labels: np.ndarray) -> float | None:
+        """``score`` given the labels of the sample's rows only (``self.rows``, in that order)."""
         _, encoded = np.unique(sample_labels, return_inverse=True)
         n_labels = int(encoded.max()) + 1
         m = encoded.size
@@ -368,24 +384,45 @@ def calibrate_k(embeddings: Matrix, sample_size: int = 10000, seed: int = DEFAUL
 
     k >= N is skipped. Returns the table and the recommended k: the highest k whose
     silhouette is at least 95% of the peak (the peak's own k when every score is negative).
+    Out of core, every k is fitted on the one sample, then a single pass over the rows assigns them
+    for every k (the labels each k-means run alone would give, as ``kmeans_labels`` with ``fit_sample``).
     """
     n = matrix.shape(embeddings)[0]
     candidates = [k for k in k_values if k < n]
     silhouette = CosineSilhouette(embeddings, sample_size if sample_size else None, seed, device=device)
-    rows = []
+    sampled = 0 < fit_sample < n
+    fit_rows = matrix.read_rows(embeddings, sample_rows(n, fit_sample, seed)) if sampled else None
+    rows, centre_sets = [], []
     with Progress(len(candidates), "Calibrating k", unit="values of k", rate_unit="k", bar=progress) as bar:
         for k in candidates:
-            labels = kmeans_labels(embeddings, k, seed, fit_sample=fit_sample)
-            score = silhouette.score(labels)
-            sizes = np.bincount(labels, minlength=k)
-            rows.append(CalibrationRow(k, score,
-                                       int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
+            if sampled:
+                centre_sets.append(fit_centres(fit_rows, k, seed))
+            else:
+                labels = kmeans_labels(embeddings, k, seed)
+                rows.append(_calibration_row(k, silhouette.score(labels), np.bincount(labels, minlength=k),
+                                             len(rows) + 1, len(candidates)))
             bar.update(1)
-            # One line per k as it completes: a sweep takes minutes, and it should not look stalled.
-            log.info("k = %d: silhouette %s, cluster sizes %d / %g / %d (%d of %d)", k,
-                     "n/a" if score is None else f"{score:.4f}", sizes.min(), np.median(sizes), sizes.max(),
-                     len(rows), len(candidates))
+    if sampled:
+        del fit_rows
+        sizes = [np.zeros(k, dtype=np.int64) for k in candidates]
+        picked = [np.empty(silhouette.rows.size, dtype=np.int64) for _ in candidates]
+        order = np.argsort(silhouette.rows)
+        sorted_rows = silhouette.rows[order]
+        for lo, hi, labels_per_k in assign_blocks(embeddings, centre_sets, device):
+            a, b = np.searchsorted(sorted_rows, [lo, hi])
+            for i, labels in enumerate(labels_per_k):
+                sizes[i] += np.bincount(labels, minlength=candidates[i])
+                picked[i][order[a:b]] = labels[sorted_rows[a:b] - lo]
+        rows = [_calibration_row(k, silhouette.score_sample(picked[i]), sizes[i], i + 1, len(candidates))
+                for i, k in enumerate(candidates)]
     return rows, recommend_k(rows)
+
+
+def _calibration_row(k: int, score: float | None, sizes: np.ndarray, done: int, total: int) -> CalibrationRow:
+    # One line per k as it completes: a sweep takes minutes, and it should not look stalled.
+    log.info("k = %d: silhouette %s, cluster sizes %d / %g / %d (%d of %d)", k,
+             "n/a" if score is None else f"{score:.4f}", sizes.min(), np.median(sizes), sizes.max(), done, total)
+    return CalibrationRow(k, score, int(sizes.min()), float(np.median(sizes)), int(sizes.max()))
 
 
 def recommend_k(rows: list[CalibrationRow]) -> int | None:

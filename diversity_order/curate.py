@@ -13,12 +13,27 @@ by a ``Run``.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from . import clustering, distributed, diversity, features, ordering_report, outputs, plots, records, sources, writers
+from . import (
+    atomic,
+    clustering,
+    distributed,
+    diversity,
+    features,
+    matrix,
+    ordering_report,
+    outputs,
+    plots,
+    records,
+    sources,
+    writers,
+)
 from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, UserError, check_range
@@ -52,6 +67,9 @@ class CurateConfig:
     pca_components: int = 0
     cluster_backend: str = clustering.CLUSTER_BACKENDS[0]
     cluster_fit_sample: int = 0
+    # Bytes the embeddings may take in memory for the exact path (None: matrix.memory_budget()'s default).
+    memory_budget: int | None = None
+    embedding_dtype: str = features.EMBEDDING_DTYPES[0]
     progress: bool = True
     ordering: str = "stratified"
     # More packed lengths for --compare-strategies (ordering_options.seq_len is always compared first).
@@ -83,6 +101,9 @@ class CurateConfig:
             (self.cluster_backend in clustering.CLUSTER_BACKENDS,
              f"--cluster-backend {self.cluster_backend}: choose one of {', '.join(clustering.CLUSTER_BACKENDS)}"),
             (self.ordering in ORDERINGS, f"--ordering {self.ordering}: choose one of {', '.join(ORDERINGS)}"),
+            (self.embedding_dtype in features.EMBEDDING_DTYPES,
+             f"--embedding-dtype {self.embedding_dtype}: choose one of {', '.join(features.EMBEDDING_DTYPES)}"),
+            (self.memory_budget is None or self.memory_budget > 0, "--memory-budget: must be a positive size"),
             (self.ordering not in SCORE_ORDERINGS or self.ordering_options.score_field is not None,
              f"--ordering {self.ordering} orders by a per-document score: name its JSON field with --score-field"),
             (not self.extra_seq_lens or self.compare_strategies,
@@ -174,6 +195,8 @@ class Run:
     packed: dict | None = None  # what --export-packed wrote
     curated_files: list = field(default_factory=list)
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
+    cluster_plan: clustering.Plan | None = None
+    scratch: list = field(default_factory=list)  # temp files of this run, removed when it ends
 
     @property
     def n(self) -> int:
@@ -225,6 +248,8 @@ def _start(config: CurateConfig) -> Run:
 
 
 def _finish(run: Run) -> None:
+    for path in run.scratch:
+        path.unlink(missing_ok=True)
     distributed.shutdown(run.ctx)
 
 
@@ -270,49 +295,89 @@ def counts_and_embeddings(run: Run) -> None:
             run.embeddings = features.load_external_embeddings(config.load_embeddings, run.n)
         counts, embeddings = features.counts_and_embeddings(
             run.index, run.paths, run.model, cache_key(config.text_field), not external, config.embed_batch_size,
-            config.progress, run.ctx)
+            config.progress, run.ctx, config.embedding_dtype)
         run.counts = _with_special_tokens(run, counts)
         if not external:
             run.embeddings = embeddings
         run.method = EXTERNAL_METHOD if external else SHALLOW_METHOD
+    # Nothing embeds after this: what embedding held goes back before k-means loads the matrix.
+    run.model.release_table()
+    matrix.return_freed_memory()
 
 
 def reduce(run: Run) -> None:
-    """Optional PCA (``--pca-components``), rows re-normalised."""
+    """Optional PCA (``--pca-components``), rows re-normalised; fitted on a sample when the matrix
+    exceeds the memory budget (see ``_plan``), every row projected into a scratch file."""
     config = run.config
     if config.pca_components <= 0:
         return
+    plan = _plan(run, "PCA")
     with run.timer.stage(f"PCA to {config.pca_components} components"):
-        run.embeddings, run.pca_info = clustering.reduce_with_pca(run.embeddings, config.pca_components, config.seed)
+        run.embeddings, run.pca_info = clustering.reduce_matrix(run.embeddings, config.pca_components, config.seed,
+                                                                plan, None if plan.exact else _scratch(run, "pca"))
     if run.pca_info is not None:
         log.info("PCA kept %d of %d dimensions, %.1f%% of the variance", run.pca_info.n_components,
                  run.pca_info.original_dim, 100 * run.pca_info.explained_variance)
 
 
+def _plan(run: Run, step: str) -> clustering.Plan:
+    """Exact (the embeddings in memory, today's faithful results) while they fit --memory-budget,
+    else fitted on a seeded sample read from the file; logged with the reason."""
+    plan = clustering.plan_for(run.embeddings, matrix.memory_budget(run.config.memory_budget))
+    log.info("%s %s: %s", step, "in memory" if plan.exact else "out of core", plan.reason)
+    return plan
+
+
+def _scratch(run: Run, role: str) -> Path:
+    """A temp file beside the output for an intermediate matrix, removed when the run ends (a killed
+    run's is swept by a later one, as any atomic write's temp is)."""
+    target = Path(f"{outputs.output_stem(run.config.output)}_{role}.npy")
+    atomic.note_target(target)
+    handle, name = tempfile.mkstemp(prefix=atomic.temp_prefix(target), suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    run.scratch.append(Path(name))
+    return Path(name)
+
+
 def sweep_k(run: Run):
     """Silhouette for each candidate k; the table is logged and saved. Calibrates on what would be
-    clustered (after PCA when it is on), unlike the original toolkit, which calibrates before PCA."""
+    clustered (after PCA when it is on), unlike the original toolkit, which calibrates before PCA.
+    Out of core, k-means and the silhouette use seeded samples of at most the plan's size."""
     config = run.config
+    plan = _plan(run, "k calibration")
     samples = config.calibrate_k_samples
+    if plan.exact:
+        embeddings, fit_sample = matrix.load(run.embeddings), 0
+    else:
+        embeddings, fit_sample = run.embeddings, plan.sample
+        samples = min(samples or run.n, plan.sample)
     used = run.n if samples == 0 else min(samples, run.n)
     with run.timer.stage(f"Calibrating k (silhouette on {'all' if samples == 0 else used} rows)"):
-        rows, recommended = clustering.calibrate_k(run.embeddings, samples, config.seed, progress=config.progress,
-                                                   device=run.device)
+        rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress,
+                                                   device=run.device, fit_sample=fit_sample)
+    del embeddings
     _log_calibration(rows, recommended)
     save_json(run.paths["calibration"], {"input": str(config.inputs.name), "samples": used, "seed": config.seed,
                                          "pca": run.pca_info.as_dict() if run.pca_info else None,
+                                         "k_means_fit_rows": fit_sample or run.n,
                                          "rows": [r.as_dict() for r in rows], "recommended_k": recommended})
     log.info("Calibration table written to %s", run.paths["calibration"])
     return rows, recommended
 
 
 def cluster(run: Run) -> None:
+    """k-means labels: today's faithful fit on every row while the embeddings fit the memory budget;
+    beyond it, fitted on the plan's seeded sample and every row assigned block by block."""
     config = run.config
+    run.cluster_plan = plan = _plan(run, "k-means")
+    fit_sample = config.cluster_fit_sample
+    if not plan.exact:
+        fit_sample = min(fit_sample, plan.sample) if fit_sample else plan.sample
     backend_name = {"sklearn": "MiniBatchKMeans", "faiss": "faiss k-means", "torch": "torch k-means"}[config.cluster_backend]
-    fitted_on = f", fitted on {config.cluster_fit_sample:,} rows" if 0 < config.cluster_fit_sample < run.n else ""
+    fitted_on = f", fitted on {fit_sample:,} rows" if 0 < fit_sample < run.n else ""
     with run.timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
         run.labels = clustering.kmeans_labels(run.embeddings, config.n_clusters, config.seed, config.cluster_backend,
-                                              config.cluster_fit_sample, run.device)
+                                              fit_sample, run.device)
 
 
 def order_and_measure(run: Run) -> None:
@@ -485,7 +550,8 @@ def write_metadata(run: Run) -> dict:
         "packing": config.ordering_options.packing,
         "packed_export": run.packed,
         "pca": run.pca_info.as_dict() if run.pca_info else None,
-        "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample},
+        "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample,
+                       **({"plan": run.cluster_plan.as_dict()} if run.cluster_plan else {})},
         "token_window_diversity": {"original": before, "curated": after},
         "ordering_quality": run.quality,
         "balance_field_quality": run.field_quality or None,

@@ -58,13 +58,13 @@ def embed_and_count(
     batch_docs: int = 1024,
     batch_bytes: int = 4 << 20,
     progress: bool = True,
-    out: np.ndarray | None = None,
+    out=None,
 ) -> tuple[np.ndarray | None, np.ndarray, TokenizeStats]:
     """Tokenize ``rows`` once; return (embeddings or None without a table, token counts, stats).
 
-    Results are in the order of ``rows`` sorted ascending; with ``out`` (an N x D array for
-    all records) the vectors are written into ``out[rows]`` instead, and ``out`` is returned,
-    so the caller's array is not held twice.
+    Results are in the order of ``rows`` sorted ascending; with ``out`` (N x D rows for all
+    records: an array, or a ``matrix.RowWriter`` into the cache file) the vectors are written into
+    ``out[rows]`` batch by batch instead, and ``out`` is returned, so no N x D array is built here.
     """
     rows = np.sort(np.asarray(rows, dtype=np.int64))
     counts = np.zeros(rows.size, dtype=np.int64)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import caches, distributed, embed
+from . import caches, distributed, embed, matrix
 from .arrays import load_matrix
 from .errors import UserError
+from .matrix import Matrix
 from .model_folder import check_model_dir
 from .records import RecordIndex
 
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 SHALLOW_METHOD = "base_model_embed_tokens_mean_pool"
 EXTERNAL_METHOD = "external_precomputed"
+# --embedding-dtype: how the shallow-embedding cache stores its rows (computed in float32 either way).
+EMBEDDING_DTYPES = ("float32", "float16")
 
 
 class ModelParts:
@@ -56,18 +59,26 @@ class ModelParts:
                                                device=self.device, dtype=torch.float32)
         return self._table
 
+    def release_table(self) -> None:
+        """Drop the embedding table once every vector is computed (a float32 copy: 113 MB for SmolLM2)."""
+        self._table = None
 
-def load_external_embeddings(path: Path, n_records: int) -> np.ndarray:
-    """A precomputed N x D float matrix; NaN rows become zero vectors (warned)."""
-    matrix = load_matrix(path, "--load-embeddings")
-    if matrix.shape[0] != n_records:
-        raise UserError(f"--load-embeddings {path}: {matrix.shape[0]} rows, but the input has {n_records} records")
-    embeddings = np.array(matrix, dtype=np.float32)  # a writable copy: NaN rows are zeroed below
-    bad = ~np.isfinite(embeddings).all(axis=1)
-    if bad.any():
+
+def load_external_embeddings(path: Path, n_records: int) -> Matrix:
+    """A precomputed N x D float matrix, memory-mapped (read in blocks by the later stages, so it may be
+    larger than RAM); NaN rows read as zero vectors (warned)."""
+    mapped = load_matrix(path, "--load-embeddings", as_float32=False)
+    if mapped.shape[0] != n_records:
+        raise UserError(f"--load-embeddings {path}: {mapped.shape[0]} rows, but the input has {n_records} records")
+    try:
+        embeddings = matrix.MatrixFile.open(path)
+    except ValueError:  # Fortran-ordered: rows are not contiguous on disk, so read it whole
+        embeddings = np.ascontiguousarray(mapped, dtype=np.float32)
+    del mapped
+    bad = matrix.count_non_finite_rows(embeddings)
+    if bad:
         log.warning("%d row(s) of %s are NaN/inf (e.g. documents skipped by deep extraction); "
-                    "they become zero vectors", int(bad.sum()), path.name)
-        embeddings[bad] = 0.0
+                    "they become zero vectors", bad, path.name)
     return embeddings
 
 
@@ -107,12 +118,14 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
 
 
 def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, text_field: str, need_embeddings: bool,
-                          batch_docs: int, progress: bool, ctx: distributed.DistContext | None = None
-                          ) -> tuple[np.ndarray | None, np.ndarray | None]:
+                          batch_docs: int, progress: bool, ctx: distributed.DistContext | None = None,
+                          embedding_dtype: str = EMBEDDING_DTYPES[0]) -> tuple[np.ndarray | None, Matrix | None]:
     """Token counts (always) and shallow embeddings (when asked), reusing valid cached rows.
 
-    ``paths["token_counts"]`` and ``paths["embeddings"]`` are the caches. Under torchrun, only
-    rank 0 gets the arrays (and writes the caches); other ranks get None.
+    ``paths["token_counts"]`` and ``paths["embeddings"]`` are the caches. The embeddings are never
+    held in memory: they are the cache file itself (``matrix.MatrixFile``, rows of ``embedding_dtype``),
+    filled row by row when rows were missing or moved (``caches.Fill``). Under torchrun, only rank 0
+    gets the arrays (and writes the caches); other ranks get None.
     """
     ctx = ctx or distributed.DistContext()
     fps = index.fingerprints
@@ -128,45 +141,66 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     if count_rows.size and tokenizer is None:
         raise UserError(f"--model-dir is required to count tokens: {count_rows.size} of {len(index)} records "
                         f"have no cached count in {paths['token_counts']} (a folder with the tokenizer is enough)")
-
-    embed_rows = np.zeros(0, dtype=np.int64)
-    emb_found = None
-    if need_embeddings:
-        emb_key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
-        emb_found = caches.lookup(paths["embeddings"], emb_key, fps, dtype=np.float32, row_shape=(model.table().dim,))
-        log.info("Embeddings: %s", emb_found.reason)
-        embed_rows = emb_found.missing_rows
-
     counts = counts_found.data if counts_found.data is not None else np.zeros(len(index), dtype=np.int64)
     counts = counts.astype(np.int64)
-    embeddings = None
-    if need_embeddings:
-        embeddings = emb_found.data if emb_found.data is not None else np.zeros((len(index), model.table().dim), np.float32)
-    if embed_rows.size:
-        log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
-                 embed_rows.size, len(index))
-        vectors, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
-                                             progress, out=embeddings)
-        count_rows = np.setdiff1d(count_rows, embed_rows)
-        if ctx.is_main:
-            if vectors is not embeddings:
-                embeddings[embed_rows] = vectors
-            counts[embed_rows] = new_counts
-    if count_rows.size:
-        log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
-        _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress)
-        if ctx.is_main:
-            counts[count_rows] = new_counts
-    if not ctx.is_main:
-        return None, None
-    # Stored whenever the files are not exactly the current records in order (new, edited, moved
-    # or removed records), so the caches always line up with the input for the other scripts.
-    if not counts_found.in_order:
-        # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
-        store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps, counts)
-    if need_embeddings and not emb_found.in_order:
-        caches.store(paths["embeddings"], emb_key, fps, embeddings)
+    embeddings = fill = None
+    try:
+        if need_embeddings:
+            emb_key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
+            embeddings, fill, embedded = _embeddings(index, paths["embeddings"], emb_key, model, tokenizer, counts,
+                                                     batch_docs, progress, ctx, embedding_dtype)
+            count_rows = np.setdiff1d(count_rows, embedded)
+        if count_rows.size:
+            log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
+            _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress)
+            if ctx.is_main:
+                counts[count_rows] = new_counts
+        if not ctx.is_main:
+            return None, None
+        # Stored whenever the files are not exactly the current records in order (new, edited, moved
+        # or removed records), so the caches always line up with the input for the other scripts.
+        if not counts_found.in_order:
+            # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
+            store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps, counts)
+        if fill is not None:
+            embeddings = fill.commit(emb_key, fps)
+    except BaseException:
+        if fill is not None:
+            fill.abandon()
+        raise
     return counts, embeddings
+
+
+def _embeddings(index: RecordIndex, path: Path, key: dict, model: ModelParts, tokenizer, counts: np.ndarray,
+                batch_docs: int, progress: bool, ctx: distributed.DistContext, dtype: str
+                ) -> tuple[Matrix | None, caches.Fill | None, np.ndarray]:
+    """The embeddings cache brought up to date, the rows embedded (their ``counts`` set), as
+    (the cache's rows when nothing changed, else None; the filled set to commit, on rank 0; the rows embedded)."""
+    dim = model.table().dim
+    found = caches.lookup(path, key, index.fingerprints, dtype=dtype, row_shape=(dim,), lazy=True)
+    log.info("Embeddings: %s", found.reason)
+    embed_rows = found.missing_rows
+    if found.in_order:
+        return (matrix.MatrixFile.open(found.files.data) if ctx.is_main else None), None, embed_rows
+    fill = caches.Fill(path, (len(index), dim), dtype) if ctx.is_main else None
+    try:
+        if fill is not None:
+            found.copy_into(fill.rows)
+        if embed_rows.size:
+            log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
+                     embed_rows.size, len(index))
+            out = fill.rows if fill is not None else None
+            vectors, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
+                                                 progress, out=out)
+            if ctx.is_main:
+                if vectors is not out:  # gathered from the torchrun ranks
+                    fill.rows[embed_rows] = vectors
+                counts[embed_rows] = new_counts
+    except BaseException:
+        if fill is not None:
+            fill.abandon()
+        raise
+    return None, fill, embed_rows
 
 
 def token_count_places(paths: dict) -> list[Path]:

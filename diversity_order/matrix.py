@@ -9,6 +9,8 @@ file that is read once through counts all of it, up to the file's size).
 
 from __future__ import annotations
 
+import io
+import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +19,10 @@ from pathlib import Path
 import numpy as np
 
 BLOCK_ROWS = 65536
+# A block holding fewer than 1/this of its rows wanted is read row by row (only those rows' pages).
+SPARSE_READ_SHARE = 8
+# ``load`` copies this many rows at a time into its array (a small transient beside a big array).
+LOAD_BLOCK_ROWS = 8192
 # Without --memory-budget, a matrix is held in memory when it takes at most this share of RAM.
 DEFAULT_RAM_SHARE = 0.25
 
@@ -34,17 +40,35 @@ class MatrixFile:
     def open(cls, path: Path | str) -> MatrixFile:
         header = np.load(path, mmap_mode="r")
         offset, shape, dtype = header.offset, header.shape, header.dtype
+        plain = header.ndim == 2 and header.flags.c_contiguous
         del header
+        if not plain:
+            raise ValueError(f"{path}: not a 2-D C-ordered matrix")
         return cls(Path(path), tuple(int(v) for v in shape), np.dtype(dtype), int(offset))
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
+    @property
+    def row_bytes(self) -> int:
+        return self.shape[1] * self.dtype.itemsize
+
     def block(self, lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi as stored, read with one ``readinto`` (no map: nothing stays resident)."""
+        out = np.empty((max(hi - lo, 0), self.shape[1]), dtype=self.dtype)
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset + lo * self.row_bytes)
+            if handle.readinto(out.reshape(-1).view(np.uint8)) != out.nbytes:
+                raise OSError(f"{self.path}: shorter than its header says")
+        return out
+
+    def rows(self, lo: int, hi: int, picked: np.ndarray) -> np.ndarray:
+        """Rows ``picked`` (ascending, within lo..hi) as stored, through a map dropped afterwards, so only
+        the pages of those rows are read."""
         mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
         try:
-            return np.array(mapped[lo:hi])
+            return np.array(mapped[picked])
         finally:
             del mapped
 
@@ -91,8 +115,16 @@ def blocks(matrix: Matrix, block_rows: int = BLOCK_ROWS) -> Iterator[tuple[int, 
         yield lo, hi, read_block(matrix, lo, hi)
 
 
+def count_non_finite_rows(matrix: Matrix, block_rows: int = BLOCK_ROWS) -> int:
+    """Rows holding a NaN or inf (the rows every read here turns into zero vectors), one block at a time."""
+    n = shape(matrix)[0]
+    raw = matrix.block if isinstance(matrix, MatrixFile) else (lambda lo, hi: matrix[lo:hi])
+    return sum(non_finite_rows(raw(lo, min(lo + block_rows, n))).size for lo in range(0, n, block_rows))
+
+
 def read_rows(matrix: Matrix, rows: np.ndarray, block_rows: int = BLOCK_ROWS) -> np.ndarray:
-    """The given rows (any order) as float32, non-finite rows zeroed; read block by block from a file."""
+    """The given rows (any order) as float32, non-finite rows zeroed; read block by block from a file
+    (a block with few wanted rows reads only their pages)."""
     rows = np.asarray(rows, dtype=np.int64)
     if not isinstance(matrix, MatrixFile):
         return _finite_float32(matrix[rows])
@@ -102,16 +134,85 @@ def read_rows(matrix: Matrix, rows: np.ndarray, block_rows: int = BLOCK_ROWS) ->
     for lo in range(0, shape(matrix)[0], block_rows):
         a, b = np.searchsorted(sorted_rows, [lo, lo + block_rows])
         if a < b:
-            block = read_block(matrix, lo, min(lo + block_rows, shape(matrix)[0]))
-            out[order[a:b]] = block[sorted_rows[a:b] - lo]
+            hi = min(lo + block_rows, shape(matrix)[0])
+            if (b - a) * SPARSE_READ_SHARE < hi - lo:
+                out[order[a:b]] = _finite_float32(matrix.rows(lo, hi, sorted_rows[a:b]))
+            else:
+                out[order[a:b]] = read_block(matrix, lo, hi)[sorted_rows[a:b] - lo]
     return out
 
 
 def load(matrix: Matrix) -> np.ndarray:
-    """The whole matrix in memory as float32 (non-finite rows zeroed)."""
-    if isinstance(matrix, MatrixFile):
-        return read_block(matrix, 0, matrix.shape[0])
-    return _finite_float32(matrix)
+    """The whole matrix in memory as float32 (non-finite rows zeroed); a file is read a block at a
+    time into the one array, so the peak is the array and one block."""
+    if not isinstance(matrix, MatrixFile):
+        return _finite_float32(matrix)
+    out = np.empty(matrix.shape, dtype=np.float32)
+    for lo, hi, block in blocks(matrix, LOAD_BLOCK_ROWS):
+        out[lo:hi] = block
+    return out
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed by the process back to the system (glibc keeps freed heap for reuse: after
+    tokenizing millions of documents that is hundreds of MB the next stage's big array adds to)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
+
+
+class RowWriter:
+    """Rows written into a ``.npy`` file open for writing (see ``create_npy``), never through a long-lived
+    map: a run of consecutive rows is one ``pwrite``, scattered rows go through a map dropped at once,
+    so what was written does not stay in the process's resident memory."""
+
+    def __init__(self, fd: int, offset: int, shape: tuple[int, int], dtype):
+        self.fd, self.offset, self.shape, self.dtype = fd, offset, tuple(shape), np.dtype(dtype)
+
+    def __setitem__(self, rows, values) -> None:
+        rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
+        if rows.size == 0:
+            return
+        values = np.ascontiguousarray(np.asarray(values).reshape(rows.size, self.shape[1]), dtype=self.dtype)
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        row_bytes = self.shape[1] * self.dtype.itemsize
+        if hi - lo == rows.size and (rows.size == 1 or bool((np.diff(rows) == 1).all())):
+            view = memoryview(values.reshape(-1).view(np.uint8))
+            at = self.offset + lo * row_bytes
+            while view:  # pwrite may write less than asked (signals, very large writes)
+                done = os.pwrite(self.fd, view, at)
+                view, at = view[done:], at + done
+            return
+        start = self.offset + lo * row_bytes
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(self.fd, start - aligned + (hi - lo) * row_bytes, offset=aligned) as mapped:
+            window = np.frombuffer(mapped, self.dtype, (hi - lo) * self.shape[1], start - aligned)
+            window.reshape(hi - lo, self.shape[1])[rows - lo] = values
+            del window  # the map cannot close while a view of it lives
+
+
+def create_npy(handle, shape: tuple[int, int], dtype) -> RowWriter:
+    """Write a ``.npy`` header for ``shape`` and ``dtype`` into the empty file ``handle`` and size the
+    file (sparse: unwritten rows read as zeros); the writer of its rows."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": tuple(int(v) for v in shape)}
+    np.lib.format.write_array_header_1_0(handle, header) if _header_fits_1_0(header) else \
+        np.lib.format.write_array_header_2_0(handle, header)
+    handle.flush()
+    offset = handle.tell()
+    os.ftruncate(handle.fileno(), offset + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return RowWriter(handle.fileno(), offset, shape, dtype)
+
+
+def _header_fits_1_0(header: dict) -> bool:
+    try:
+        np.lib.format.write_array_header_1_0(io.BytesIO(), header)
+    except ValueError:
+        return False
+    return True
 
 
 def total_memory_bytes() -> int:

@@ -338,3 +338,50 @@ def test_a_set_written_before_manifests_is_reused_and_rewritten(tmp_path):
     assert_rows_belong_to_their_records(found, fps)
     caches.store(path, KEY, fps, found.data)  # what the callers do when not in_order
     assert caches.lookup(path, KEY, fps, dtype=np.float32, row_shape=(3,)).in_order
+
+
+def _stored(tmp_path, fps, data, name="e.npy"):
+    caches.store(tmp_path / name, {"kind": "t"}, np.asarray(fps, dtype=np.uint64), data)
+    return tmp_path / name
+
+
+def test_a_lazy_lookup_copies_the_same_rows_a_gathering_one_returns(tmp_path):
+    rng = np.random.default_rng(0)
+    old = rng.normal(size=(50, 4)).astype(np.float32)
+    target = _stored(tmp_path, np.arange(50), old)
+    other = _stored(tmp_path, np.arange(100, 120), rng.normal(size=(20, 4)).astype(np.float32), "other.npy")
+    # Moved, removed, new, and rows only the other set holds.
+    fps = np.concatenate([np.arange(40, 0, -3), [7777, 7778], np.arange(100, 110)]).astype(np.uint64)
+    kwargs = dict(dtype=np.float32, row_shape=(4,), alternatives=(other,))
+    gathered = caches.lookup(target, {"kind": "t"}, fps, **kwargs)
+    lazy = caches.lookup(target, {"kind": "t"}, fps, lazy=True, **kwargs)
+    assert lazy.data is None and np.array_equal(lazy.hit, gathered.hit) and lazy.reason == gathered.reason
+    copied = np.zeros_like(gathered.data)
+    lazy.copy_into(copied, chunk_rows=3)
+    np.testing.assert_array_equal(copied, gathered.data)
+    assert gathered.hit.sum() == len(fps) - 2
+
+
+def test_a_fill_is_trusted_only_once_committed(tmp_path):
+    rng = np.random.default_rng(1)
+    old = rng.normal(size=(30, 3)).astype(np.float32)
+    target = _stored(tmp_path, np.arange(30), old)
+    fps = np.arange(5, 40).astype(np.uint64)
+    new = rng.normal(size=(35, 3)).astype(np.float16)
+
+    fill = caches.Fill(target, new.shape, np.float16)
+    fill.rows[np.arange(35)] = new
+    fill.abandon()  # e.g. the run failed: the old set stands, nothing of the new one is left
+    assert caches.lookup(target, {"kind": "t"}, np.arange(30).astype(np.uint64), lazy=True).in_order
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    fill = caches.Fill(target, new.shape, np.float16)
+    assert not caches.lookup(target, {"kind": "t"}, fps).in_order  # written in place, not trusted yet
+    fill.rows[np.arange(0, 35, 2)] = new[::2]
+    fill.rows[np.arange(1, 35, 2)] = new[1::2]
+    read = fill.commit({"kind": "t"}, fps)
+    assert read.path == target and read.dtype == np.float16
+    np.testing.assert_array_equal(np.load(target), new)
+    found = caches.lookup(target, {"kind": "t"}, fps, dtype=np.float16, row_shape=(3,), lazy=True)
+    assert found.in_order and "all 35 rows reused" in found.reason
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -67,3 +67,50 @@ def test_out_of_core_pca_is_the_sample_fit_applied_block_by_block(tmp_path):
                                            ("1000", 1000)])
 def test_parse_size(text, expected):
     assert matrix.parse_size(text) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 7), st.sampled_from([np.float32, np.float16]), st.data())
+def test_row_writer_equals_plain_assignment(tmp_path_factory, n, d, dtype, data):
+    """Rows written through create_npy/RowWriter (consecutive runs by pwrite, scattered rows by a map)
+    read back with np.load exactly as plain assignment into an array of zeros."""
+    rng = np.random.default_rng(n * 7 + d)
+    expected = np.zeros((n, d), dtype=dtype)
+    path = tmp_path_factory.mktemp("w") / "w.npy"
+    with open(path, "w+b") as handle:
+        rows_out = matrix.create_npy(handle, (n, d), dtype)
+        for _ in range(data.draw(st.integers(0, 6))):
+            if data.draw(st.booleans()):
+                lo = data.draw(st.integers(0, n - 1))
+                rows = np.arange(lo, data.draw(st.integers(lo + 1, n)))
+            else:
+                rows = np.unique(np.asarray(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=20))))
+            values = rng.normal(size=(rows.size, d)).astype(np.float32)
+            rows_out[rows] = values
+            expected[rows] = values
+    loaded = np.load(path)
+    assert loaded.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(loaded, expected)
+    np.testing.assert_array_equal(matrix.load(matrix.MatrixFile.open(path)), expected.astype(np.float32))
+
+
+def test_a_fortran_ordered_file_is_refused_as_a_block_readable_matrix(tmp_path):
+    np.save(tmp_path / "f.npy", np.asfortranarray(np.ones((5, 3), np.float32)))
+    with pytest.raises(ValueError, match="C-ordered"):
+        matrix.MatrixFile.open(tmp_path / "f.npy")
+
+
+def test_out_of_core_calibration_equals_a_sample_fit_for_each_k(tmp_path):
+    """One pass assigning every k at once gives each k the labels kmeans_labels(fit_sample=...) gives it."""
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.normal(loc, 0.3, size=(700, 6)) for loc in (-3, 0, 3)]).astype(np.float32)
+    file = _file(tmp_path, x)
+    rows, recommended = clustering.calibrate_k(file, sample_size=500, seed=2, k_values=(2, 3, 5), progress=False,
+                                               fit_sample=900)
+    silhouette = clustering.CosineSilhouette(x, 500, seed=2)
+    for row in rows:
+        labels = clustering.kmeans_labels(x, row.k, seed=2, fit_sample=900)
+        sizes = np.bincount(labels, minlength=row.k)
+        assert row == clustering.CalibrationRow(row.k, silhouette.score(labels), int(sizes.min()),
+                                                float(np.median(sizes)), int(sizes.max()))
+    assert recommended == clustering.recommend_k(rows)

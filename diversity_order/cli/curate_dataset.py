@@ -69,6 +69,7 @@ def _add_data_flags(p) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from ..clustering import CLUSTER_BACKENDS
     from ..curate import CurateConfig
+    from ..features import EMBEDDING_DTYPES
     from ..orderings import OrderingOptions
 
     defaults = {f.name: f.default for f in fields(CurateConfig) if not callable(f.default_factory)}
@@ -115,8 +116,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cluster-fit-sample", type=int, default=defaults["cluster_fit_sample"],
                    help="fit k-means on this many random rows and assign the rest to the nearest centre "
                         "(0 = fit on all rows; default: 0)")
+    p.add_argument("--memory-budget", type=_size, default=None, metavar="SIZE",
+                   help="memory the embeddings may take for the exact path, e.g. 8G (default: a quarter of RAM, or "
+                        "of the cgroup's limit). While they fit, PCA, k-means and --calibrate-k run on all rows in "
+                        "memory (the original toolkit's results); beyond it they are fitted on a seeded sample read "
+                        "from the cache file and every row is assigned block by block. See README, 'Large inputs'")
+    p.add_argument("--embedding-dtype", default=defaults["embedding_dtype"], choices=EMBEDDING_DTYPES,
+                   help="how B_embeddings.npy stores the vectors (computed in float32 either way); float16 halves "
+                        "the disk and I/O (default: float32)")
     add_output_flags(p)
     return p.parse_args(argv)
+
+
+def _size(text: str) -> int:
+    from ..matrix import parse_size
+
+    try:
+        return parse_size(text)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a size such as 8G, 512M or 1000000 bytes") from None
 
 
 def config_from_args(args: argparse.Namespace):
@@ -136,6 +154,7 @@ def config_from_args(args: argparse.Namespace):
         text_field=text_field, stats_only=args.stats_only, calibrate_k_samples=args.calibrate_k_samples,
         no_plot=args.no_plot, load_embeddings=args.load_embeddings, pca_components=args.pca_components,
         cluster_backend=args.cluster_backend, cluster_fit_sample=args.cluster_fit_sample,
+        memory_budget=args.memory_budget, embedding_dtype=args.embedding_dtype,
         progress=not args.no_progress, ordering=args.ordering, compare_strategies=args.compare_strategies,
         ordering_options=options,
     )

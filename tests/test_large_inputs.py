@@ -1,0 +1,166 @@
+"""Large inputs, forced at small N: the embeddings cache lives on disk, --memory-budget picks the exact
+in-memory path (today's results) or the out-of-core one (a seeded sample fit, every row assigned)."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+import curate_dataset
+from conftest import topical_records, write_jsonl
+from diversity_order import clustering, features, matrix
+from diversity_order.cli import run_main
+
+TINY_BUDGET = "1K"  # far below any embedding matrix: the out-of-core path
+
+
+def curate(*args):
+    return run_main(curate_dataset.main, [str(a) for a in args] + ["--no-progress", "--no-plot"])
+
+
+@pytest.fixture()
+def data(tmp_path):
+    return write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=40))
+
+
+def _outputs(out):
+    stem = str(out)[: -len(".jsonl")]
+    return (out.read_bytes(), np.load(f"{stem}_labels.npy"), np.load(f"{stem}_order.npy"),
+            json.loads(open(f"{stem}_meta.json").read()))
+
+
+def test_within_the_budget_the_labels_are_todays_minibatch_kmeans_on_all_rows(tmp_path, data, tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "a.jsonl"
+    assert curate("--input", data, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    curated, labels, order, meta = _outputs(out)
+    embeddings = np.load(tmp_path / "a_embeddings.npy")
+    assert embeddings.dtype == np.float32 and embeddings.shape == (240, 32)
+    # What the exact path was before the cache moved to disk: the whole matrix in memory, fit_predict.
+    expected = clustering.make_kmeans(6, meta["seed"]).fit_predict(embeddings)
+    np.testing.assert_array_equal(labels, expected)
+    assert meta["clustering"]["plan"]["exact"] and "k-means in memory" in caplog.text
+    # An explicit budget the matrix fits changes nothing.
+    again = tmp_path / "b.jsonl"
+    assert curate("--input", data, "--output", again, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--memory-budget", "1G") == 0
+    assert _same(_outputs(again)[:3], (curated, labels, order))
+
+
+def _same(a, b):
+    return a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1:], b[1:]))
+
+
+def test_out_of_core_with_every_row_in_the_sample_equals_the_in_memory_run(tmp_path, data, tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO)
+    exact, ooc = tmp_path / "exact.jsonl", tmp_path / "ooc.jsonl"
+    assert curate("--input", data, "--output", exact, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    assert curate("--input", data, "--output", ooc, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--memory-budget", TINY_BUDGET) == 0
+    # 240 rows < MIN_FIT_SAMPLE: the "sample" is every row, so the fit is the same fit.
+    assert "k-means out of core" in caplog.text and "exceed the memory budget" in caplog.text
+    assert _same(_outputs(ooc)[:3], _outputs(exact)[:3])
+    plan = _outputs(ooc)[3]["clustering"]["plan"]
+    assert plan["exact"] is False and plan["fit_rows"] == 240
+
+
+def test_out_of_core_sampled_fit_labels_every_row_near_the_full_fit(tmp_path, data, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(clustering, "MIN_FIT_SAMPLE", 120)
+    out = tmp_path / "o.jsonl"
+    assert curate("--input", data, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--memory-budget", TINY_BUDGET) == 0
+    curated, labels, order, meta = _outputs(out)
+    assert meta["clustering"]["plan"]["fit_rows"] == 120
+    x = np.load(tmp_path / "o_embeddings.npy")
+    # The documented meaning: MiniBatchKMeans fitted on the seeded sample, every row to its nearest centre.
+    centres = clustering.make_kmeans(6, meta["seed"]).fit(x[clustering.sample_rows(240, 120, meta["seed"])])
+    nearest = ((x[:, None, :] - centres.cluster_centers_[None]) ** 2).sum(-1).argmin(1)
+    np.testing.assert_array_equal(labels, nearest)
+    assert labels.shape == (240,) and set(labels.tolist()) <= set(range(6))
+    full = clustering.make_kmeans(6, meta["seed"]).fit_predict(x)
+    assert clustering.inertia(x, labels, 6) <= 1.1 * clustering.inertia(x, full, 6)
+    assert sorted(curated.splitlines()) == sorted(data.read_bytes().splitlines())
+
+
+def test_out_of_core_pca_and_calibration_run_from_the_file(tmp_path, data, tiny_model_dir, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(clustering, "MIN_FIT_SAMPLE", 150)
+    out = tmp_path / "p.jsonl"
+    assert curate("--input", data, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--pca-components", 8, "--memory-budget", TINY_BUDGET) == 0
+    meta = _outputs(out)[3]
+    assert meta["pca"]["fit_rows"] == 150 and meta["pca"]["n_components"] == 8
+    assert "PCA out of core" in caplog.text
+    assert not list(tmp_path.glob(".*.tmp"))  # the projected rows' scratch file is gone
+    assert curate("--input", data, "--output", out, "--model-dir", tiny_model_dir, "--calibrate-k",
+                  "--memory-budget", TINY_BUDGET) == 0
+    table = json.loads((tmp_path / "p_calibration.json").read_text())
+    assert table["k_means_fit_rows"] == 150 and table["samples"] == 150
+    assert [row["k"] for row in table["rows"]] == [k for k in clustering.CALIBRATION_K_VALUES if k < 240]
+    assert all(row["size_min"] >= 0 and row["silhouette"] is not None for row in table["rows"])
+
+
+def test_float16_cache_is_close_to_float32_and_reused(tmp_path, data, tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO)
+    f32, f16 = tmp_path / "f32.jsonl", tmp_path / "f16.jsonl"
+    assert curate("--input", data, "--output", f32, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    assert curate("--input", data, "--output", f16, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--embedding-dtype", "float16") == 0
+    a, b = np.load(tmp_path / "f32_embeddings.npy"), np.load(tmp_path / "f16_embeddings.npy")
+    assert b.dtype == np.float16
+    np.testing.assert_array_equal(b, a.astype(np.float16))  # the float32 vectors, rounded once
+    caplog.clear()
+    assert curate("--input", data, "--output", f16, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--embedding-dtype", "float16") == 0
+    assert "Embeddings: all 240 rows reused" in caplog.text
+    caplog.clear()
+    assert curate("--input", data, "--output", f16, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    # Another dtype is never mixed in: here the float32 rows come from the other run's registered cache.
+    assert "holds float16 rows of shape 32, expected float32" in caplog.text
+    assert "240 row(s) taken from" in caplog.text
+    assert np.load(tmp_path / "f16_embeddings.npy").dtype == np.float32
+
+
+def test_an_incremental_run_copies_cached_rows_into_the_new_file(tmp_path, tiny_model_dir):
+    records = topical_records(per_topic=20)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "d_cur.jsonl"
+    args = ["--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6]
+    assert curate(*args) == 0
+    grown = records[::-1][:100] + topical_records(per_topic=3, seed=5)  # moved, removed and new records
+    write_jsonl(src, grown)
+    assert curate(*args) == 0
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert curate("--input", write_jsonl(fresh / "d.jsonl", grown), "--output", fresh / "d_cur.jsonl",
+                  "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "d_cur_embeddings.npy"), np.load(fresh / "d_cur_embeddings.npy"))
+    assert out.read_bytes() == (fresh / "d_cur.jsonl").read_bytes()
+
+
+def test_load_embeddings_is_mapped_not_loaded(tmp_path, data, tiny_model_dir, caplog):
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(240, 16)).astype(np.float64)
+    vectors[[3, 77]] = np.nan
+    np.save(tmp_path / "deep.npy", vectors)
+    caplog.set_level(logging.WARNING)
+    mapped = features.load_external_embeddings(tmp_path / "deep.npy", 240)
+    assert isinstance(mapped, matrix.MatrixFile) and mapped.dtype == np.float64
+    assert "2 row(s) of deep.npy are NaN/inf" in caplog.text
+    expected = vectors.astype(np.float32)
+    expected[[3, 77]] = 0
+    np.testing.assert_array_equal(matrix.load(mapped), expected)
+    out = tmp_path / "l.jsonl"
+    assert curate("--input", data, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--load-embeddings", tmp_path / "deep.npy", "--memory-budget", TINY_BUDGET) == 0
+    assert _outputs(out)[1].shape == (240,)
+
+
+@pytest.mark.parametrize("flag,value,message", [("--memory-budget", "lots", "expected a size such as 8G"),
+                                                ("--embedding-dtype", "int8", "invalid choice")])
+def test_bad_large_input_flags_are_one_line(tmp_path, data, flag, value, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        curate("--input", data, "--output", tmp_path / "o.jsonl", flag, value)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
