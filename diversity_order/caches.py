@@ -603,3 +603,54 @@ def _compact(path: Path, alive: dict[str, dict]) -> None:
             handle.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in alive.values())
     except OSError as exc:
         _registry_problem(path, exc)
+
+
+# ---- sets written by several processes (torchrun) ------------------------------------------------
+
+
+@dataclass
+class RowSource:
+    """Where each current record's row lies in one valid set, without reading any row."""
+
+    source: np.ndarray  # int64 per current record: its row in ``files.data`` (-1: none)
+    files: CacheFiles | None  # the valid set (None: no usable set)
+    reason: str
+    in_order: bool = False  # the set holds exactly the current records, in order
+
+
+def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *, dtype, row_shape: tuple) -> RowSource:
+    """``lookup`` of the named set alone, reading only its fingerprints: for processes that each
+    copy their own part of the rows (no process holds them all)."""
+    files = _files(target)
+    n = fingerprints.shape[0]
+    found = _open_set(files, key, _Expect(np.dtype(dtype), tuple(row_shape)))
+    if isinstance(found, str):
+        return RowSource(np.full(n, -1, np.int64), None, found)
+    if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
+        return RowSource(np.arange(n, dtype=np.int64), files, f"all {n} rows reused from {files.data.name}", True)
+    source = match_rows(found.fingerprints, fingerprints)
+    return RowSource(source, files, f"{int((source >= 0).sum())} of {n} rows reused from {files.data.name}")
+
+
+def adopt(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, written: Path) -> None:
+    """Make ``written`` (a complete, fsynced ``.npy`` beside the target, e.g. filled by several
+    processes) the target's data: renamed into place, then fingerprints and manifest written and
+    the set registered, as ``store`` does. Raises OSError when a file cannot be written."""
+    files = _files(target)
+    files.marker.unlink(missing_ok=True)  # untrusted until the manifest is back
+    npy = _open_npy(Path(written))
+    try:
+        digest = _digest_fd(npy.handle.fileno(), npy.stat.st_size)
+        stat, shape, dtype = npy.stat, npy.array.shape, npy.array.dtype
+    finally:
+        npy.handle.close()
+    del npy
+    if shape[0] != fingerprints.shape[0]:
+        raise ValueError(f"{files.data.name}: {shape[0]} rows but {fingerprints.shape[0]} fingerprints")
+    os.replace(written, files.data)
+    data_entry = {"name": files.data.name, **_identity(stat), "blake2b": digest}  # rename keeps inode and mtime
+    prints = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
+    manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(shape[0]), "dtype": str(dtype),
+                "shape": list(shape), "digest": DIGEST_NAME, "files": {"data": data_entry, "fingerprints": prints}}
+    atomic.save_json(files.marker, manifest)
+    _register(files, manifest)

@@ -127,6 +127,55 @@ def gather_to_main(ctx: DistContext, array: np.ndarray, device=None, group=None)
     return [g[: int(c.item())].cpu().numpy() for g, c in zip(gathered, counts)]
 
 
+def even_range(ctx: DistContext, n: int) -> tuple[int, int]:
+    """This rank's contiguous run of ``n`` items cut into ``world_size`` runs of equal count
+    (rank order = item order, so concatenating the ranks' results in rank order restores it)."""
+    bounds = np.linspace(0, n, ctx.world_size + 1).astype(np.int64)
+    return int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
+
+
+def slice_of_order(ctx: DistContext, n_items: int, n_parts: int) -> list[tuple[int, int, int]]:
+    """The consecutive parts of an order of ``n_items`` that this rank writes, as (part, lo, hi):
+    the order is cut into ``n_parts`` runs of equal count and the parts dealt to the ranks in
+    contiguous blocks (for output shards written in parallel; one process gets every part)."""
+    bounds = np.linspace(0, n_items, n_parts + 1).astype(np.int64)
+    first, last = even_range(ctx, n_parts)
+    return [(part, int(bounds[part]), int(bounds[part + 1])) for part in range(first, last)]
+
+
+def comm_device():
+    """Where collectives' tensors live: the rank's GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_object(ctx: DistContext, obj=None):
+    """Rank 0's ``obj`` (anything picklable and small: a file name, centres, a fitted PCA) on every rank."""
+    if not ctx.active:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_agree(ctx: DistContext, ok: bool) -> bool:
+    """True on every rank when ``ok`` is true on every rank (a check each rank makes on its own)."""
+    if not ctx.active:
+        return ok
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=comm_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.active:
         import torch.distributed as dist
