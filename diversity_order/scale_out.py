@@ -70,6 +70,8 @@ class RowWriter:
     def __setitem__(self, rows: np.ndarray, values: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         values = np.ascontiguousarray(values, dtype=np.float32)
+        if rows.size == 0:
+            return
         cuts = np.flatnonzero(np.diff(rows) != 1) + 1  # one write per run of consecutive rows
         for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), rows.size]):
             data = memoryview(values[a:b]).cast("B")

@@ -1,16 +1,24 @@
-"""torchrun with 2 CPU processes (gloo) gives exactly the single-process result."""
+"""torchrun with 2 CPU processes (gloo), on one node or two, gives exactly the single-process result;
+the pieces of the labels-only path (shared cache file, sampled fit) against plain computations."""
 
+import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
+from diversity_order import caches, clustering, features, scale_out
 from diversity_order.cli import run_main
-from diversity_order.distributed import DistContext, my_share, split_by_bytes
+from diversity_order.distributed import DistContext, even_range, my_share, slice_of_order, split_by_bytes
+from diversity_order.matrix import MatrixFile
+from diversity_order.records import scan_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,3 +67,143 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir):
               tmp_path / "ext.npy", *common])
     assert np.array_equal(np.load(multi / "d_token_counts.npy"), np.load(single / "d_token_counts.npy"))
     assert (multi / "e.jsonl").read_bytes() == (single / "c.jsonl").read_bytes()
+
+
+@given(st.integers(0, 200), st.integers(1, 9), st.integers(1, 12))
+def test_even_range_and_slices_of_the_order_cover_everything_once(n, world, parts):
+    ranges = [even_range(DistContext(r, world), n) for r in range(world)]
+    assert [lo for lo, _ in ranges] == [0] + [hi for _, hi in ranges[:-1]] and ranges[-1][1] == n
+    assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
+    dealt = [piece for r in range(world) for piece in slice_of_order(DistContext(r, world), n, parts)]
+    assert [part for part, _, _ in dealt] == list(range(parts))  # every part once, in rank order
+    assert [lo for _, lo, _ in dealt] == [0] + [hi for _, _, hi in dealt[:-1]] and dealt[-1][2] == n
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 5), st.data())
+def test_row_writer_writes_what_an_array_assignment_writes(n, dim, data):
+    import tempfile
+
+    expected = np.zeros((n, dim), np.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        path, offset = scale_out._create_rows_file(Path(folder) / "e.npy", n, dim)
+        writer = scale_out.RowWriter(path, offset, dim)
+        for _ in range(data.draw(st.integers(0, 4))):
+            rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), dtype=np.int64)
+            values = np.random.default_rng(len(rows)).normal(size=(rows.size, dim)).astype(np.float32)
+            writer[rows] = values
+            expected[rows] = values
+        writer.close()
+        assert np.array_equal(np.load(path), expected)
+
+
+def _index_and_model(folder, records, tiny_model_dir):
+    path = write_jsonl(folder / "d.jsonl", records)
+    return scan_jsonl(path, "text", progress=False), features.ModelParts(Path(tiny_model_dir), None)
+
+
+def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(tmp_path, tiny_model_dir, caplog):
+    """One process through the shared-file path: the same counts, vectors and cache files as the
+    faithful path, fresh and after records moved, one edited and one added (rows copied from the cache)."""
+    records = topical_records(per_topic=8)
+    edited = records[::-1] + [{"text": "a brand new record about the oven"}]
+    edited[3] = dict(edited[3], text=edited[3]["text"] + " with an edit")
+    for step, recs in enumerate([records, edited]):
+        plain, shared = tmp_path / f"plain{step}", tmp_path / "shared"
+        plain.mkdir()
+        shared.mkdir(exist_ok=True)
+        index, model = _index_and_model(plain, recs, tiny_model_dir)
+        paths = {"embeddings": plain / "c_embeddings.npy", "token_counts": plain / "d_token_counts.npy"}
+        want_counts, want = features.counts_and_embeddings(index, paths, model, "text", True, 7, False)
+        index, model = _index_and_model(shared, recs, tiny_model_dir)
+        paths = {"embeddings": shared / "c_embeddings.npy", "token_counts": shared / "d_token_counts.npy"}
+        with caplog.at_level(logging.INFO, logger="diversity_order"):
+            caplog.clear()
+            counts, vectors = scale_out.counts_and_shared_embeddings(DistContext(), index, paths, model, "text", 7, False)
+        assert np.array_equal(counts, want_counts)
+        assert np.array_equal(np.load(vectors.path), want)
+        for name in ["c_embeddings.npy", "c_embeddings.fingerprints.npy", "d_token_counts.npy"]:
+            assert (shared / name).read_bytes() == (plain / name).read_bytes(), name
+        if step:
+            assert f"{len(edited) - 2} of {len(edited)} rows reused from c_embeddings.npy" in caplog.text
+            assert "Embedding 2 new or changed record(s)" in caplog.text
+        key = features.embedding_key(model.tokenizer("").fingerprint, model.table(), "text")
+        reused = caches.lookup(shared / "c_embeddings.npy", key, index.fingerprints)  # a valid set for every reader
+        assert reused.in_order and np.array_equal(reused.data, want)
+        assert not list(shared.glob(".*.tmp"))
+
+
+def _nearest(rows, centres):
+    """A plain loop: the index of the closest centre of each row."""
+    return np.array([int(np.argmin([((row - c) ** 2).sum() for c in centres])) for row in rows])
+
+
+def test_labels_from_sample_equal_a_plain_fit_on_the_sample(tmp_path):
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(400, 12)).astype(np.float32)
+    emb[::7] += 3.0
+    np.save(tmp_path / "e.npy", emb)
+    vectors = MatrixFile.open(tmp_path / "e.npy")
+    labels, info = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 0)
+    assert info is None
+    assert np.array_equal(labels, clustering.kmeans_labels(emb, 5, 0, fit_sample=150))  # as one process does it
+    sample = emb[clustering.sample_rows(400, 150, 0)]
+    assert np.array_equal(labels, _nearest(emb, clustering.make_kmeans(5, 0).fit(sample).cluster_centers_))
+
+    from sklearn.decomposition import PCA
+
+    labels, info = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 4)
+    pca = PCA(n_components=4, random_state=0).fit(sample)
+    unit = pca.transform(emb)
+    unit = unit / np.linalg.norm(unit, axis=1, keepdims=True)
+    centres = clustering.make_kmeans(5, 0).fit(unit[clustering.sample_rows(400, 150, 0)]).cluster_centers_
+    assert info.n_components == 4 and info.fit_rows == 150
+    assert np.mean(labels == _nearest(unit, centres)) >= 0.99  # float32 vs float64 projection: ties only
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(args, timeout=300):
+    """Two torchrun launches (1 process each) meeting at a localhost c10d rendezvous, as two nodes would."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test",
+           "curate_dataset.py", *map(str, args), "--no-progress"]
+    nodes = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    logs = [node.communicate(timeout=timeout)[1] for node in nodes]
+    for node, log in zip(nodes, logs):
+        assert node.returncode == 0, log[-4000:]
+    return "".join(logs)
+
+
+def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_model_dir):
+    """--nnodes 2 with the fit on a sample smaller than N: labels, order and curated bytes are a single
+    process's with the same --cluster-fit-sample; the rows a 1-process run cached are reused (moved)."""
+    records = topical_records(per_topic=25, long_every=7)
+    edited = records[1:] + records[:1]
+    edited[5] = dict(edited[5], text=edited[5]["text"] + " plus an edit")
+    single, nodes = tmp_path / "single", tmp_path / "nodes"
+    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot",
+              "--cluster-fit-sample", 100]
+
+    def one_process(folder):
+        argv = ["--input", folder / "d.jsonl", "--output", folder / "c.jsonl", *common, "--no-progress"]
+        assert run_main(curate_dataset.main, list(map(str, argv))) == 0
+
+    for folder, recs in [(single, edited), (nodes, records)]:
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", recs)
+        one_process(folder)
+    write_jsonl(nodes / "d.jsonl", edited)
+    log = two_nodes(["--input", nodes / "d.jsonl", "--output", nodes / "c.jsonl", *common])
+    assert f"{len(edited) - 1} of {len(edited)} rows reused from c_embeddings.npy" in log
+    assert "Embedding 1 new or changed record(s) of 150 on 2 ranks" in log
+    assert "k-means fitted on 100 sampled rows of 150" in log
+    for name in ["c.jsonl", "c_labels.npy", "c_order.npy", "c_embeddings.npy", "d_token_counts.npy"]:
+        assert (nodes / name).read_bytes() == (single / name).read_bytes(), name
