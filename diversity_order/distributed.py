@@ -1,11 +1,11 @@
-"""Many processes under ``torchrun``: each rank tokenizes and embeds a share of the documents.
+"""Many processes under ``torchrun``: who this rank is, its share of the work, and the few collectives.
 
-Launched as ``torchrun --nproc_per_node=N [--nnodes=M ...] curate_dataset.py ...``, every rank
-indexes the input and checks the caches (cheap, identical on all ranks), embeds its own
-contiguous share of the rows still to compute (balanced by bytes of JSON), and sends the
-results to rank 0, which writes the caches and runs the rest of the pipeline (clustering and
-ordering need only a few bytes per document). GPU ranks use NCCL and their local GPU; CPU
-ranks use gloo. Without torchrun nothing here does anything.
+Launched as ``torchrun --nproc_per_node=N [--nnodes=M ...] SCRIPT ...``, every rank joins the
+process group (NCCL on GPUs, each rank on its local GPU; gloo on CPUs). The helpers here cut work
+into shares (contiguous, balanced by bytes or by count), and move small things: rank 0's objects
+and arrays to every rank, every rank's arrays to rank 0. Curate moves only token counts, labels and
+a bounded sample of rows this way (``scale_out``); deep extraction gathers its rows to rank 0.
+Without torchrun nothing here does anything.
 """
 
 from __future__ import annotations
@@ -162,6 +162,21 @@ def broadcast_object(ctx: DistContext, obj=None):
     box = [obj if ctx.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def broadcast_array(ctx: DistContext, array: np.ndarray | None = None) -> np.ndarray:
+    """Rank 0's 1-D ``array`` on every rank (e.g. the curated order, 8 bytes per record, for ranks
+    that write their slices of it)."""
+    if not ctx.active:
+        return array
+    import torch
+    import torch.distributed as dist
+
+    size, dtype = broadcast_object(ctx, (array.size, array.dtype.str) if ctx.is_main else None)
+    tensor = (torch.from_numpy(np.ascontiguousarray(array)) if ctx.is_main
+              else torch.empty(size, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)).to(comm_device())
+    dist.broadcast(tensor, src=0)
+    return tensor.cpu().numpy()
 
 
 def all_agree(ctx: DistContext, ok: bool) -> bool:

@@ -207,3 +207,31 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     assert "k-means fitted on 100 sampled rows of 150" in log
     for name in ["c.jsonl", "c_labels.npy", "c_order.npy", "c_embeddings.npy", "d_token_counts.npy"]:
         assert (nodes / name).read_bytes() == (single / name).read_bytes(), name
+
+
+def _collectives_worker(rank, store_path, out_dir):
+    import torch.distributed as dist
+
+    from diversity_order import distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    ctx = DistContext(rank, 2)
+    order = distributed.broadcast_array(ctx, np.arange(10, dtype=np.int64)[::-1].copy() if rank == 0 else None)
+    name = distributed.broadcast_object(ctx, {"file": "x.tmp"} if rank == 0 else None)
+    agreed = distributed.all_agree(ctx, rank == 0), distributed.all_agree(ctx, True)
+    parts = distributed.gather_to_main(ctx, np.full((rank + 1, 2), rank, np.float32))
+    np.save(Path(out_dir) / f"order{rank}.npy", order)
+    (Path(out_dir) / f"r{rank}.txt").write_text(repr((name, agreed, None if parts is None else
+                                                       [p.tolist() for p in parts])))
+    dist.destroy_process_group()
+
+
+def test_collectives_with_two_gloo_processes(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_collectives_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert np.load(tmp_path / f"order{rank}.npy").tolist() == list(range(9, -1, -1))
+    assert (tmp_path / "r0.txt").read_text() == repr(({"file": "x.tmp"}, (False, True),
+                                                      [[[0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]))
+    assert (tmp_path / "r1.txt").read_text() == repr(({"file": "x.tmp"}, (False, True), None))
