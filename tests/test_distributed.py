@@ -102,7 +102,8 @@ def _index_and_model(folder, records, tiny_model_dir):
     return scan_jsonl(path, "text", progress=False), features.ModelParts(Path(tiny_model_dir), None)
 
 
-def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(tmp_path, tiny_model_dir, caplog):
+def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(tmp_path, tiny_model_dir, caplog,
+                                                                              monkeypatch):
     """One process through the shared-file path: the same counts, vectors and cache files as the
     faithful path, fresh and after records moved, one edited and one added (rows copied from the cache)."""
     records = topical_records(per_topic=8)
@@ -131,6 +132,13 @@ def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(t
         reused = caches.lookup(shared / "c_embeddings.npy", key, index.fingerprints)  # a valid set for every reader
         assert reused.in_order and np.array_equal(reused.data, want)
         assert not list(shared.glob(".*.tmp"))
+    (shared / "d_token_counts.cache.json").unlink()  # vectors cached, counts not: only counted, nothing embedded
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # (else the plain runs' registered counts fill in)
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        caplog.clear()
+        counts, vectors = scale_out.counts_and_shared_embeddings(DistContext(), index, paths, model, "text", 7, False)
+    assert np.array_equal(counts, want_counts) and np.array_equal(np.load(vectors.path), want)
+    assert f"Counting tokens of {len(edited)} new or changed" in caplog.text and "Embedding " not in caplog.text
 
 
 def _nearest(rows, centres):
