@@ -83,7 +83,7 @@ def _status_kb(field: str) -> int:
 
 def rank_entry(report_dir: Path, curate_args: list[str]) -> int:
     """One torchrun rank: the real script in this process, then this rank's memory figures."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, os.environ.get("BENCH_TORCHRUN_CODE", str(ROOT)))
     peak_anon = [0]
     done = threading.Event()
 
@@ -117,6 +117,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=3000, help="seconds before the run is stopped")
     p.add_argument("--extra", nargs="*", default=[], help="extra curate_dataset.py flags")
     p.add_argument("--keep-caches", action="store_true", help="reuse the embeddings from an earlier run")
+    p.add_argument("--code", type=Path, default=ROOT,
+                   help="the checkout whose curate_dataset.py runs (e.g. an older one, to compare)")
     args = p.parse_args()
     work = args.work / f"docs_{args.docs}"
     work.mkdir(parents=True, exist_ok=True)
@@ -135,7 +137,8 @@ def main() -> None:
               "--seq-len", "131072", "--no-plot", "--no-progress", *args.extra]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
            str(Path(__file__).resolve()), "--rank-entry", str(reports), "--", *curate]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR=str(work / "registry"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR=str(work / "registry"),
+               BENCH_TORCHRUN_CODE=str(args.code.resolve()))
     print(" ".join(cmd), flush=True)
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, timeout=args.timeout)
@@ -154,12 +157,14 @@ def main() -> None:
     for stage, seconds in meta["timings_seconds"].items():
         print(f"| {stage} | {seconds:.1f} | {meta['peak_rss_mb'][stage]:.0f} |")
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    results.append({"docs": args.docs, "ranks": args.ranks, "tokens": meta["total_tokens"], "wall_seconds": round(wall),
+    results.append({"docs": args.docs, "ranks": args.ranks, "code": str(args.code.resolve()),
+                    "tokens": meta["total_tokens"], "wall_seconds": round(wall),
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores", "per_rank": ranks,
                     "rank0_stages": {s: {"seconds": round(t, 1), "peak_rss_mb": meta["peak_rss_mb"][s]}
                                      for s, t in meta["timings_seconds"].items()},
                     "command": " ".join(["benchmarks/bench_torchrun.py", "--docs", str(args.docs),
-                                         "--ranks", str(args.ranks), *(["--extra", *args.extra] if args.extra else [])])})
+                                         "--ranks", str(args.ranks), *(["--code", str(args.code)] if args.code != ROOT else []),
+                                         *(f"--extra={flag}" for flag in args.extra)])})
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
 
 
