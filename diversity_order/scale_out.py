@@ -32,6 +32,7 @@ import io
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -195,8 +196,10 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
 def _adopt(target: Path, key: dict, fps: np.ndarray, written: Path) -> Path:
     """The filled file becomes the cache; if it cannot, this run reads it where it is (a later run's
     sweep removes it) and the cache is not written."""
+    started = time.perf_counter()
     try:
         caches.adopt(target, key, fps, written)
+        log.info("%s digested and stored in %.1f s", target.name, time.perf_counter() - started)
         return target
     except OSError as exc:
         log.warning("Cache %s not written (%s); the run goes on without it", target, exc.strerror or exc)
@@ -205,9 +208,13 @@ def _adopt(target: Path, key: dict, fps: np.ndarray, written: Path) -> Path:
 
 def external_embeddings(path: Path, n_records: int) -> MatrixFile:
     """``--load-embeddings`` for the ranks: checked, then read a block at a time (NaN rows as zeros)."""
-    from .arrays import load_matrix
+    from .arrays import load_matrix, load_npy
 
-    rows = load_matrix(path, "--load-embeddings").shape[0]
+    mapped = load_npy(path, "--load-embeddings")
+    if mapped.ndim != 2 or mapped.shape[1] < 1 or not np.issubdtype(mapped.dtype, np.floating):
+        load_matrix(path, "--load-embeddings")  # raises the one-line error saying what is wrong
+    rows = mapped.shape[0]
+    del mapped
     if rows != n_records:
         raise UserError(f"--load-embeddings {path}: {rows} rows, but the input has {n_records} records")
     return MatrixFile.open(path)

@@ -243,3 +243,23 @@ def test_collectives_with_two_gloo_processes(tmp_path):
     assert (tmp_path / "r0.txt").read_text() == repr(({"file": "x.tmp"}, (False, True),
                                                       [[[0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]))
     assert (tmp_path / "r1.txt").read_text() == repr(({"file": "x.tmp"}, (False, True), None))
+
+
+def test_external_embeddings_for_the_ranks_are_checked_and_read_a_block_at_a_time(tmp_path):
+    import pytest
+
+    from diversity_order import matrix
+    from diversity_order.errors import UserError
+
+    emb = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float16)
+    emb[2] = np.nan
+    np.save(tmp_path / "e.npy", emb)
+    vectors = scale_out.external_embeddings(tmp_path / "e.npy", 6)
+    want = emb.astype(np.float32)
+    want[2] = 0.0  # NaN rows become zero vectors, as in a single process
+    assert np.array_equal(matrix.load(vectors), want)
+    with pytest.raises(UserError, match="6 rows, but the input has 5 records"):
+        scale_out.external_embeddings(tmp_path / "e.npy", 5)
+    np.save(tmp_path / "flat.npy", np.zeros(6, np.float32))
+    with pytest.raises(UserError, match="expected a 2-D N x D matrix"):
+        scale_out.external_embeddings(tmp_path / "flat.npy", 6)
