@@ -174,17 +174,17 @@ def _write_digesting(pieces: list[memoryview], write) -> str:
         return _combine([future.result() for future in futures], size)
 
 
+def _chunk_digest(fd: int, size: int, start: int) -> bytes:
+    return _hash_parts([os.pread(fd, min(DIGEST_CHUNK, size - start), start)] if size else [])
+
+
 def _digest_fd(fd: int, size: int) -> str:
     """The digest of the open file ``fd`` (``size`` bytes), read chunk by chunk in parallel."""
     starts = range(0, max(size, 1), DIGEST_CHUNK)
-
-    def chunk_digest(start: int) -> bytes:
-        return _hash_parts([os.pread(fd, min(DIGEST_CHUNK, size - start), start)] if size else [])
-
     if len(starts) == 1:
-        return _combine([chunk_digest(0)], size)
+        return _combine([_chunk_digest(fd, size, 0)], size)
     with ThreadPoolExecutor(_workers()) as pool:
-        return _combine(list(pool.map(chunk_digest, starts)), size)
+        return _combine(list(pool.map(lambda start: _chunk_digest(fd, size, start), starts)), size)
 
 
 def _identity(stat: os.stat_result) -> dict:
@@ -632,15 +632,38 @@ def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *,
     return RowSource(source, files, f"{int((source >= 0).sum())} of {n} rows reused from {files.data.name}")
 
 
-def adopt(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, written: Path) -> None:
+def chunk_count(size: int) -> int:
+    """How many digest chunks a file of ``size`` bytes has (its digest combines one per chunk)."""
+    return max(1, -(-size // DIGEST_CHUNK))
+
+
+def chunk_digests(path: Path, indices) -> list[bytes]:
+    """The digests of chunks ``indices`` of ``path``: processes that each digest some chunks of one
+    file, to be combined with ``combine_chunk_digests`` (the file's digest as a manifest records it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        with ThreadPoolExecutor(_workers()) as pool:
+            return list(pool.map(lambda i: _chunk_digest(fd, size, i * DIGEST_CHUNK), indices))
+    finally:
+        os.close(fd)
+
+
+def combine_chunk_digests(digests: list[bytes], size: int) -> str:
+    return _combine(list(digests), size)
+
+
+def adopt(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, written: Path,
+          digest: str | None = None) -> None:
     """Make ``written`` (a complete, fsynced ``.npy`` beside the target, e.g. filled by several
     processes) the target's data: renamed into place, then fingerprints and manifest written and
-    the set registered, as ``store`` does. Raises OSError when a file cannot be written."""
+    the set registered, as ``store`` does. ``digest``: the file's, when already computed (by chunks,
+    by several processes). Raises OSError when a file cannot be written."""
     files = _files(target)
     files.marker.unlink(missing_ok=True)  # untrusted until the manifest is back
     npy = _open_npy(Path(written))
     try:
-        digest = _digest_fd(npy.handle.fileno(), npy.stat.st_size)
+        digest = digest or _digest_fd(npy.handle.fileno(), npy.stat.st_size)
         stat, shape, dtype = npy.stat, npy.array.shape, npy.array.dtype
     finally:
         npy.handle.close()

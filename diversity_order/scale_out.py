@@ -178,8 +178,9 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
             mine = _tokenize_share(ctx, index, missing, tokenizer, table.weight, batch_docs, progress, writer)
         finally:
             writer.close()
-        new_counts = _gather(ctx, mine)  # completes on rank 0 once every rank has closed its writes
-        shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name) if ctx.is_main else None)
+        new_counts = _gather(ctx, mine)
+        digest = _digest_together(ctx, name)
+        shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
         if ctx.is_main:
             counts[missing] = new_counts
     count_rows = np.flatnonzero(~counts_found.hit & (found.source >= 0))  # counts missing, vectors cached
@@ -193,13 +194,33 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
     return (counts if ctx.is_main else None), MatrixFile.open(shared)
 
 
-def _adopt(target: Path, key: dict, fps: np.ndarray, written: Path) -> Path:
+def _digest_together(ctx: DistContext, path: Path) -> str | None:
+    """The file's cache digest, each rank reading every world_size-th chunk (rank 0 alone would read
+    all N x D x 4 bytes); rank 0 gets it, the other ranks None."""
+    distributed.barrier(ctx)  # every rank has closed its writes: each may read the others' rows
+    started = time.perf_counter()
+    size = path.stat().st_size
+    mine = range(ctx.rank, caches.chunk_count(size), ctx.world_size)
+    digests = np.frombuffer(b"".join(caches.chunk_digests(path, mine)), np.uint8).reshape(-1, 32)
+    parts = distributed.gather_to_main(ctx, digests, distributed.comm_device())
+    if parts is None:
+        return None
+    log.info("%s digested in %.1f s (%d chunks over %d ranks)", path.name, time.perf_counter() - started,
+             caches.chunk_count(size), ctx.world_size)
+    return caches.combine_chunk_digests(dealt_back(parts), size)
+
+
+def dealt_back(parts: list) -> list[bytes]:
+    """Items dealt round-robin (rank r took items r, r + W, ...), back in item order."""
+    total = sum(len(part) for part in parts)
+    return [bytes(parts[i % len(parts)][i // len(parts)]) for i in range(total)]
+
+
+def _adopt(target: Path, key: dict, fps: np.ndarray, written: Path, digest: str | None) -> Path:
     """The filled file becomes the cache; if it cannot, this run reads it where it is (a later run's
     sweep removes it) and the cache is not written."""
-    started = time.perf_counter()
     try:
-        caches.adopt(target, key, fps, written)
-        log.info("%s digested and stored in %.1f s", target.name, time.perf_counter() - started)
+        caches.adopt(target, key, fps, written, digest)
         return target
     except OSError as exc:
         log.warning("Cache %s not written (%s); the run goes on without it", target, exc.strerror or exc)

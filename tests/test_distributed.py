@@ -1,6 +1,7 @@
 """torchrun with 2 CPU processes (gloo), on one node or two, gives exactly the single-process result;
 the pieces of the labels-only path (shared cache file, sampled fit) against plain computations."""
 
+import json
 import logging
 import os
 import socket
@@ -215,6 +216,9 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     assert "k-means fitted on 100 sampled rows of 150" in log
     for name in ["c.jsonl", "c_labels.npy", "c_order.npy", "c_embeddings.npy", "d_token_counts.npy"]:
         assert (nodes / name).read_bytes() == (single / name).read_bytes(), name
+    manifest = json.loads((nodes / "c_embeddings.cache.json").read_text())  # digested by the ranks together
+    assert manifest["files"]["data"]["blake2b"] == json.loads((single / "c_embeddings.cache.json").read_text()
+                                                              )["files"]["data"]["blake2b"]
 
 
 def _collectives_worker(rank, store_path, out_dir):
@@ -263,3 +267,25 @@ def test_external_embeddings_for_the_ranks_are_checked_and_read_a_block_at_a_tim
     np.save(tmp_path / "flat.npy", np.zeros(6, np.float32))
     with pytest.raises(UserError, match="expected a 2-D N x D matrix"):
         scale_out.external_embeddings(tmp_path / "flat.npy", 6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.binary(min_size=0, max_size=5000), st.integers(1, 4), st.integers(1, 700))
+def test_chunk_digests_dealt_to_ranks_combine_to_the_file_digest(content, world, chunk):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "f.npy"
+        path.write_bytes(content)
+        saved, caches.DIGEST_CHUNK = caches.DIGEST_CHUNK, chunk
+        try:
+            chunks = caches.chunk_count(len(content))
+            parts = [caches.chunk_digests(path, range(rank, chunks, world)) for rank in range(world)]
+            combined = caches.combine_chunk_digests(scale_out.dealt_back(parts), len(content))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                assert combined == caches._digest_fd(fd, len(content))
+            finally:
+                os.close(fd)
+        finally:
+            caches.DIGEST_CHUNK = saved
