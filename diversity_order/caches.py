@@ -610,26 +610,50 @@ def _compact(path: Path, alive: dict[str, dict]) -> None:
 
 @dataclass
 class RowSource:
-    """Where each current record's row lies in one valid set, without reading any row."""
+    """Where the current records' rows lie in valid sets, without reading any row."""
 
-    source: np.ndarray  # int64 per current record: its row in ``files.data`` (-1: none)
-    files: CacheFiles | None  # the valid set (None: no usable set)
+    n: int  # current records
+    sets: list[tuple[CacheFiles, np.ndarray]]  # (set, int64 per current record: its row there, -1: none)
     reason: str
-    in_order: bool = False  # the set holds exactly the current records, in order
+    in_order: bool = False  # the first set holds exactly the current records, in order
+
+    @property
+    def missing_rows(self) -> np.ndarray:
+        """The records no set holds."""
+        found = np.zeros(self.n, dtype=bool)
+        for _, source in self.sets:
+            found |= source >= 0
+        return np.flatnonzero(~found)
 
 
-def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *, dtype, row_shape: tuple) -> RowSource:
-    """``lookup`` of the named set alone, reading only its fingerprints: for processes that each
-    copy their own part of the rows (no process holds them all)."""
+def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *, dtype, row_shape: tuple,
+              registry: bool = True) -> RowSource:
+    """``lookup`` reading only fingerprints: for processes that each copy their own part of the rows
+    (no process holds them all). Rows the target lacks come from the registered set of ``key``
+    holding most of them, as in ``lookup``; each record's row is taken from the first set that has it."""
     files = _files(target)
     n = fingerprints.shape[0]
-    found = _open_set(files, key, _Expect(np.dtype(dtype), tuple(row_shape)))
+    expect = _Expect(np.dtype(dtype), tuple(row_shape))
+    found = _open_set(files, key, expect)
+    if not isinstance(found, str) and not found.legacy and np.array_equal(found.fingerprints, fingerprints):
+        return RowSource(n, [(files, np.arange(n, dtype=np.int64))], f"all {n} rows reused from {files.data.name}", True)
+    sets, parts = [], []
+    hit = np.zeros(n, dtype=bool)
     if isinstance(found, str):
-        return RowSource(np.full(n, -1, np.int64), None, found)
-    if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
-        return RowSource(np.arange(n, dtype=np.int64), files, f"all {n} rows reused from {files.data.name}", True)
-    source = match_rows(found.fingerprints, fingerprints)
-    return RowSource(source, files, f"{int((source >= 0).sum())} of {n} rows reused from {files.data.name}")
+        parts.append(found)
+    else:
+        source = match_rows(found.fingerprints, fingerprints)
+        hit = source >= 0
+        sets.append((files, source))
+        parts.append(f"{int(hit.sum())} of {n} rows reused from {files.data.name}")
+    if not hit.all():
+        filler, filler_source = _best_other([], files, key, expect, fingerprints, hit, registry)
+        if filler is not None:
+            filler_source = np.where(hit, -1, filler_source)
+            sets.append((filler.files, filler_source))
+            parts.append(f"{int((filler_source >= 0).sum())} row(s) taken from {filler.files.data} (a cache of the "
+                         "same key)")
+    return RowSource(n, sets, "; ".join(parts))
 
 
 def chunk_count(size: int) -> int:

@@ -104,12 +104,16 @@ def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
 
 
 def _copy_cached(found: caches.RowSource, lo: int, hi: int, writer: RowWriter) -> None:
-    """Rows lo..hi that the cache holds, copied into the new file in one pass over the cache."""
-    source = found.source[lo:hi]
+    """Rows lo..hi that the caches hold, copied into the new file in one pass over each cache."""
+    for files, source in found.sets:
+        _copy_rows(files.data, source[lo:hi], lo, writer)
+
+
+def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: RowWriter) -> None:
     hits = np.flatnonzero(source >= 0)
     if hits.size == 0:
         return
-    old = MatrixFile.open(found.files.data)
+    old = MatrixFile.open(path)
     by_source = np.argsort(source[hits], kind="stable")
     sources, targets = source[hits][by_source], hits[by_source] + lo
     for start in range(0, old.shape[0], matrix.BLOCK_ROWS):
@@ -166,11 +170,14 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
     log.info("Token counts: %s", counts_found.reason)
     log.info("Embeddings: %s", found.reason)
     counts = np.zeros(n, np.int64) if counts_found.data is None else counts_found.data.astype(np.int64)
-    missing = np.flatnonzero(found.source < 0)
+    missing = found.missing_rows
     shared = target
     if not found.in_order:
-        log.info("Embedding %d new or changed record(s) of %d on %d ranks, into %s", missing.size, n,
-                 ctx.world_size, target.name)
+        if missing.size:
+            log.info("Embedding %d new or changed record(s) of %d on %d ranks, into %s", missing.size, n,
+                     ctx.world_size, target.name)
+        else:
+            log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
         name, offset = _shared_file(ctx, target, n, table.dim)
         writer = RowWriter(name, offset, table.dim)
         try:
@@ -183,7 +190,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
         shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
         if ctx.is_main:
             counts[missing] = new_counts
-    count_rows = np.flatnonzero(~counts_found.hit & (found.source >= 0))  # counts missing, vectors cached
+    count_rows = np.setdiff1d(counts_found.missing_rows, missing, assume_unique=True)  # counts missing, vectors cached
     if count_rows.size:
         log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
         new_counts = _gather(ctx, _tokenize_share(ctx, index, count_rows, tokenizer, None, batch_docs, progress))
@@ -201,7 +208,7 @@ def _digest_together(ctx: DistContext, path: Path) -> str | None:
     started = time.perf_counter()
     size = path.stat().st_size
     mine = range(ctx.rank, caches.chunk_count(size), ctx.world_size)
-    digests = np.frombuffer(b"".join(caches.chunk_digests(path, mine)), np.uint8).reshape(-1, 32)
+    digests = np.frombuffer(bytearray(b"".join(caches.chunk_digests(path, mine))), np.uint8).reshape(-1, 32)
     parts = distributed.gather_to_main(ctx, digests, distributed.comm_device())
     if parts is None:
         return None

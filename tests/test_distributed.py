@@ -106,40 +106,56 @@ def _index_and_model(folder, records, tiny_model_dir):
 def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(tmp_path, tiny_model_dir, caplog,
                                                                               monkeypatch):
     """One process through the shared-file path: the same counts, vectors and cache files as the
-    faithful path, fresh and after records moved, one edited and one added (rows copied from the cache)."""
+    faithful path, fresh and after records moved, one edited and one added (rows copied from the
+    cache); a new output name takes every row from the registered sets; counts alone are counted."""
     records = topical_records(per_topic=8)
     edited = records[::-1] + [{"text": "a brand new record about the oven"}]
     edited[3] = dict(edited[3], text=edited[3]["text"] + " with an edit")
-    for step, recs in enumerate([records, edited]):
-        plain, shared = tmp_path / f"plain{step}", tmp_path / "shared"
-        plain.mkdir()
-        shared.mkdir(exist_ok=True)
-        index, model = _index_and_model(plain, recs, tiny_model_dir)
-        paths = {"embeddings": plain / "c_embeddings.npy", "token_counts": plain / "d_token_counts.npy"}
-        want_counts, want = features.counts_and_embeddings(index, paths, model, "text", True, 7, False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+
+    def through_shared(recs, name="c"):
         index, model = _index_and_model(shared, recs, tiny_model_dir)
-        paths = {"embeddings": shared / "c_embeddings.npy", "token_counts": shared / "d_token_counts.npy"}
+        paths = {"embeddings": shared / f"{name}_embeddings.npy", "token_counts": shared / "d_token_counts.npy"}
         with caplog.at_level(logging.INFO, logger="diversity_order"):
             caplog.clear()
-            counts, vectors = scale_out.counts_and_shared_embeddings(DistContext(), index, paths, model, "text", 7, False)
-        assert np.array_equal(counts, want_counts)
-        assert np.array_equal(np.load(vectors.path), want)
-        for name in ["c_embeddings.npy", "c_embeddings.fingerprints.npy", "d_token_counts.npy"]:
-            assert (shared / name).read_bytes() == (plain / name).read_bytes(), name
-        if step:
+            counts, vectors = scale_out.counts_and_shared_embeddings(DistContext(), index, paths, model, "text", 7,
+                                                                     False)
+        return index, model, counts, np.load(vectors.path)
+
+    for step, recs in enumerate([records, edited]):
+        index, model, counts, vectors = through_shared(recs)
+        if not step:
+            assert f"Embedding {len(records)} new or changed record(s)" in caplog.text
+        else:
             assert f"{len(edited) - 2} of {len(edited)} rows reused from c_embeddings.npy" in caplog.text
             assert "Embedding 2 new or changed record(s)" in caplog.text
+        plain = tmp_path / f"plain{step}"
+        plain.mkdir()
+        plain_index, plain_model = _index_and_model(plain, recs, tiny_model_dir)
+        paths = {"embeddings": plain / "c_embeddings.npy", "token_counts": plain / "d_token_counts.npy"}
+        with monkeypatch.context() as patch:  # computed afresh, not read from the shared path's registered sets
+            patch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+            want_counts, want = features.counts_and_embeddings(plain_index, paths, plain_model, "text", True, 7, False)
+        assert np.abs(want).sum(1).min() > 0  # every record has a vector (no text here is empty)
+        assert np.array_equal(counts, want_counts) and np.array_equal(vectors, want)
+        for name in ["c_embeddings.npy", "c_embeddings.fingerprints.npy", "d_token_counts.npy"]:
+            assert (shared / name).read_bytes() == (plain / name).read_bytes(), name
         key = features.embedding_key(model.tokenizer("").fingerprint, model.table(), "text")
         reused = caches.lookup(shared / "c_embeddings.npy", key, index.fingerprints)  # a valid set for every reader
         assert reused.in_order and np.array_equal(reused.data, want)
         assert not list(shared.glob(".*.tmp"))
+
+    _, _, counts, vectors = through_shared(edited, name="other")  # another output name: the registry has every row
+    assert np.array_equal(vectors, want) and "new or changed" not in caplog.text
+    assert f"{len(edited)} row(s) taken from" in caplog.text and "nothing to embed" in caplog.text
+
     (shared / "d_token_counts.cache.json").unlink()  # vectors cached, counts not: only counted, nothing embedded
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # (else the plain runs' registered counts fill in)
-    with caplog.at_level(logging.INFO, logger="diversity_order"):
-        caplog.clear()
-        counts, vectors = scale_out.counts_and_shared_embeddings(DistContext(), index, paths, model, "text", 7, False)
-    assert np.array_equal(counts, want_counts) and np.array_equal(np.load(vectors.path), want)
-    assert f"Counting tokens of {len(edited)} new or changed" in caplog.text and "Embedding " not in caplog.text
+    _, _, counts, vectors = through_shared(edited)
+    assert np.array_equal(counts, want_counts) and np.array_equal(vectors, want)
+    assert f"Counting tokens of {len(edited)} new or changed" in caplog.text and "Embedding " not in caplog.text.replace(
+        "Embedding table", "")
 
 
 def _nearest(rows, centres):
@@ -191,7 +207,7 @@ def two_nodes(args, timeout=300):
     return "".join(logs)
 
 
-def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_model_dir):
+def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_model_dir, monkeypatch):
     """--nnodes 2 with the fit on a sample smaller than N: labels, order and curated bytes are a single
     process's with the same --cluster-fit-sample; the rows a 1-process run cached are reused (moved)."""
     records = topical_records(per_topic=25, long_every=7)
@@ -200,6 +216,7 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     single, nodes = tmp_path / "single", tmp_path / "nodes"
     common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot",
               "--cluster-fit-sample", 100]
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # the edited record is embedded, not found in single/'s cache
 
     def one_process(folder):
         argv = ["--input", folder / "d.jsonl", "--output", folder / "c.jsonl", *common, "--no-progress"]
