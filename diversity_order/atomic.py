@@ -142,11 +142,11 @@ def save_npy(path: Path | str, array: np.ndarray) -> None:
 
 def save_json(path: Path | str, obj) -> None:
     with atomic_open(path, "w") as handle:
-        json.dump(obj, handle, indent=2, default=_json_default)
+        json.dump(obj, handle, indent=2, default=json_default)
         handle.write("\n")
 
 
-def _json_default(obj):
+def json_default(obj):
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):

@@ -116,7 +116,7 @@ def _roles(files: CacheFiles) -> dict[str, Path]:
 
 def _normal(obj):
     """``obj`` as it reads back from JSON, so keys compare equal across a round trip (tuples, numpy ints)."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=atomic._json_default))
+    return json.loads(json.dumps(obj, sort_keys=True, default=atomic.json_default))
 
 
 # ---- digests -------------------------------------------------------------------------------------
@@ -172,6 +172,11 @@ def _write_digesting(pieces: list[memoryview], write) -> str:
         for piece in pieces:
             write(piece)
         return _combine([future.result() for future in futures], size)
+
+
+def digest_buffer(buffer) -> str:
+    """The digest a file holding exactly these bytes would have (its chunks hashed in parallel)."""
+    return _write_digesting([memoryview(buffer).cast("B")], lambda piece: None)
 
 
 def _chunk_digest(fd: int, size: int, start: int) -> bytes:

@@ -1,7 +1,9 @@
 """Compare every applicable ordering on one dataset (``--compare-strategies``): a strategy table for the user's data.
 
-For each ``seq_len`` and each ordering: unique clusters per window (mean/min/std), token-share
-uniformity (mean/max over windows), epoch-boundary shift, coverage and the ordering's run time.
+For each ``seq_len`` and each ordering: unique clusters per window (mean/min/std) and their
+efficiency against the bound, token-share uniformity (mean/max over windows), epoch-boundary shift,
+coverage, the ordering's run time, and which of the three criteria (``CRITERIA``: as diverse as
+stratified, clearly more uniform and less shifted than a random shuffle) it meets.
 Written as Markdown (also printed), JSON and a PNG of per-window diversity curves.
 """
 
@@ -51,20 +53,46 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
     return rows, curves
 
 
-def verdicts(rows: list[dict]) -> dict[int, list[str]]:
-    """Per seq_len, the orderings that match or beat stratified on mean unique clusters AND beat
-    the random shuffle on mean uniformity AND on boundary shift."""
-    out: dict[int, list[str]] = {}
+# The bar an ordering has to clear at each seq_len, against the default (stratified) and a random
+# shuffle: D keeps stratified's clusters per window, U and B must beat a shuffle by a clear margin.
+DIVERSITY_MARGIN = 0.05  # D: mean unique clusters per window >= stratified's - this
+UNIFORMITY_RATIO = 0.8  # U: mean token-share uniformity <= this x the random shuffle's
+SHIFT_RATIO = 0.5  # B: boundary shift <= this x the random shuffle's
+CRITERIA = (f"D: unique clusters per window >= stratified's - {DIVERSITY_MARGIN:g}; U: mean uniformity <= "
+            f"{UNIFORMITY_RATIO:g} x random's; B: boundary shift <= {SHIFT_RATIO:g} x random's")
+
+
+def criteria(diversity_mean: float, uniformity_mean: float, shift: float, stratified_diversity: float,
+             random_uniformity: float, random_shift: float) -> dict[str, bool]:
+    """Which of the three criteria (D, U, B; see CRITERIA) one ordering's means meet."""
+    return {"D": diversity_mean >= stratified_diversity - DIVERSITY_MARGIN,
+            "U": uniformity_mean <= UNIFORMITY_RATIO * random_uniformity,
+            "B": shift <= SHIFT_RATIO * random_shift}
+
+
+def row_criteria(rows: list[dict]) -> dict[int, dict[str, dict[str, bool]]]:
+    """Per seq_len with both stratified and random rows: each other ordering's criteria (see ``criteria``)."""
+    out: dict[int, dict[str, dict[str, bool]]] = {}
     for seq_len in sorted({r["seq_len"] for r in rows}):
         at = {r["ordering"]: r for r in rows if r["seq_len"] == seq_len}
         if "stratified" not in at or "random" not in at:
             continue
         strat, rand = at["stratified"], at["random"]
-        out[seq_len] = [name for name, r in at.items() if name not in ("stratified", "random")
-                        and r["diversity"]["mean"] >= strat["diversity"]["mean"]
-                        and r["uniformity_mean"] < rand["uniformity_mean"]
-                        and r["boundary_shift"] < rand["boundary_shift"]]
+        out[seq_len] = {name: criteria(r["diversity"]["mean"], r["uniformity_mean"], r["boundary_shift"],
+                                       strat["diversity"]["mean"], rand["uniformity_mean"], rand["boundary_shift"])
+                        for name, r in at.items() if name not in ("stratified", "random")}
     return out
+
+
+def verdicts(rows: list[dict]) -> dict[int, list[str]]:
+    """Per seq_len, the orderings that meet all three criteria (see ``criteria``)."""
+    return {seq_len: [name for name, met in by_name.items() if all(met.values())]
+            for seq_len, by_name in row_criteria(rows).items()}
+
+
+def _marks(met: dict[str, bool] | None) -> str:
+    """"D U B" with each missed criterion marked, e.g. "D **U✗** B"; "-" for stratified and random."""
+    return " ".join(c if ok else f"**{c}✗**" for c, ok in met.items()) if met else "-"
 
 
 def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict | None = None) -> str:
@@ -73,26 +101,30 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "Uniformity: per window, the largest |cluster token share - global share| (lower is better). "
              "Shift: total-variation distance between the cluster mix of the first and last 5% of tokens "
              "(lower is better). Coverage: fraction of tokens before the last cluster first appears "
-             "(lower is better). Time: the ordering's run time (compiled code warmed up first); orderings that do "
+             "(lower is better). Efficiency: unique clusters over the most any order could put in these windows, "
+             "min(clusters, documents in the window), summed over windows (1.0: nothing left to gain). "
+             f"Criteria, each ordering against stratified and the random shuffle at the same length: {CRITERIA} "
+             "(a missed one is marked ✗). Time: the ordering's run time (compiled code warmed up first); orderings that do "
              "not depend on the sequence length run once and show that time at every length.", ""]
     if options:
         shown = ", ".join(f"{k}={v}" for k, v in options.items() if v not in (None, [], ()))
         lines += [f"Options: {shown}.", ""]
     wins = verdicts(rows)
+    met = row_criteria(rows)
     for seq_len in sorted({r["seq_len"] for r in rows}):
         lines += [f"## seq-len {seq_len:,}", "",
-                  "| ordering | diversity mean | min | std | uniformity mean | uniformity max | boundary shift "
-                  "| coverage | time (s) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| ordering | diversity mean | min | std | efficiency | uniformity mean | uniformity max "
+                  "| boundary shift | coverage | criteria | time (s) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
         for r in (r for r in rows if r["seq_len"] == seq_len):
             d = r["diversity"]
-            lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} | {r['uniformity_mean']:.4f} "
+            lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} "
+                         f"| {r['efficiency']:.3f} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
-                         f"| {r['seconds']:.2f} |")
+                         f"| {_marks(met.get(seq_len, {}).get(r['ordering']))} | {r['seconds']:.2f} |")
         if seq_len in wins:
             names = ", ".join(wins[seq_len]) or "none"
-            lines += ["", f"At least as diverse as stratified and more uniform, with less boundary shift, than "
-                          f"random: {names}."]
+            lines += ["", f"Meets all three criteria (D, U, B): {names}."]
         lines.append("")
     return "\n".join(lines)
 
@@ -114,6 +146,8 @@ def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, ti
     with atomic_open(paths["markdown"], "w") as handle:
         handle.write(table)
     save_json(paths["json"], {"title": title, "n_clusters": n_clusters, "options": options or {}, "rows": rows,
+                              "criteria": CRITERIA,
+                              "criteria_met": {str(k): v for k, v in row_criteria(rows).items()},
                               "winners": {str(k): v for k, v in verdicts(rows).items()}})
     if plot:
         plot_strategy_curves(paths["plot"], curves, n_clusters, title)

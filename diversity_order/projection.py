@@ -16,6 +16,7 @@ import numpy as np
 
 from . import caches, matrix
 from .defaults import DEFAULT_SEED
+from .runtime import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
     if n <= UMAP_FIT_SAMPLE:
         embeddings = matrix.load(embeddings)
         reduced = PCA(components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
-        return reducer.fit_transform(reduced).astype(np.float32)
+        with heartbeat(f"Fitting UMAP on {n:,} points"):
+            return reducer.fit_transform(reduced).astype(np.float32)
     # Big inputs: PCA and UMAP are fitted on a seeded sample; every other point is projected
     # with that PCA and placed at the distance-weighted mean of its nearest sample points'
     # positions, batch by batch (BLAS; seconds per million points, where UMAP's own transform
@@ -85,7 +87,8 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
     pca = PCA(components, random_state=seed).fit(sampled) if components < dim else None
     project = (lambda rows: pca.transform(rows).astype(np.float32)) if pca else (lambda rows: np.asarray(rows, np.float32))
     anchors = project(sampled)
-    anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
+    with heartbeat(f"Fitting UMAP on a sample of {UMAP_FIT_SAMPLE:,} points"):
+        anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
     out = np.empty((n, 2), dtype=np.float32)
     for lo, hi, block in matrix.blocks(embeddings, 100_000):
         out[lo:hi] = place_by_neighbours(project(block), anchors, anchor_xy)

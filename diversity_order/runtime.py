@@ -108,6 +108,30 @@ class Progress:
         self.close()
 
 
+@contextlib.contextmanager
+def heartbeat(what: str) -> Iterator[None]:
+    """Log "still WHAT" every ``progress_log_seconds()`` while a step that reports nothing itself runs.
+
+    For library calls with no progress hook (a UMAP fit takes minutes on a busy machine): a log
+    file shows the run is alive rather than minutes of silence.
+    """
+    import threading
+
+    interval, started, stop = progress_log_seconds(), time.monotonic(), threading.Event()
+
+    def beat() -> None:
+        while interval > 0 and not stop.wait(interval):
+            log.info("%s: still running after %s, %s", what, _clock(time.monotonic() - started), memory_text())
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def memory_text(device=None) -> str:
     """Peak memory so far: the GPU's on a CUDA device, else this process's resident set."""
     if device is not None and getattr(device, "type", "") == "cuda":

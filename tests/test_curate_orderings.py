@@ -118,7 +118,7 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     base = ["--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5, "--no-plot"]
     assert "--score-field" in run_error(capsys, *base, "--ordering", "saw")
     assert "--compare-strategies" in run_error(capsys, *base, "--seq-len", 100, 200)
-    assert "--transition-ratio" in run_error(capsys, *base, "--transition-ratio", 0.9)
+    assert "--transition-ratio" in run_error(capsys, *base, "--transition-ratio", 1.5)  # a fraction of all documents: 0..1
     # A missing or non-numeric score names the file and line.
     records = [json.loads(line) for line in scored_jsonl.read_text().splitlines()]
     del records[3]["quality"]

@@ -209,3 +209,20 @@ def test_ctrl_c_at_any_moment_is_one_line(tmp_path, tiny_model_dir, topical_json
     assert "Traceback" not in err, err
     assert result.returncode in (130, -signal.SIGINT), err
     assert len([line for line in err.splitlines() if line.startswith("interrupted")]) <= 1
+
+
+def test_a_step_without_progress_of_its_own_logs_that_it_is_alive(monkeypatch, caplog):
+    # A UMAP fit reports nothing for minutes; with stderr to a file the log must still move.
+    import time as time_module
+
+    from diversity_order.runtime import heartbeat
+
+    monkeypatch.setenv("DIVERSITY_ORDER_PROGRESS_SECONDS", "0.05")
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    with heartbeat("Fitting something slow"):
+        time_module.sleep(0.3)
+    beats = [r.getMessage() for r in caplog.records if "Fitting something slow: still running" in r.getMessage()]
+    assert len(beats) >= 2 and all("peak RSS" in line for line in beats)
+    caplog.clear()
+    time_module.sleep(0.15)  # stopped with the step: no line after it
+    assert not [r for r in caplog.records if "still running" in r.getMessage()]

@@ -452,8 +452,13 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
     wins = strategies.verdicts(rows)
     assert sorted(wins) == seq_lens
     for seq_len in seq_lens:
-        assert "balanced" in wins[seq_len]
-        assert "stratified" not in wins[seq_len] and "random" not in wins[seq_len]
+        at = {r["ordering"]: r for r in rows if r["seq_len"] == seq_len}
+        strat, rand = at["stratified"], at["random"]
+        assert wins[seq_len] == [
+            n for n, r in at.items() if n not in ("stratified", "random")
+            and r["diversity"]["mean"] >= strat["diversity"]["mean"] - 0.05
+            and r["uniformity_mean"] <= 0.8 * rand["uniformity_mean"]
+            and r["boundary_shift"] <= 0.5 * rand["boundary_shift"]]
 
     table = strategies.markdown_table(rows, k, "synthetic")
     lines = table.splitlines()
@@ -466,29 +471,34 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
         assert [line.split(" | ")[0].lstrip("| ") for line in body] == names
         assert lines[heading + 4 + len(names)] == ""
         verdict = lines[heading + 5 + len(names)]
-        assert verdict.startswith("At least as diverse as stratified") and verdict.endswith(
-            ", ".join(wins[seq_len]) + ".")
+        assert verdict == f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
     assert sum(line.startswith("## seq-len") for line in lines) == len(seq_lens)
 
 
 def _row(name, seq_len, div, uniformity, shift):
-    return {"seq_len": seq_len, "ordering": name, "seconds": 0.0, "uniformity_mean": uniformity,
+    return {"seq_len": seq_len, "ordering": name, "seconds": 0.0, "efficiency": 1.0, "uniformity_mean": uniformity,
             "uniformity_max": 1.0, "boundary_shift": shift, "coverage": 0.0,
             "diversity": {"mean": div, "std": 0.0, "min": 1, "max": 1, "n_sequences": 1}}
 
 
 def test_verdicts_hand_worked():
+    # stratified 5.0 clusters; random: uniformity 0.4, shift 0.3. The bar: D >= 4.95, U <= 0.32, B <= 0.15.
     rows = [_row("stratified", 10, 5.0, 0.3, 0.2), _row("random", 10, 4.0, 0.4, 0.3),
-            _row("equal", 10, 5.0, 0.39, 0.29),        # ties stratified's diversity: in
-            _row("less-diverse", 10, 4.99, 0.1, 0.1),  # out
-            _row("as-uniform", 10, 6.0, 0.4, 0.1),     # ties random's uniformity: out
-            _row("as-shifted", 10, 6.0, 0.1, 0.3),     # ties random's shift: out
+            _row("at-the-bar", 10, 4.95, 0.32, 0.15),  # every criterion exactly met: in
+            _row("less-diverse", 10, 4.94, 0.1, 0.1),  # D missed: out
+            _row("uniform-enough", 10, 6.0, 0.33, 0.1),  # U missed (0.33 > 0.8 x 0.4): out
+            _row("shifted", 10, 6.0, 0.1, 0.16),  # B missed (0.16 > 0.5 x 0.3): out
             _row("balanced", 20, 9.0, 0.1, 0.1), _row("random", 20, 1.0, 0.5, 0.5)]  # no stratified at 20
-    assert strategies.verdicts(rows) == {10: ["equal"]}
+    assert strategies.verdicts(rows) == {10: ["at-the-bar"]}
+    met = strategies.row_criteria(rows)[10]
+    assert met["less-diverse"] == {"D": False, "U": True, "B": True}
+    assert met["uniform-enough"] == {"D": True, "U": False, "B": True}
+    assert met["shifted"] == {"D": True, "U": True, "B": False}
     table = strategies.markdown_table(rows, 3, "t")
-    assert "random: equal." in table and table.count("At least as diverse") == 1
+    assert "Meets all three criteria (D, U, B): at-the-bar." in table
+    assert "| shifted |" in table and "| D U **B✗** |" in table
     assert strategies.verdicts([_row("stratified", 1, 1.0, 0.1, 0.1), _row("random", 1, 1.0, 0.1, 0.1)]) == {1: []}
-    assert "random: none." in strategies.markdown_table(
+    assert "(D, U, B): none." in strategies.markdown_table(
         [_row("stratified", 1, 1.0, 0.1, 0.1), _row("random", 1, 1.0, 0.1, 0.1)], 3, "t")
 
 

@@ -6,6 +6,7 @@ record in ``registry.REGISTRY``. Orderings never see the texts: only a few bytes
 (score orderings: a score too), so one process can order the documents of many ranks.
 
 - ``window_greedy``: stratified (the default), bin-packing, balanced;
+- ``paced``: paced (count-paced clusters, token-paced pools, window-filling);
 - ``token_share``: token-balanced;
 - ``baselines``: original, random, round-robin;
 - ``score``: the curriculum orderings (sorted, folding, zigzag, segment, stair, saw);
@@ -14,6 +15,7 @@ record in ``registry.REGISTRY``. Orderings never see the texts: only a few bytes
 
 from .baselines import original_order, random_order, round_robin_order
 from .options import OrderingOptions
+from .paced import paced_order
 from .pools import WITHIN_CLUSTER_SORTS, cluster_pools
 from .registry import (
     CLUSTER_ORDERINGS,
@@ -33,7 +35,7 @@ from .window_greedy import balanced_order, bin_packing_order, stratified_order
 __all__ = [
     "CLUSTER_ORDERINGS", "ORDERINGS", "REGISTRY", "SCORE_ORDERINGS", "SEQ_LEN_AWARE", "SPECS", "WITHIN_CLUSTER_SORTS",
     "OrderingOptions", "OrderingSpec", "applicable_orderings", "balanced_order", "bin_packing_order", "cluster_pools",
-    "folding_order", "length_bins", "ordering_meta_name", "original_order", "random_order", "round_robin_order",
+    "folding_order", "length_bins", "ordering_meta_name", "original_order", "paced_order", "random_order", "round_robin_order",
     "saw_order", "segment_order", "sorted_order", "stair_order", "stratified_order", "token_balanced_order",
     "zigzag_order",
 ]

@@ -17,6 +17,7 @@ import numpy as np
 
 from .baselines import original_order, random_order, round_robin_order
 from .options import OrderingOptions, flag_fields, flag_value
+from .paced import paced_order
 from .score import folding_order, saw_order, segment_order, sorted_order, stair_order, zigzag_order
 from .token_share import token_balanced_order
 from .window_greedy import balanced_order, bin_packing_order, stratified_order
@@ -54,6 +55,10 @@ REGISTRY: tuple[OrderingSpec, ...] = (
     OrderingSpec("balanced", balanced_order, CLUSTER,
                  "as many clusters per window as stratified on average, steadier token shares than a random "
                  "shuffle, little head-to-tail drift", ("balance_fields",), seq_len_aware=True, color="#1f77b4",
+                 highlight=True),
+    OrderingSpec("paced", paced_order, CLUSTER,
+                 "as many clusters per window as stratified, the head of the order like its tail, long documents "
+                 "spread by token share; honours the packing model", seq_len_aware=True, color="#c51b7d",
                  highlight=True),
     OrderingSpec("token-balanced", token_balanced_order, CLUSTER,
                  "keeps every cluster's (length bin's, balance field's) token share on track",

@@ -1,0 +1,292 @@
+"""``paced``: clusters paced by document count, each cluster's tokens paced inside its pool, windows
+filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
+shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
+
+Four rules; no constant in them was fitted to a corpus:
+
+1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
+   split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
+   sigma-delta modulation: the next document is the next long one when the pool is behind its token
+   schedule (j documents should hold j * m tokens) by at least half of that document's excess over
+   m, else the next short one. Every prefix of the pool then holds j * m tokens to within half the
+   largest excess above, and that plus m below. The long documents are dealt shortest at both ends,
+   longest in the middle, so a document too long for its neighbours to balance stays away from the
+   start and the end of the order, which meet at the epoch boundary.
+2. Clusters are paced by document count (diversity). Slot j of a pool of n is keyed (j + 1/2) / n,
+   the spacing stratified gives; merging the pools by key (ties to the lower cluster) gives each
+   document a *due position*: the tokens merged before it.
+3. Windows take the clusters they lack first (diversity). The order walks the trainer's windows
+   with ``packing.py``'s rule. Packing whole, the next document is the earliest-due one of a
+   cluster the open window lacks that fits and is due before the next window ends; else the
+   earliest-due one that fits and is due before this window ends (the window is not closed early);
+   else the earliest-due one.
+4. Packing split, a long document straddles a window boundary near its middle (uniformity). Among
+   the documents due within ``STRADDLE_HORIZON`` windows after the open one, the *straddler* is the
+   one of largest excess t / L - T_k / T (t its tokens, T_k its cluster's, T all), of a cluster the
+   window lacks if any (any cluster when windows hold more documents than there are clusters,
+   N L >= K T). With h half its length (of t mod L when t >= L): if the room left is at most h it
+   goes now; else the earliest-due document of a lacking cluster, due before the next window ends,
+   that fits in the room minus h; else the straddler if the room is at most 1.5 h; else rule 3.
+
+Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
+greedy, compiled with numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..packing import SPLIT, WHOLE, advance, packing_model, place
+from .options import OrderingOptions
+from .pools import cluster_pools
+
+NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
+# Split packing: the straddler is chosen among the documents due before this many windows after the open one.
+STRADDLE_HORIZON = 3
+
+
+@njit(cache=True, nogil=True)
+def _pace_pool(docs, token_counts, out):
+    """Rule 1 for one cluster: ``docs`` in shuffled order, written paced into ``out``.
+
+    Exact integers: a document is long when t * n > T, and with E = n * (tokens so far) - j * T the
+    next long document (t tokens) goes next when 2 E + (n * t - T) <= 0.
+    """
+    n_k = docs.shape[0]
+    total = 0
+    n_long = 0
+    for d in docs:
+        total += token_counts[d]
+    for d in docs:
+        n_long += token_counts[d] * n_k > total
+    short = np.empty(n_k - n_long, dtype=np.int64)
+    long_docs = np.empty(n_long, dtype=np.int64)
+    a = 0
+    b = 0
+    for d in docs:
+        if token_counts[d] * n_k > total:
+            long_docs[b] = d
+            b += 1
+        else:
+            short[a] = d
+            a += 1
+    # Organ pipe: ascending length rank r goes to slot r // 2 (r even) or n_long - 1 - r // 2 (r odd).
+    ascending = long_docs[np.argsort(token_counts[long_docs], kind="mergesort")]
+    pipe = np.empty(n_long, dtype=np.int64)
+    for r in range(n_long):
+        pipe[r // 2 if r % 2 == 0 else n_long - 1 - r // 2] = ascending[r]
+    i = 0
+    j = 0
+    error = 0
+    for slot in range(n_k):
+        if j < n_long and (i == short.shape[0] or 2 * error + (n_k * token_counts[pipe[j]] - total) <= 0):
+            d = pipe[j]
+            j += 1
+        else:
+            d = short[i]
+            i += 1
+        out[slot] = d
+        error += n_k * token_counts[d] - total
+
+
+@njit(cache=True, nogil=True)
+def _paced_pools(grouped, pool_starts, token_counts):
+    """Rule 1 for every pool of ``grouped`` (each cluster's documents in shuffled order)."""
+    members = np.empty_like(grouped)
+    for k in range(pool_starts.shape[0] - 1):
+        start, stop = pool_starts[k], pool_starts[k + 1]
+        _pace_pool(grouped[start:stop], token_counts, members[start:stop])
+    return members
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _before(a, b, nxt, pool_starts):
+    """Cluster a's next key comes first: (2 j_a + 1) / n_a < (2 j_b + 1) / n_b, ties to the lower id."""
+    left = (2 * nxt[a] + 1) * (pool_starts[b + 1] - pool_starts[b])
+    right = (2 * nxt[b] + 1) * (pool_starts[a + 1] - pool_starts[a])
+    return left < right or (left == right and a < b)
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(heap, root, size, nxt, pool_starts):
+    while True:
+        child = 2 * root + 1
+        if child >= size:
+            return
+        if child + 1 < size and _before(heap[child + 1], heap[child], nxt, pool_starts):
+            child += 1
+        if not _before(heap[child], heap[root], nxt, pool_starts):
+            return
+        heap[root], heap[child] = heap[child], heap[root]
+        root = child
+
+
+@njit(cache=True, nogil=True)
+def _due_positions(pool_starts, member_counts):
+    """Rule 2: each pool slot's due position, by a binary heap over the clusters' next keys."""
+    n_clusters = pool_starts.shape[0] - 1
+    due = np.empty(member_counts.shape[0], dtype=np.int64)
+    heap = np.empty(n_clusters, dtype=np.int64)
+    nxt = np.zeros(n_clusters, dtype=np.int64)  # slots of each pool merged so far
+    size = 0
+    for k in range(n_clusters):
+        if pool_starts[k + 1] > pool_starts[k]:
+            heap[size] = k
+            size += 1
+    for root in range(size // 2 - 1, -1, -1):
+        _sift_down(heap, root, size, nxt, pool_starts)
+    placed = 0
+    while size > 0:
+        k = heap[0]
+        slot = pool_starts[k] + nxt[k]
+        due[slot] = placed
+        placed += member_counts[slot]
+        nxt[k] += 1
+        if pool_starts[k] + nxt[k] == pool_starts[k + 1]:
+            size -= 1
+            heap[0] = heap[size]
+        _sift_down(heap, 0, size, nxt, pool_starts)
+    return due
+
+
+@njit(cache=True, nogil=True)
+def _pick_whole(next_due, next_length, stamp, window, fill, placed, seq_len):
+    """Rule 3, documents whole: the cluster whose next document goes next."""
+    window_end = placed + seq_len - fill
+    next_window_end = window_end + seq_len
+    lacking, lacking_due = -1, NONE
+    fitting, fitting_due = -1, NONE
+    earliest, earliest_due = -1, NONE
+    for k in range(next_due.shape[0]):
+        d = next_due[k]
+        if d == NONE:
+            continue
+        if d < earliest_due:
+            earliest, earliest_due = k, d
+        if place(fill, next_length[k], seq_len, WHOLE)[0]:
+            continue  # does not fit: it would close the window
+        if stamp[k] != window:
+            if d <= next_window_end and d < lacking_due:
+                lacking, lacking_due = k, d
+        elif d <= window_end and d < fitting_due:
+            fitting, fitting_due = k, d
+    return lacking if lacking >= 0 else (fitting if fitting >= 0 else earliest)
+
+
+@njit(cache=True, nogil=True)
+def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed, seq_len, saturated):
+    """Rules 3 and 4, documents split: the cluster whose next document goes next."""
+    window_end = placed + room
+    next_window_end = window_end + seq_len
+    horizon = window_end + STRADDLE_HORIZON * seq_len
+    lacking, lacking_due = -1, NONE
+    earliest, earliest_due = -1, NONE
+    straddler, straddler_lacks, straddler_excess = -1, False, 0
+    for k in range(next_due.shape[0]):
+        d = next_due[k]
+        if d == NONE:
+            continue
+        if d < earliest_due:
+            earliest, earliest_due = k, d
+        lacks = stamp[k] != window
+        if lacks and d <= next_window_end and d < lacking_due:
+            lacking, lacking_due = k, d
+        if d <= horizon:
+            rank_lacks = lacks or saturated
+            if straddler < 0 or (rank_lacks and not straddler_lacks) or (
+                    rank_lacks == straddler_lacks and next_excess[k] > straddler_excess):
+                straddler, straddler_lacks, straddler_excess = k, rank_lacks, next_excess[k]
+    if straddler >= 0:
+        t = next_length[straddler]
+        half = (t % seq_len if t >= seq_len else t) // 2
+        if room <= half:
+            return straddler  # cut at the boundary near its middle
+        # the earliest-due lacking document due before the next window ends that fits before the straddle point
+        before, before_due = -1, NONE
+        for j in range(next_due.shape[0]):
+            d = next_due[j]
+            if (d <= next_window_end and d < before_due and stamp[j] != window
+                    and next_length[j] <= room - half and j != straddler):
+                before, before_due = j, d
+        if before >= 0:
+            return before
+        if 2 * room <= 3 * half:
+            return straddler
+    return lacking if lacking >= 0 else earliest
+
+
+@njit(cache=True, nogil=True)
+def _paced(members, pool_starts, member_counts, due, cluster_tokens, seq_len, model, saturated):
+    """Rules 3 and 4 over the paced pools: the order, walking windows with ``packing.advance``."""
+    n_clusters = pool_starts.shape[0] - 1
+    total = cluster_tokens.sum()
+    taken = np.zeros(n_clusters, dtype=np.int64)
+    # Each cluster's next document: due position (NONE once the pool is empty), length, and excess over the
+    # cluster's share of a window scaled by total * seq_len; small arrays, so the scans do no random reads.
+    next_due = np.full(n_clusters, NONE, dtype=np.int64)
+    next_length = np.zeros(n_clusters, dtype=np.int64)
+    next_excess = np.zeros(n_clusters, dtype=np.int64)
+    for k in range(n_clusters):
+        if pool_starts[k + 1] > pool_starts[k]:
+            next_due[k] = due[pool_starts[k]]
+            next_length[k] = member_counts[pool_starts[k]]
+            next_excess[k] = next_length[k] * total - cluster_tokens[k] * seq_len
+    stamp = np.full(n_clusters, -1, dtype=np.int64)  # stamp[k] == w: cluster k is in window w
+    window = 0
+    fill = 0
+    placed = 0  # tokens placed so far
+    order = np.empty(members.shape[0], dtype=np.int64)
+    for step in range(members.shape[0]):
+        if model == SPLIT:
+            # A window exactly full stays open for zero-token documents; the next tokens open the next one.
+            full = fill == seq_len
+            k = _pick_split(next_due, next_length, next_excess, stamp, window + 1 if full else window,
+                            seq_len if full else seq_len - fill, placed, seq_len, saturated)
+        else:
+            k = _pick_whole(next_due, next_length, stamp, window, fill, placed, seq_len)
+        position = pool_starts[k] + taken[k]
+        taken[k] += 1
+        order[step] = members[position]
+        t = member_counts[position]
+        if position + 1 < pool_starts[k + 1]:
+            next_due[k] = due[position + 1]
+            next_length[k] = member_counts[position + 1]
+            next_excess[k] = next_length[k] * total - cluster_tokens[k] * seq_len
+        else:
+            next_due[k] = NONE
+        placed += t
+        window, fill = advance(stamp, k, t, window, fill, seq_len, model)
+    return order
+
+
+def paced_pools(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(members, pool_starts) after rule 1; cluster k's pool is ``members[pool_starts[k]:pool_starts[k + 1]]``."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    grouped, pool_starts = cluster_pools(labels, counts, n_clusters, "random", seed)
+    return _paced_pools(grouped, pool_starts, counts), pool_starts
+
+
+def due_positions(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.ndarray) -> np.ndarray:
+    """Rule 2: each pool slot's due position in tokens (slots as ``paced_pools`` returns them)."""
+    return _due_positions(pool_starts, np.asarray(token_counts, dtype=np.int64)[members])
+
+
+def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+                options: OrderingOptions = OrderingOptions()) -> np.ndarray:
+    """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
+    and ``options.seed``: an int64 permutation of input positions."""
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.int64)
+    if labels.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    members, pool_starts = paced_pools(labels, counts, n_clusters, options.seed)
+    member_counts = counts[members]
+    running = np.concatenate(([0], np.cumsum(member_counts)))
+    cluster_tokens = running[pool_starts[1:]] - running[pool_starts[:-1]]
+    seq_len = int(options.seq_len)
+    # Windows hold more documents than there are clusters on average: any cluster may straddle.
+    saturated = labels.size * seq_len >= int(n_clusters) * int(running[-1])
+    return _paced(members, pool_starts, member_counts, _due_positions(pool_starts, member_counts), cluster_tokens,
+                  seq_len, packing_model(options.packing), saturated)
