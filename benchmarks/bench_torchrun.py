@@ -24,6 +24,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -82,29 +83,39 @@ def _status_kb(field: str) -> int:
 
 
 def rank_entry(report_dir: Path, curate_args: list[str]) -> int:
-    """One torchrun rank: the real script in this process, then this rank's memory figures."""
+    """One torchrun rank: the real script in this process, then this rank's memory figures (also
+    written every 10 s while it runs, so a run stopped by --timeout still reports its peaks so far)."""
     sys.path.insert(0, os.environ.get("BENCH_TORCHRUN_CODE", str(ROOT)))
+    rank = int(os.environ.get("RANK", "0"))
     peak_anon = [0]
     done = threading.Event()
+    started = time.perf_counter()
+
+    def report(code=None) -> None:
+        peak_anon[0] = max(peak_anon[0], _status_kb("RssAnon"))
+        (report_dir / f"rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "exit": code, "finished": code is not None,
+            "seconds": round(time.perf_counter() - started, 1),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "peak_anon_mb": round(peak_anon[0] / 1024)}))
 
     def sample() -> None:
+        ticks = 0
         while not done.wait(0.2):
             peak_anon[0] = max(peak_anon[0], _status_kb("RssAnon"))
+            ticks += 1
+            if ticks % 50 == 0:
+                report()
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     import curate_dataset
     from diversity_order.cli import run_main
 
-    started = time.perf_counter()
     code = run_main(curate_dataset.main, curate_args)
     done.set()
     sampler.join()
-    rank = int(os.environ.get("RANK", "0"))
-    report = {"rank": rank, "exit": code, "seconds": round(time.perf_counter() - started, 1),
-              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-              "peak_anon_mb": round(max(peak_anon[0], _status_kb("RssAnon")) / 1024)}
-    (report_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    report(code)
     return code
 
 
@@ -141,11 +152,23 @@ def main() -> None:
                BENCH_TORCHRUN_CODE=str(args.code.resolve()))
     print(" ".join(cmd), flush=True)
     started = time.perf_counter()
-    done = subprocess.run(cmd, env=env, timeout=args.timeout)
+    launcher = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: stopped with its ranks
+    try:
+        launcher.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGTERM)
+        try:
+            launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
     wall = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"torchrun exited with {done.returncode} after {wall:.0f} s")
-    ranks = [json.loads((reports / f"rank{r}.json").read_text()) for r in range(args.ranks)]
+    ranks = [json.loads(path.read_text()) for path in sorted(reports.glob("rank*.json"))]
+    if launcher.returncode != 0:
+        print(f"torchrun stopped (exit {launcher.returncode}) after {wall:.0f} s; each rank's peaks so far:")
+        for r in ranks:
+            print(f"rank {r['rank']}: peak RSS {r['peak_rss_mb']} MB, peak anonymous {r['peak_anon_mb']} MB "
+                  f"after {r['seconds']} s")
+        sys.exit(1)
     meta = json.loads((work / "c_meta.json").read_text())
     print(f"\n{args.docs:,} documents, {meta['total_tokens']:,} tokens, {data.stat().st_size / 1e9:.2f} GB JSONL, "
           f"{args.ranks} ranks, wall {wall:.0f} s; one rank's share of the vectors would be "
