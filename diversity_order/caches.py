@@ -201,17 +201,17 @@ def digest_buffer(buffer) -> str:
     return _write_digesting([memoryview(buffer).cast("B")], lambda piece: None)
 
 
+def _chunk_digest(fd: int, size: int, start: int) -> bytes:
+    return _hash_parts([os.pread(fd, min(DIGEST_CHUNK, size - start), start)] if size else [])
+
+
 def _digest_fd(fd: int, size: int) -> str:
     """The digest of the open file ``fd`` (``size`` bytes), read chunk by chunk in parallel."""
     starts = range(0, max(size, 1), DIGEST_CHUNK)
-
-    def chunk_digest(start: int) -> bytes:
-        return _hash_parts([os.pread(fd, min(DIGEST_CHUNK, size - start), start)] if size else [])
-
     if len(starts) == 1:
-        return _combine([chunk_digest(0)], size)
+        return _combine([_chunk_digest(fd, size, 0)], size)
     with ThreadPoolExecutor(_workers()) as pool:
-        return _combine(list(pool.map(chunk_digest, starts)), size)
+        return _combine(list(pool.map(lambda start: _chunk_digest(fd, size, start), starts)), size)
 
 
 def _identity(stat: os.stat_result) -> dict:
@@ -722,3 +722,101 @@ def _compact(path: Path, alive: dict[str, dict]) -> None:
             handle.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in alive.values())
     except OSError as exc:
         _registry_problem(path, exc)
+
+
+# ---- sets written by several processes (torchrun) ------------------------------------------------
+
+
+@dataclass
+class RowSource:
+    """Where the current records' rows lie in valid sets, without reading any row."""
+
+    n: int  # current records
+    sets: list[tuple[CacheFiles, np.ndarray]]  # (set, int64 per current record: its row there, -1: none)
+    reason: str
+    in_order: bool = False  # the first set holds exactly the current records, in order
+
+    @property
+    def missing_rows(self) -> np.ndarray:
+        """The records no set holds."""
+        found = np.zeros(self.n, dtype=bool)
+        for _, source in self.sets:
+            found |= source >= 0
+        return np.flatnonzero(~found)
+
+
+def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *, dtype, row_shape: tuple,
+              registry: bool = True) -> RowSource:
+    """``lookup`` reading only fingerprints: for processes that each copy their own part of the rows
+    (no process holds them all). Rows the target lacks come from the registered set of ``key``
+    holding most of them, as in ``lookup``; each record's row is taken from the first set that has it."""
+    files = _files(target)
+    n = fingerprints.shape[0]
+    expect = _Expect(np.dtype(dtype), tuple(row_shape))
+    found = _open_set(files, key, expect)
+    if not isinstance(found, str) and not found.legacy and np.array_equal(found.fingerprints, fingerprints):
+        return RowSource(n, [(files, np.arange(n, dtype=np.int64))], f"all {n} rows reused from {files.data.name}", True)
+    sets, parts = [], []
+    hit = np.zeros(n, dtype=bool)
+    if isinstance(found, str):
+        parts.append(found)
+    else:
+        source = match_rows(found.fingerprints, fingerprints)
+        hit = source >= 0
+        sets.append((files, source))
+        parts.append(f"{int(hit.sum())} of {n} rows reused from {files.data.name}")
+    if not hit.all():
+        filler, filler_source = _best_other([], files, key, expect, fingerprints, hit, registry)
+        if filler is not None:
+            filler_source = np.where(hit, -1, filler_source)
+            sets.append((filler.files, filler_source))
+            parts.append(f"{int((filler_source >= 0).sum())} row(s) taken from {filler.files.data} (a cache of the "
+                         "same key)")
+    return RowSource(n, sets, "; ".join(parts))
+
+
+def chunk_count(size: int) -> int:
+    """How many digest chunks a file of ``size`` bytes has (its digest combines one per chunk)."""
+    return max(1, -(-size // DIGEST_CHUNK))
+
+
+def chunk_digests(path: Path, indices) -> list[bytes]:
+    """The digests of chunks ``indices`` of ``path``: processes that each digest some chunks of one
+    file, to be combined with ``combine_chunk_digests`` (the file's digest as a manifest records it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        with ThreadPoolExecutor(_workers()) as pool:
+            return list(pool.map(lambda i: _chunk_digest(fd, size, i * DIGEST_CHUNK), indices))
+    finally:
+        os.close(fd)
+
+
+def combine_chunk_digests(digests: list[bytes], size: int) -> str:
+    return _combine(list(digests), size)
+
+
+def adopt(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, written: Path,
+          digest: str | None = None) -> None:
+    """Make ``written`` (a complete, fsynced ``.npy`` beside the target, e.g. filled by several
+    processes) the target's data: renamed into place, then fingerprints and manifest written and
+    the set registered, as ``store`` does. ``digest``: the file's, when already computed (by chunks,
+    by several processes). Raises OSError when a file cannot be written."""
+    files = _files(target)
+    files.marker.unlink(missing_ok=True)  # untrusted until the manifest is back
+    npy = _open_npy(Path(written))
+    try:
+        digest = digest or _digest_fd(npy.handle.fileno(), npy.stat.st_size)
+        stat, shape, dtype = npy.stat, npy.array.shape, npy.array.dtype
+    finally:
+        npy.handle.close()
+    del npy
+    if shape[0] != fingerprints.shape[0]:
+        raise ValueError(f"{files.data.name}: {shape[0]} rows but {fingerprints.shape[0]} fingerprints")
+    os.replace(written, files.data)
+    data_entry = {"name": files.data.name, **_identity(stat), "blake2b": digest}  # rename keeps inode and mtime
+    prints = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
+    manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(shape[0]), "dtype": str(dtype),
+                "shape": list(shape), "digest": DIGEST_NAME, "files": {"data": data_entry, "fingerprints": prints}}
+    atomic.save_json(files.marker, manifest)
+    _register(files, manifest)

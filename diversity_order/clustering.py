@@ -74,6 +74,20 @@ def fit_centres(rows: np.ndarray, n_clusters: int, seed: int, backend: str = "sk
     return _torch_centres(rows, n_clusters, seed, device)
 
 
+def fit_centres(rows: np.ndarray, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",
+                device=None) -> np.ndarray:
+    """The k-means centres ``kmeans_labels(..., fit_sample=S)`` fits on its S sampled rows, given
+    those rows (in the same order): for callers that hold only the sample (torchrun ranks)."""
+    if backend == "sklearn":
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):  # as in kmeans_labels
+            return make_kmeans(n_clusters, seed).fit(rows).cluster_centers_
+    if backend == "faiss":
+        return _faiss_centres(rows, n_clusters, seed)
+    return _torch_centres(rows, n_clusters, seed, device)
+
+
 def assign_to_centres(embeddings: Matrix, centres: np.ndarray, device=None) -> np.ndarray:
     """Index of the nearest centre (squared Euclidean) for every row, a block of rows at a time."""
     labels = np.empty(matrix.shape(embeddings)[0], dtype=np.int64)

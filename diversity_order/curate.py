@@ -31,6 +31,7 @@ from . import (
     outputs,
     plots,
     records,
+    scale_out,
     sources,
     writers,
 )
@@ -197,6 +198,7 @@ class Run:
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
     cluster_plan: clustering.Plan | None = None
     scratch: list = field(default_factory=list)  # temp files of this run, removed when it ends
+    torchrun: dict | None = None  # how the ranks shared the work (for the metadata)
 
     @property
     def n(self) -> int:
@@ -204,14 +206,17 @@ class Run:
 
 
 def curate(config: CurateConfig) -> CurateResult | None:
-    """Run the pipeline; under torchrun, ranks other than 0 return None after embedding."""
+    """Run the pipeline; under torchrun, ranks other than 0 return None after labelling their rows."""
     config.validate()
     run = _start(config)
     try:
-        if not _embed(run, fail_fast=True):
-            return None  # rank 0 clusters, orders and writes; the other ranks' work is done
-        reduce(run)
-        cluster(run)
+        if run.ctx.active:
+            if not _embed_and_cluster_across_ranks(run):
+                return None  # rank 0 orders and writes; the other ranks' work is done
+        else:
+            _embed(run, fail_fast=True)
+            reduce(run)
+            cluster(run)
         order_and_measure(run)
         write_outputs(run)
         describe(run)
@@ -259,6 +264,40 @@ def _embed(run: Run, fail_fast: bool) -> bool:
     index_input(run, fail_fast)
     counts_and_embeddings(run)
     return run.ctx.is_main
+
+
+def _embed_and_cluster_across_ranks(run: Run) -> bool:
+    """Under torchrun: the ranks embed into the shared cache file and label their own rows with
+    centres fitted on a seeded sample; only labels and token counts reach rank 0 (see scale_out).
+    True on rank 0, which goes on."""
+    config, ctx = run.config, run.ctx
+    _prepare_model(run)
+    index_input(run, fail_fast=True)
+    with run.timer.stage(f"Token counts and embeddings ({ctx.world_size} ranks)"):
+        if config.load_embeddings is None:
+            run.counts, vectors = scale_out.counts_and_shared_embeddings(
+                ctx, run.index, run.paths, run.model, config.text_field, config.embed_batch_size, config.progress)
+            run.method = SHALLOW_METHOD
+        else:
+            vectors = scale_out.external_embeddings(config.load_embeddings, run.n)
+            run.counts, _ = features.counts_and_embeddings(run.index, run.paths, run.model, config.text_field, False,
+                                                           config.embed_batch_size, config.progress, ctx)
+            run.method = EXTERNAL_METHOD
+    sample = scale_out.fit_rows(config.cluster_fit_sample, run.n)
+    run.torchrun = {"ranks": ctx.world_size, "fit_rows": sample, "rows_gathered": sample == run.n}
+    if sample == run.n:  # small input: rank 0 takes every row and runs the single-process stages on them
+        run.embeddings = scale_out.gather_all_rows(ctx, vectors)
+        if ctx.is_main:
+            reduce(run)
+            cluster(run)
+        return ctx.is_main
+    with run.timer.stage(f"Clustering (k={config.n_clusters}, {config.cluster_backend}, fitted on {sample:,} sampled "
+                         f"rows; {ctx.world_size} ranks assign their own)"):
+        run.labels, run.pca_info = scale_out.labels_from_sample(ctx, vectors, config.n_clusters, config.seed,
+                                                                config.cluster_backend, sample,
+                                                                config.pca_components, run.device)
+    run.embeddings = vectors  # the statistics and cluster descriptions read it a block at a time
+    return ctx.is_main
 
 
 def _prepare_model(run: Run) -> None:
@@ -552,6 +591,7 @@ def write_metadata(run: Run) -> dict:
         "pca": run.pca_info.as_dict() if run.pca_info else None,
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample,
                        **({"plan": run.cluster_plan.as_dict()} if run.cluster_plan else {})},
+        "torchrun": run.torchrun,
         "token_window_diversity": {"original": before, "curated": after},
         "ordering_quality": run.quality,
         "balance_field_quality": run.field_quality or None,

@@ -1,11 +1,11 @@
-"""Many processes under ``torchrun``: each rank tokenizes and embeds a share of the documents.
+"""Many processes under ``torchrun``: who this rank is, its share of the work, and the few collectives.
 
-Launched as ``torchrun --nproc_per_node=N [--nnodes=M ...] curate_dataset.py ...``, every rank
-indexes the input and checks the caches (cheap, identical on all ranks), embeds its own
-contiguous share of the rows still to compute (balanced by bytes of JSON), and sends the
-results to rank 0, which writes the caches and runs the rest of the pipeline (clustering and
-ordering need only a few bytes per document). GPU ranks use NCCL and their local GPU; CPU
-ranks use gloo. Without torchrun nothing here does anything.
+Launched as ``torchrun --nproc_per_node=N [--nnodes=M ...] SCRIPT ...``, every rank joins the
+process group (NCCL on GPUs, each rank on its local GPU; gloo on CPUs). The helpers here cut work
+into shares (contiguous, balanced by bytes or by count), and move small things: rank 0's objects
+and arrays to every rank, every rank's arrays to rank 0. Curate moves only token counts, labels and
+a bounded sample of rows this way (``scale_out``); deep extraction gathers its rows to rank 0.
+Without torchrun nothing here does anything.
 """
 
 from __future__ import annotations
@@ -125,6 +125,70 @@ def gather_to_main(ctx: DistContext, array: np.ndarray, device=None, group=None)
     if not ctx.is_main:
         return None
     return [g[: int(c.item())].cpu().numpy() for g, c in zip(gathered, counts)]
+
+
+def even_range(ctx: DistContext, n: int) -> tuple[int, int]:
+    """This rank's contiguous run of ``n`` items cut into ``world_size`` runs of equal count
+    (rank order = item order, so concatenating the ranks' results in rank order restores it)."""
+    bounds = np.linspace(0, n, ctx.world_size + 1).astype(np.int64)
+    return int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
+
+
+def slice_of_order(ctx: DistContext, n_items: int, n_parts: int) -> list[tuple[int, int, int]]:
+    """The consecutive parts of an order of ``n_items`` that this rank writes, as (part, lo, hi):
+    the order is cut into ``n_parts`` runs of equal count and the parts dealt to the ranks in
+    contiguous blocks (for output shards written in parallel; one process gets every part)."""
+    bounds = np.linspace(0, n_items, n_parts + 1).astype(np.int64)
+    first, last = even_range(ctx, n_parts)
+    return [(part, int(bounds[part]), int(bounds[part + 1])) for part in range(first, last)]
+
+
+def comm_device():
+    """Where collectives' tensors live: the rank's GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_object(ctx: DistContext, obj=None):
+    """Rank 0's ``obj`` (anything picklable and small: a file name, centres, a fitted PCA) on every rank."""
+    if not ctx.active:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_array(ctx: DistContext, array: np.ndarray | None = None) -> np.ndarray:
+    """Rank 0's 1-D ``array`` on every rank (e.g. the curated order, 8 bytes per record, for ranks
+    that write their slices of it)."""
+    if not ctx.active:
+        return array
+    import torch
+    import torch.distributed as dist
+
+    size, dtype = broadcast_object(ctx, (array.size, array.dtype.str) if ctx.is_main else None)
+    tensor = (torch.from_numpy(np.ascontiguousarray(array)) if ctx.is_main
+              else torch.empty(size, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)).to(comm_device())
+    dist.broadcast(tensor, src=0)
+    return tensor.cpu().numpy()
+
+
+def all_agree(ctx: DistContext, ok: bool) -> bool:
+    """True on every rank when ``ok`` is true on every rank (a check each rank makes on its own)."""
+    if not ctx.active:
+        return ok
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=comm_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def barrier(ctx: DistContext) -> None:

@@ -1,16 +1,25 @@
-"""torchrun with 2 CPU processes (gloo) gives exactly the single-process result."""
+"""torchrun with 2 CPU processes (gloo), on one node or two, gives exactly the single-process result;
+the pieces of the labels-only path (shared cache file, sampled fit) against plain computations."""
 
+import json
+import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
+from diversity_order import caches, clustering, features, scale_out
 from diversity_order.cli import run_main
-from diversity_order.distributed import DistContext, my_share, split_by_bytes
+from diversity_order.distributed import DistContext, even_range, my_share, slice_of_order, split_by_bytes
+from diversity_order.matrix import MatrixFile
+from diversity_order.records import scan_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,3 +68,241 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir):
               tmp_path / "ext.npy", *common])
     assert np.array_equal(np.load(multi / "d_token_counts.npy"), np.load(single / "d_token_counts.npy"))
     assert (multi / "e.jsonl").read_bytes() == (single / "c.jsonl").read_bytes()
+
+
+@given(st.integers(0, 200), st.integers(1, 9), st.integers(1, 12))
+def test_even_range_and_slices_of_the_order_cover_everything_once(n, world, parts):
+    ranges = [even_range(DistContext(r, world), n) for r in range(world)]
+    assert [lo for lo, _ in ranges] == [0] + [hi for _, hi in ranges[:-1]] and ranges[-1][1] == n
+    assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
+    dealt = [piece for r in range(world) for piece in slice_of_order(DistContext(r, world), n, parts)]
+    assert [part for part, _, _ in dealt] == list(range(parts))  # every part once, in rank order
+    assert [lo for _, lo, _ in dealt] == [0] + [hi for _, _, hi in dealt[:-1]] and dealt[-1][2] == n
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 5), st.data())
+def test_row_writer_writes_what_an_array_assignment_writes(n, dim, data):
+    import tempfile
+
+    expected = np.zeros((n, dim), np.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        path, offset = scale_out._create_rows_file(Path(folder) / "e.npy", n, dim)
+        writer = scale_out.RowWriter(path, offset, dim)
+        for _ in range(data.draw(st.integers(0, 4))):
+            rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), dtype=np.int64)
+            values = np.random.default_rng(len(rows)).normal(size=(rows.size, dim)).astype(np.float32)
+            writer[rows] = values
+            expected[rows] = values
+        writer.close()
+        assert np.array_equal(np.load(path), expected)
+
+
+def _index_and_model(folder, records, tiny_model_dir):
+    path = write_jsonl(folder / "d.jsonl", records)
+    return scan_jsonl(path, "text", progress=False), features.ModelParts(Path(tiny_model_dir), None)
+
+
+def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(tmp_path, tiny_model_dir, caplog,
+                                                                              monkeypatch):
+    """One process through the shared-file path: the same counts, vectors and cache files as the
+    faithful path, fresh and after records moved, one edited and one added (rows copied from the
+    cache); a new output name takes every row from the registered sets; counts alone are counted."""
+    records = topical_records(per_topic=8)
+    edited = records[::-1] + [{"text": "a brand new record about the oven"}]
+    edited[3] = dict(edited[3], text=edited[3]["text"] + " with an edit")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+
+    def through_shared(recs, name="c"):
+        index, model = _index_and_model(shared, recs, tiny_model_dir)
+        paths = {"embeddings": shared / f"{name}_embeddings.npy", "token_counts": shared / "d_token_counts.npy"}
+        with caplog.at_level(logging.INFO, logger="diversity_order"):
+            caplog.clear()
+            counts, vectors = scale_out.counts_and_shared_embeddings(DistContext(), index, paths, model, "text", 7,
+                                                                     False)
+        return index, model, counts, np.load(vectors.path)
+
+    for step, recs in enumerate([records, edited]):
+        index, model, counts, vectors = through_shared(recs)
+        if not step:
+            assert f"Embedding {len(records)} new or changed record(s)" in caplog.text
+        else:
+            assert f"{len(edited) - 2} of {len(edited)} rows reused from c_embeddings.npy" in caplog.text
+            assert "Embedding 2 new or changed record(s)" in caplog.text
+        plain = tmp_path / f"plain{step}"
+        plain.mkdir()
+        plain_index, plain_model = _index_and_model(plain, recs, tiny_model_dir)
+        paths = {"embeddings": plain / "c_embeddings.npy", "token_counts": plain / "d_token_counts.npy"}
+        with monkeypatch.context() as patch:  # computed afresh, not read from the shared path's registered sets
+            patch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+            want_counts, want = features.counts_and_embeddings(plain_index, paths, plain_model, "text", True, 7, False)
+        assert np.abs(want).sum(1).min() > 0  # every record has a vector (no text here is empty)
+        assert np.array_equal(counts, want_counts) and np.array_equal(vectors, want)
+        for name in ["c_embeddings.npy", "c_embeddings.fingerprints.npy", "d_token_counts.npy"]:
+            assert (shared / name).read_bytes() == (plain / name).read_bytes(), name
+        key = features.embedding_key(model.tokenizer("").fingerprint, model.table(), "text")
+        reused = caches.lookup(shared / "c_embeddings.npy", key, index.fingerprints)  # a valid set for every reader
+        assert reused.in_order and np.array_equal(reused.data, want)
+        assert not list(shared.glob(".*.tmp"))
+
+    _, _, counts, vectors = through_shared(edited, name="other")  # another output name: the registry has every row
+    assert np.array_equal(vectors, want) and "new or changed" not in caplog.text
+    assert f"{len(edited)} row(s) taken from" in caplog.text and "nothing to embed" in caplog.text
+
+    (shared / "d_token_counts.cache.json").unlink()  # vectors cached, counts not: only counted, nothing embedded
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # (else the plain runs' registered counts fill in)
+    _, _, counts, vectors = through_shared(edited)
+    assert np.array_equal(counts, want_counts) and np.array_equal(vectors, want)
+    assert f"Counting tokens of {len(edited)} new or changed" in caplog.text and "Embedding " not in caplog.text.replace(
+        "Embedding table", "")
+
+
+def _nearest(rows, centres):
+    """A plain loop: the index of the closest centre of each row."""
+    return np.array([int(np.argmin([((row - c) ** 2).sum() for c in centres])) for row in rows])
+
+
+def test_labels_from_sample_equal_a_plain_fit_on_the_sample(tmp_path):
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(400, 12)).astype(np.float32)
+    emb[::7] += 3.0
+    np.save(tmp_path / "e.npy", emb)
+    vectors = MatrixFile.open(tmp_path / "e.npy")
+    labels, info = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 0)
+    assert info is None
+    assert np.array_equal(labels, clustering.kmeans_labels(emb, 5, 0, fit_sample=150))  # as one process does it
+    sample = emb[clustering.sample_rows(400, 150, 0)]
+    assert np.array_equal(labels, _nearest(emb, clustering.make_kmeans(5, 0).fit(sample).cluster_centers_))
+
+    from sklearn.decomposition import PCA
+
+    labels, info = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 4)
+    pca = PCA(n_components=4, random_state=0).fit(sample)
+    unit = pca.transform(emb)
+    unit = unit / np.linalg.norm(unit, axis=1, keepdims=True)
+    centres = clustering.make_kmeans(5, 0).fit(unit[clustering.sample_rows(400, 150, 0)]).cluster_centers_
+    assert info.n_components == 4 and info.fit_rows == 150
+    assert np.mean(labels == _nearest(unit, centres)) >= 0.99  # float32 vs float64 projection: ties only
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(args, timeout=300):
+    """Two torchrun launches (1 process each) meeting at a localhost c10d rendezvous, as two nodes would."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test",
+           "curate_dataset.py", *map(str, args), "--no-progress"]
+    nodes = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    logs = [node.communicate(timeout=timeout)[1] for node in nodes]
+    for node, log in zip(nodes, logs):
+        assert node.returncode == 0, log[-4000:]
+    return "".join(logs)
+
+
+def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_model_dir, monkeypatch):
+    """--nnodes 2 with the fit on a sample smaller than N: labels, order and curated bytes are a single
+    process's with the same --cluster-fit-sample; the rows a 1-process run cached are reused (moved)."""
+    records = topical_records(per_topic=25, long_every=7)
+    edited = records[1:] + records[:1]
+    edited[5] = dict(edited[5], text=edited[5]["text"] + " plus an edit")
+    single, nodes = tmp_path / "single", tmp_path / "nodes"
+    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot",
+              "--cluster-fit-sample", 100]
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # the edited record is embedded, not found in single/'s cache
+
+    def one_process(folder):
+        argv = ["--input", folder / "d.jsonl", "--output", folder / "c.jsonl", *common, "--no-progress"]
+        assert run_main(curate_dataset.main, list(map(str, argv))) == 0
+
+    for folder, recs in [(single, edited), (nodes, records)]:
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", recs)
+        one_process(folder)
+    write_jsonl(nodes / "d.jsonl", edited)
+    log = two_nodes(["--input", nodes / "d.jsonl", "--output", nodes / "c.jsonl", *common])
+    assert f"{len(edited) - 1} of {len(edited)} rows reused from c_embeddings.npy" in log
+    assert "Embedding 1 new or changed record(s) of 150 on 2 ranks" in log
+    assert "k-means fitted on 100 sampled rows of 150" in log
+    for name in ["c.jsonl", "c_labels.npy", "c_order.npy", "c_embeddings.npy", "d_token_counts.npy"]:
+        assert (nodes / name).read_bytes() == (single / name).read_bytes(), name
+    manifest = json.loads((nodes / "c_embeddings.cache.json").read_text())  # digested by the ranks together
+    assert manifest["files"]["data"]["blake2b"] == json.loads((single / "c_embeddings.cache.json").read_text()
+                                                              )["files"]["data"]["blake2b"]
+
+
+def _collectives_worker(rank, store_path, out_dir):
+    import torch.distributed as dist
+
+    from diversity_order import distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    ctx = DistContext(rank, 2)
+    order = distributed.broadcast_array(ctx, np.arange(10, dtype=np.int64)[::-1].copy() if rank == 0 else None)
+    name = distributed.broadcast_object(ctx, {"file": "x.tmp"} if rank == 0 else None)
+    agreed = distributed.all_agree(ctx, rank == 0), distributed.all_agree(ctx, True)
+    parts = distributed.gather_to_main(ctx, np.full((rank + 1, 2), rank, np.float32))
+    np.save(Path(out_dir) / f"order{rank}.npy", order)
+    (Path(out_dir) / f"r{rank}.txt").write_text(repr((name, agreed, None if parts is None else
+                                                       [p.tolist() for p in parts])))
+    dist.destroy_process_group()
+
+
+def test_collectives_with_two_gloo_processes(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_collectives_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert np.load(tmp_path / f"order{rank}.npy").tolist() == list(range(9, -1, -1))
+    assert (tmp_path / "r0.txt").read_text() == repr(({"file": "x.tmp"}, (False, True),
+                                                      [[[0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]))
+    assert (tmp_path / "r1.txt").read_text() == repr(({"file": "x.tmp"}, (False, True), None))
+
+
+def test_external_embeddings_for_the_ranks_are_checked_and_read_a_block_at_a_time(tmp_path):
+    import pytest
+
+    from diversity_order import matrix
+    from diversity_order.errors import UserError
+
+    emb = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float16)
+    emb[2] = np.nan
+    np.save(tmp_path / "e.npy", emb)
+    vectors = scale_out.external_embeddings(tmp_path / "e.npy", 6)
+    want = emb.astype(np.float32)
+    want[2] = 0.0  # NaN rows become zero vectors, as in a single process
+    assert np.array_equal(matrix.load(vectors), want)
+    with pytest.raises(UserError, match="6 rows, but the input has 5 records"):
+        scale_out.external_embeddings(tmp_path / "e.npy", 5)
+    np.save(tmp_path / "flat.npy", np.zeros(6, np.float32))
+    with pytest.raises(UserError, match="expected a 2-D N x D matrix"):
+        scale_out.external_embeddings(tmp_path / "flat.npy", 6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.binary(min_size=0, max_size=5000), st.integers(1, 4), st.integers(1, 700))
+def test_chunk_digests_dealt_to_ranks_combine_to_the_file_digest(content, world, chunk):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "f.npy"
+        path.write_bytes(content)
+        saved, caches.DIGEST_CHUNK = caches.DIGEST_CHUNK, chunk
+        try:
+            chunks = caches.chunk_count(len(content))
+            parts = [caches.chunk_digests(path, range(rank, chunks, world)) for rank in range(world)]
+            combined = caches.combine_chunk_digests(scale_out.dealt_back(parts), len(content))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                assert combined == caches._digest_fd(fd, len(content))
+            finally:
+                os.close(fd)
+        finally:
+            caches.DIGEST_CHUNK = saved

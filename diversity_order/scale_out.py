@@ -1,0 +1,312 @@
+"""torchrun without gathering vectors: only labels and token counts reach rank 0.
+
+Every rank indexes the input (32 bytes per record) and then:
+
+1. **Embeds into one shared file.** The embedding cache ``B_embeddings.npy`` (rows in input
+   order, keyed by per-record text fingerprints, as in a single process) is the meeting point.
+   Rows already cached are reused wherever they moved; when the cache does not already hold
+   exactly the current records in order, rank 0 creates a temp file beside it and every rank
+   writes into it, with ``pwrite``, the cached rows of its own row range and the vectors of its
+   byte-balanced share of the records to compute. Rank 0 then digests the file and renames it
+   into place with the cache's manifest, as ``caches.store`` would. The file does not depend on
+   the number of ranks, so a rerun with another ``--nproc-per-node`` or ``--nnodes`` reuses it
+   (and so does a single-process run). The output folder must be on a filesystem every rank
+   sees (checked: a one-line error otherwise).
+2. **Fits k-means on a seeded sample.** The rows ``clustering.sample_rows(N, S, seed)`` picks
+   (S = ``--cluster-fit-sample``, or ``DEFAULT_FIT_SAMPLE``) are sent by the ranks that hold
+   them to rank 0, which fits PCA (``--pca-components``) and the k-means centres on them exactly
+   as a single process with ``--cluster-fit-sample S`` fits its centres, and broadcasts them.
+3. **Assigns its own rows.** Each rank reads its equal-count row range from the file a block at
+   a time, projects it (PCA) and assigns every row to its nearest centre; rank 0 gathers the
+   labels (8 bytes per record) beside the token counts (8 bytes per record), orders and writes.
+
+When S >= N (small inputs) rank 0 gathers the rows themselves and runs the single-process
+stages on them, so the result is the single process's byte for byte. With S < N the labels are
+those of a single process run with ``--cluster-fit-sample S``, except with ``--pca-components``,
+where the single process fits PCA on every row and the ranks on the sample.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import atomic, caches, clustering, distributed, embed, features, matrix
+from .clustering import PCAInfo
+from .distributed import DistContext
+from .errors import UserError
+from .matrix import MatrixFile
+from .records import RecordIndex
+
+log = logging.getLogger(__name__)
+
+# Rows k-means (and PCA) is fitted on under torchrun when --cluster-fit-sample is not given: the
+# sample rank 0 receives is this many rows (at 576 floats, 115 MB), whatever N is.
+DEFAULT_FIT_SAMPLE = 50_000
+
+
+def fit_rows(cluster_fit_sample: int, n: int) -> int:
+    """How many rows the fit sees under torchrun (all of them when the input is that small)."""
+    return min(cluster_fit_sample or DEFAULT_FIT_SAMPLE, n)
+
+
+# ---- the shared embedding file -------------------------------------------------------------------
+
+
+class RowWriter:
+    """Rows of an N x D float32 ``.npy`` written in place with ``pwrite``: unlike a writable map,
+    the rows written do not stay in the process's resident memory. Used as ``out[rows] = vectors``."""
+
+    def __init__(self, path: Path, offset: int, dim: int):
+        self.fd = os.open(path, os.O_WRONLY)
+        self.offset = offset
+        self.row_bytes = dim * 4
+
+    def __setitem__(self, rows: np.ndarray, values: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if rows.size == 0:
+            return
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1  # one write per run of consecutive rows
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), rows.size]):
+            data = memoryview(values[a:b]).cast("B")
+            at = self.offset + int(rows[a]) * self.row_bytes
+            while data:
+                written = os.pwrite(self.fd, data, at)
+                data, at = data[written:], at + written
+
+    def close(self) -> None:
+        os.fsync(self.fd)
+        os.close(self.fd)
+
+
+def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
+    """An atomic-write temp file beside ``target``: the ``.npy`` header of an N x D float32 array
+    and room for its rows (sparse until written). Returns its path and the rows' offset."""
+    atomic.note_target(target)  # a killed run's temp is swept by a later run
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                                                  "fortran_order": False, "shape": (n, dim)})
+    fd, name = tempfile.mkstemp(prefix=atomic.temp_prefix(target), suffix=".tmp", dir=target.parent)
+    try:
+        atomic.give_plain_permissions(name)
+        os.write(fd, header.getvalue())
+        os.ftruncate(fd, len(header.getvalue()) + n * dim * 4)
+    finally:
+        os.close(fd)
+    return Path(name), len(header.getvalue())
+
+
+def _copy_cached(found: caches.RowSource, lo: int, hi: int, writer: RowWriter) -> None:
+    """Rows lo..hi that the caches hold, copied into the new file in one pass over each cache."""
+    for files, source in found.sets:
+        _copy_rows(files.data, source[lo:hi], lo, writer)
+
+
+def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: RowWriter) -> None:
+    hits = np.flatnonzero(source >= 0)
+    if hits.size == 0:
+        return
+    old = MatrixFile.open(path)
+    by_source = np.argsort(source[hits], kind="stable")
+    sources, targets = source[hits][by_source], hits[by_source] + lo
+    for start in range(0, old.shape[0], matrix.BLOCK_ROWS):
+        a, b = np.searchsorted(sources, [start, start + matrix.BLOCK_ROWS])
+        if a < b:
+            block = old.block(start, min(start + matrix.BLOCK_ROWS, old.shape[0]))
+            writer[targets[a:b]] = block[sources[a:b] - start]
+
+
+def _shared_file(ctx: DistContext, target: Path, n: int, dim: int) -> tuple[Path, int]:
+    """Rank 0 creates the file every rank writes into; every rank must see it."""
+    created = _create_rows_file(target, n, dim) if ctx.is_main else None
+    name, offset = distributed.broadcast_object(ctx, created)
+    if not distributed.all_agree(ctx, name.exists()):
+        raise UserError(f"torchrun: the ranks do not share the folder {target.parent} (rank 0 created {name.name} "
+                        "there and another rank cannot see it): put --output on a filesystem every node mounts")
+    return name, offset
+
+
+def _tokenize_share(ctx: DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table, batch_docs: int,
+                    progress: bool, out=None) -> np.ndarray:
+    """Tokenize (and embed into ``out``) this rank's byte-balanced share of ``rows``; its token counts."""
+    share = distributed.my_share(ctx, rows, index.ends[rows] - index.starts[rows])
+    log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
+    _, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
+                                             progress=progress and ctx.is_main, out=out)
+    if table is not None:
+        log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s on this rank)", stats.documents,
+                 f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9))
+    return counts
+
+
+def _gather(ctx: DistContext, part: np.ndarray) -> np.ndarray | None:
+    """The ranks' parts concatenated in rank order on rank 0; None on the others."""
+    gathered = distributed.gather_to_main(ctx, part, distributed.comm_device())
+    return None if gathered is None else np.concatenate(gathered)
+
+
+def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: dict, model: features.ModelParts,
+                                 text_field: str, batch_docs: int, progress: bool
+                                 ) -> tuple[np.ndarray | None, MatrixFile]:
+    """Token counts (rank 0; None on the others) and the shared embedding file (every rank),
+    reusing the caches as a single process does (see the module doc)."""
+    fps, n = index.fingerprints, len(index)
+    tokenizer = model.tokenizer("to embed the documents")
+    table = model.table()
+    count_key = features.token_count_key(tokenizer.fingerprint, text_field)
+    count_places = features.token_count_places(paths)
+    counts_found = caches.lookup(count_places[0], count_key, fps, dtype=np.int64, row_shape=(),
+                                 alternatives=tuple(count_places[1:]))
+    emb_key = features.embedding_key(tokenizer.fingerprint, table, text_field)
+    target = Path(paths["embeddings"])
+    found = caches.find_rows(target, emb_key, fps, dtype=np.float32, row_shape=(table.dim,))
+    log.info("Token counts: %s", counts_found.reason)
+    log.info("Embeddings: %s", found.reason)
+    counts = np.zeros(n, np.int64) if counts_found.data is None else counts_found.data.astype(np.int64)
+    missing = found.missing_rows
+    shared = target
+    if not found.in_order:
+        if missing.size:
+            log.info("Embedding %d new or changed record(s) of %d on %d ranks, into %s", missing.size, n,
+                     ctx.world_size, target.name)
+        else:
+            log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
+        name, offset = _shared_file(ctx, target, n, table.dim)
+        writer = RowWriter(name, offset, table.dim)
+        try:
+            _copy_cached(found, *distributed.even_range(ctx, n), writer)
+            mine = _tokenize_share(ctx, index, missing, tokenizer, table.weight, batch_docs, progress, writer)
+        finally:
+            writer.close()
+        new_counts = _gather(ctx, mine)
+        digest = _digest_together(ctx, name)
+        shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
+        if ctx.is_main:
+            counts[missing] = new_counts
+    count_rows = np.setdiff1d(counts_found.missing_rows, missing, assume_unique=True)  # counts missing, vectors cached
+    if count_rows.size:
+        log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
+        new_counts = _gather(ctx, _tokenize_share(ctx, index, count_rows, tokenizer, None, batch_docs, progress))
+        if ctx.is_main:
+            counts[count_rows] = new_counts
+    if ctx.is_main and not counts_found.in_order:
+        features.store_token_counts(count_places, count_key, fps, counts)
+    return (counts if ctx.is_main else None), MatrixFile.open(shared)
+
+
+def _digest_together(ctx: DistContext, path: Path) -> str | None:
+    """The file's cache digest, each rank reading every world_size-th chunk (rank 0 alone would read
+    all N x D x 4 bytes); rank 0 gets it, the other ranks None."""
+    distributed.barrier(ctx)  # every rank has closed its writes: each may read the others' rows
+    started = time.perf_counter()
+    size = path.stat().st_size
+    mine = range(ctx.rank, caches.chunk_count(size), ctx.world_size)
+    digests = np.frombuffer(bytearray(b"".join(caches.chunk_digests(path, mine))), np.uint8).reshape(-1, 32)
+    parts = distributed.gather_to_main(ctx, digests, distributed.comm_device())
+    if parts is None:
+        return None
+    log.info("%s digested in %.1f s (%d chunks over %d ranks)", path.name, time.perf_counter() - started,
+             caches.chunk_count(size), ctx.world_size)
+    return caches.combine_chunk_digests(dealt_back(parts), size)
+
+
+def dealt_back(parts: list) -> list[bytes]:
+    """Items dealt round-robin (rank r took items r, r + W, ...), back in item order."""
+    total = sum(len(part) for part in parts)
+    return [bytes(parts[i % len(parts)][i // len(parts)]) for i in range(total)]
+
+
+def _adopt(target: Path, key: dict, fps: np.ndarray, written: Path, digest: str | None) -> Path:
+    """The filled file becomes the cache; if it cannot, this run reads it where it is (a later run's
+    sweep removes it) and the cache is not written."""
+    try:
+        caches.adopt(target, key, fps, written, digest)
+        return target
+    except OSError as exc:
+        log.warning("Cache %s not written (%s); the run goes on without it", target, exc.strerror or exc)
+        return written
+
+
+def external_embeddings(path: Path, n_records: int) -> MatrixFile:
+    """``--load-embeddings`` for the ranks: checked, then read a block at a time (NaN rows as zeros)."""
+    from .arrays import load_matrix, load_npy
+
+    mapped = load_npy(path, "--load-embeddings")
+    if mapped.ndim != 2 or mapped.shape[1] < 1 or not np.issubdtype(mapped.dtype, np.floating):
+        load_matrix(path, "--load-embeddings")  # raises the one-line error saying what is wrong
+    rows = mapped.shape[0]
+    del mapped
+    if rows != n_records:
+        raise UserError(f"--load-embeddings {path}: {rows} rows, but the input has {n_records} records")
+    return MatrixFile.open(path)
+
+
+# ---- clustering from a sample --------------------------------------------------------------------
+
+
+def _rows_of(vectors: MatrixFile, lo: int, hi: int) -> MatrixFile:
+    """Rows lo..hi of the file, as a file of their own (nothing is read)."""
+    step = vectors.shape[1] * vectors.dtype.itemsize
+    return MatrixFile(vectors.path, (hi - lo, vectors.shape[1]), vectors.dtype, vectors.offset + lo * step)
+
+
+def gather_all_rows(ctx: DistContext, vectors: MatrixFile) -> np.ndarray | None:
+    """Every row on rank 0, each rank sending its range (only for inputs within the fit sample)."""
+    return _gather(ctx, matrix.load(_rows_of(vectors, *distributed.even_range(ctx, vectors.shape[0]))))
+
+
+def labels_from_sample(ctx: DistContext, vectors: MatrixFile, n_clusters: int, seed: int, backend: str,
+                       sample_size: int, pca_components: int, device=None
+                       ) -> tuple[np.ndarray | None, PCAInfo | None]:
+    """Labels of every row (rank 0; None elsewhere): PCA and centres fitted on rank 0 from the
+    seeded sample the ranks send, each rank assigning its own rows (see the module doc)."""
+    n = vectors.shape[0]
+    lo, hi = distributed.even_range(ctx, n)
+    sample = clustering.sample_rows(n, sample_size, seed)
+    mine = sample[(sample >= lo) & (sample < hi)] - lo
+    # Rank order = row order: rank 0 gets the sample in ascending rows, as one process reads it.
+    rows = _gather(ctx, matrix.read_rows(_rows_of(vectors, lo, hi), mine))
+    fitted = None
+    if ctx.is_main:
+        pca, info = _fit_pca(rows, pca_components, seed)
+        if pca is not None:
+            rows = _project(pca, rows)
+        log.info("k-means fitted on %s sampled rows of %s; every rank assigns its own rows", f"{rows.shape[0]:,}",
+                 f"{n:,}")
+        fitted = (pca, info, clustering.fit_centres(rows, n_clusters, seed, backend, device))
+        del rows
+    pca, info, centres = distributed.broadcast_object(ctx, fitted)
+    labels = np.empty(hi - lo, dtype=np.int64)
+    for start, stop, block in matrix.blocks(_rows_of(vectors, lo, hi)):
+        labels[start:stop] = clustering.assign_to_centres(block if pca is None else _project(pca, block), centres,
+                                                          device)
+    return _gather(ctx, labels), info
+
+
+def _fit_pca(rows: np.ndarray, n_components: int, seed: int):
+    """PCA fitted on the sample as ``clustering.reduce_matrix`` fits it out of core; (None, None) when off."""
+    if n_components <= 0:
+        return None, None
+    from sklearn.decomposition import PCA
+
+    kept = min(n_components, rows.shape[0] - 1, rows.shape[1])
+    if kept < 1:
+        log.warning("PCA skipped: %d sampled row(s) leave no component to keep", rows.shape[0])
+        return None, None
+    pca = PCA(n_components=kept, random_state=seed).fit(rows)
+    info = PCAInfo(kept, round(float(pca.explained_variance_ratio_.sum()), 4), rows.shape[1], fit_rows=rows.shape[0])
+    log.info("PCA kept %d of %d dimensions, %.1f%% of the sample's variance", kept, rows.shape[1],
+             100 * info.explained_variance)
+    return pca, info
+
+
+def _project(pca, rows: np.ndarray) -> np.ndarray:
+    reduced = pca.transform(rows)
+    return (reduced / np.maximum(np.linalg.norm(reduced, axis=1, keepdims=True), 1e-8)).astype(np.float32)
