@@ -60,28 +60,17 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
     return assign_to_centres(embeddings, fit_centres(fit_rows, n_clusters, seed, backend, device), device)
 
 
-def fit_centres(rows: np.ndarray, n_clusters: int, seed: int, backend: str = "sklearn", device=None) -> np.ndarray:
-    """k-means centres fitted on ``rows`` (in memory) with ``backend``'s settings."""
+def fit_centres(rows: np.ndarray, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",
+                device=None) -> np.ndarray:
+    """k-means centres fitted on ``rows`` (in memory) with ``backend``'s settings: what
+    ``kmeans_labels(..., fit_sample=S)`` fits on its S sampled rows, for callers that hold only the
+    sample (torchrun ranks)."""
     if backend == "sklearn":
         from threadpoolctl import threadpool_limits
 
         # One BLAS thread: MiniBatchKMeans's small batches gain nothing from more, and on a few cores
         # BLAS, OpenMP and torch threads spinning against each other made the fit 4x slower.
         with threadpool_limits(limits=1, user_api="blas"):
-            return make_kmeans(n_clusters, seed).fit(rows).cluster_centers_
-    if backend == "faiss":
-        return _faiss_centres(rows, n_clusters, seed)
-    return _torch_centres(rows, n_clusters, seed, device)
-
-
-def fit_centres(rows: np.ndarray, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",
-                device=None) -> np.ndarray:
-    """The k-means centres ``kmeans_labels(..., fit_sample=S)`` fits on its S sampled rows, given
-    those rows (in the same order): for callers that hold only the sample (torchrun ranks)."""
-    if backend == "sklearn":
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1, user_api="blas"):  # as in kmeans_labels
             return make_kmeans(n_clusters, seed).fit(rows).cluster_centers_
     if backend == "faiss":
         return _faiss_centres(rows, n_clusters, seed)
