@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
-from diversity_order import caches, clustering, features, scale_out
+from diversity_order import caches, clustering, features, matrix, scale_out
 from diversity_order.cli import run_main
 from diversity_order.distributed import DistContext, even_range, my_share, slice_of_order, split_by_bytes
 from diversity_order.matrix import MatrixFile
@@ -137,6 +137,7 @@ def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(t
         with monkeypatch.context() as patch:  # computed afresh, not read from the shared path's registered sets
             patch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
             want_counts, want = features.counts_and_embeddings(plain_index, paths, plain_model, "text", True, 7, False)
+        want = matrix.load(want)  # the single-process path hands back the cache file, read in blocks later
         assert np.abs(want).sum(1).min() > 0  # every record has a vector (no text here is empty)
         assert np.array_equal(counts, want_counts) and np.array_equal(vectors, want)
         for name in ["c_embeddings.npy", "c_embeddings.fingerprints.npy", "d_token_counts.npy"]:
