@@ -1,0 +1,110 @@
+"""benchmarks/bench_training.py: the packing and boundary statistics, and a --quick run end to end."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import topical_records, write_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOLLM2 = Path(os.environ.get("DIVERSITY_ORDER_SMOLLM2", ROOT / "demo" / "SmolLM2-135M"))
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_training", ROOT / "benchmarks" / "bench_training.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def test_pack_cuts_the_eos_separated_stream_into_windows_in_order():
+    documents = [np.array([10, 11, 12]), np.array([20]), np.array([30, 31, 32, 33])]
+    windows, labels = bench.pack(documents, np.array([0, 1, 2]), np.array([2, 0, 1]), eos=9, seq_len=4)
+    # Stream: 30 31 32 33 9 | 10 11 12 9 | 20 9 -> two full windows, the partial tail dropped.
+    assert windows.tolist() == [[30, 31, 32, 33], [9, 10, 11, 12]]
+    assert labels.tolist() == [[2, 2, 2, 2], [2, 0, 0, 0]]
+
+
+def test_select_documents_keeps_runs_spread_over_the_file_and_holds_out_from_them():
+    counts = np.full(1000, 10)
+    train, heldout = bench.select_documents(counts, train_tokens=800, heldout_tokens=200, n_blocks=4, seed=0)
+    assert np.intersect1d(train, heldout).size == 0
+    assert counts[heldout].sum() >= 200 and abs(counts[train].sum() + counts[heldout].sum() - 1000) <= 4 * 10
+    chosen = np.union1d(train, heldout)
+    # Four runs of consecutive records starting at 0, 250, 500, 750.
+    starts = chosen[np.flatnonzero(np.diff(chosen, prepend=-2) != 1)]
+    assert starts.tolist() == [0, 250, 500, 750]
+    # A file smaller than the budget is used whole.
+    train, heldout = bench.select_documents(np.full(50, 10), 10_000, 100, 4, seed=0)
+    assert np.union1d(train, heldout).tolist() == list(range(50))
+
+
+def test_boundary_stats_and_spread_measure_the_jump_and_the_swings():
+    per_epoch, k = 40, 5
+    losses = np.full(2 * per_epoch, 3.0)
+    losses[per_epoch:per_epoch + k] = 4.0  # a spike right after the loader wraps
+    norms = np.ones(2 * per_epoch)
+    norms[per_epoch:per_epoch + k] = 4.0
+    stats = bench.boundary_stats(losses, norms, per_epoch, k)
+    assert stats["loss_jump"] == pytest.approx(1.0)
+    assert stats["grad_norm_ratio"] == pytest.approx(4.0)
+    # A straight declining line has no spread; alternating steps have.
+    assert bench.loss_spread(np.linspace(5, 3, 60), half_window=3) == pytest.approx(0.0, abs=1e-12)
+    assert bench.loss_spread(3 + 0.5 * (-1.0) ** np.arange(60), half_window=3) > 0.4
+
+
+def _finite_numbers(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _finite_numbers(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _finite_numbers(item)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield value
+
+
+@pytest.fixture(params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def model_dir(request, tiny_model_dir):
+    if request.param == "tiny":
+        return tiny_model_dir
+    if not (SMOLLM2 / "config.json").exists():
+        pytest.skip(f"SmolLM2 folder not found at {SMOLLM2} (run `make model` or set DIVERSITY_ORDER_SMOLLM2)")
+    return SMOLLM2
+
+
+def test_quick_run_writes_finite_results_and_the_figure(tmp_path, model_dir):
+    corpus = write_jsonl(tmp_path / "topics.jsonl", topical_records(per_topic=25))
+    out, figure = tmp_path / "results.json", tmp_path / "figure.png"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_training.py"), "--quick", "--input", str(corpus),
+         "--model-dir", str(model_dir), "--n-clusters", "6", "--work", str(tmp_path / "work"),
+         "--out", str(out), "--figure", str(figure)],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}, capture_output=True, text=True,
+        timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert list(results["runs"]) == ["original", "random", "stratified", "balanced"]
+    assert [row["order"] for row in results["table"]] == list(results["runs"])
+    numbers = list(_finite_numbers(results))
+    assert numbers and all(math.isfinite(x) for x in numbers)
+    per_epoch = results["settings"]["steps_per_epoch"]
+    for run in results["runs"].values():
+        assert len(run["loss"]) == len(run["grad_norm"]) == 2 * per_epoch
+        assert [step for step, _ in run["heldout"]][-1] == 2 * per_epoch
+    # The labels came from the pipeline, cached in --work, one per record.
+    labels = list((tmp_path / "work").glob("*_labels.npy"))
+    assert len(labels) == 1 and np.load(labels[0]).shape == (150,)
+    with Image.open(figure) as image:
+        assert image.size[0] > 800 and image.size[1] > 600
