@@ -208,7 +208,7 @@ def build_site_packages_corpus(path: Path, site_packages: Path | None = None, li
 # ------------------------------------------------------------------------------------ training
 
 def build_model(vocab_size: int, args: argparse.Namespace):
-    """A small Llama, tied embeddings, initialised from ``args.seed``: identical for every order."""
+    """A small Llama, tied embeddings, initialised from ``args.run_seed``: identical for every order."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -216,8 +216,18 @@ def build_model(vocab_size: int, args: argparse.Namespace):
                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
                          num_key_value_heads=args.heads, max_position_embeddings=args.seq_len,
                          tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.run_seed)
     return LlamaForCausalLM(config)
+
+
+def effective_rank(matrix) -> float:
+    """exp(entropy of the normalised singular values) (Roy & Vetterli, 2007): 1 for rank one, min(m, n) at most."""
+    import torch
+
+    singular = torch.linalg.svdvals(matrix.float())
+    shares = singular / singular.sum()
+    shares = shares[shares > 0]
+    return float(torch.exp(-(shares * shares.log()).sum()))
 
 
 def mean_loss(model, windows, batch: int) -> float:
@@ -253,7 +263,8 @@ def train_one_order(windows: np.ndarray, heldout: np.ndarray, vocab_size: int, a
     steps_per_epoch = windows.shape[0] // args.batch
     total_steps = steps_per_epoch * args.epochs
     eval_steps = sorted(set(range(0, total_steps + 1, args.eval_every)) | {steps_per_epoch, total_steps})
-    losses, grad_norms, lrs, heldout_curve = [], [], [], []
+    losses, grad_norms, lrs, ranks, heldout_curve = [], [], [], [], []
+    layer_matrices = [w for w in model.model.layers.parameters() if w.dim() == 2]
     started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(total_steps):
         if step in eval_steps:
@@ -268,6 +279,9 @@ def train_one_order(windows: np.ndarray, heldout: np.ndarray, vocab_size: int, a
         logits = model(input_ids=batch).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
+        # How many directions a step's gradient spans (reported higher for diverse orders): the mean
+        # effective rank of the transformer layers' weight-matrix gradients; clipping scales, so before or after is alike.
+        ranks.append(float(np.mean([effective_rank(w.grad) for w in layer_matrices])))
         # The norm before clipping is the one that shows what the data does to the gradient.
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else math.inf)
         optimizer.step()
@@ -280,7 +294,7 @@ def train_one_order(windows: np.ndarray, heldout: np.ndarray, vocab_size: int, a
             print(f"  {label}: step {step + 1}/{total_steps} loss {loss.item():.3f} grad norm {norm.item():.3f} "
                   f"({elapsed:.0f} s, {elapsed / (step + 1):.2f} s/step)", file=sys.stderr, flush=True)
     heldout_curve.append([total_steps, mean_loss(model, heldout_ids, args.batch)])
-    return {"loss": losses, "grad_norm": grad_norms, "lr": lrs, "heldout": heldout_curve,
+    return {"loss": losses, "grad_norm": grad_norms, "grad_effective_rank": ranks, "lr": lrs, "heldout": heldout_curve,
             "steps_per_epoch": steps_per_epoch, "init_checksum": init_checksum,
             "wall_s": round(time.perf_counter() - started, 1),
             # CPU seconds are less disturbed than wall time when other work shares the machine.
@@ -324,6 +338,7 @@ def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
                "loss_spread_epoch1": loss_spread(losses[:per_epoch], half_window, skip=per_epoch // 4),
                "loss_spread_epoch2": loss_spread(losses[per_epoch:2 * per_epoch], half_window),
                "heldout_end_epoch1": heldout[per_epoch], "heldout_final": heldout[max(heldout)],
+               "grad_effective_rank": float(np.mean(run["grad_effective_rank"])),
                "clusters_per_step": run["clusters_per_step_mean"]}
         rows.append(row)
     return rows
@@ -331,13 +346,15 @@ def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
 
 def markdown_table(rows: list[dict], k: int) -> str:
     lines = [f"| order | loss jump (first {k} after - last {k} before) | grad-norm ratio (after / before) "
-             "| loss spread epoch 1 | epoch 2 | held-out loss end of epoch 1 | final held-out loss | clusters per step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| loss spread epoch 1 | epoch 2 | held-out loss end of epoch 1 | final held-out loss "
+             "| gradient effective rank | clusters per step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['order']} | {r['loss_jump']:+.3f} ({r['loss_before']:.3f} -> {r['loss_after']:.3f}) "
                      f"| {r['grad_norm_ratio']:.2f} ({r['grad_norm_before']:.3f} -> {r['grad_norm_after']:.3f}) "
                      f"| {r['loss_spread_epoch1']:.3f} | {r['loss_spread_epoch2']:.3f} "
-                     f"| {r['heldout_end_epoch1']:.3f} | {r['heldout_final']:.3f} | {r['clusters_per_step']:.1f} |")
+                     f"| {r['heldout_end_epoch1']:.3f} | {r['heldout_final']:.3f} | {r['grad_effective_rank']:.1f} "
+                     f"| {r['clusters_per_step']:.1f} |")
     return "\n".join(lines)
 
 
@@ -405,9 +422,11 @@ def plot(results: dict, path: Path) -> None:
     ax_table = fig.add_subplot(grid[3])
     ax_table.axis("off")
     header = ["order", f"loss jump\n(first {k} - last {k})", "grad-norm ratio\n(after / before)",
-              "loss spread\nepoch 1", "loss spread\nepoch 2", "held-out loss\nend of epoch 1", "held-out loss\nfinal"]
+              "loss spread\nepoch 1", "loss spread\nepoch 2", "held-out loss\nend of epoch 1", "held-out loss\nfinal",
+              "gradient\neffective rank"]
     cells = [[r["order"], f"{r['loss_jump']:+.3f}", f"{r['grad_norm_ratio']:.2f}", f"{r['loss_spread_epoch1']:.3f}",
-              f"{r['loss_spread_epoch2']:.3f}", f"{r['heldout_end_epoch1']:.3f}", f"{r['heldout_final']:.3f}"]
+              f"{r['loss_spread_epoch2']:.3f}", f"{r['heldout_end_epoch1']:.3f}", f"{r['heldout_final']:.3f}",
+              f"{r['grad_effective_rank']:.1f}"]
              for r in rows]
     table = ax_table.table(cellText=cells, colLabels=header, loc="center", cellLoc="center")
     table.auto_set_font_size(False)
@@ -443,7 +462,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="cluster id per record (.npy, input order) instead of running curate_dataset.py")
     corpus.add_argument("--n-clusters", type=int, default=30)
     corpus.add_argument("--train-tokens", type=int, default=196_608, help="training documents' tokens (default: 196608)")
-    corpus.add_argument("--blocks", type=int, default=32, help="contiguous runs of the input they are taken as (default: 32)")
+    corpus.add_argument("--blocks", type=int, default=None,
+                        help="contiguous runs of the input they are taken as; a run should be about one topic's "
+                             "run in the input: 32 (~6K tokens, one stdlib module), 8 with --site-packages-corpus "
+                             "(~25K tokens, one package)")
     corpus.add_argument("--heldout-tokens", type=int, default=8192, help="held-out documents' tokens (default: 8192)")
     corpus.add_argument("--work", type=Path, default=ROOT / "build/bench_training",
                         help="cache folder: the pipeline's labels and caches, the built drift corpus")
@@ -462,7 +484,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     train.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0 = off; default: 1.0)")
     train.add_argument("--eval-every", type=int, default=16, help="held-out loss every N steps (default: 16)")
     train.add_argument("--boundary-k", type=int, default=16, help="steps either side of the epoch boundary (default: 16)")
-    train.add_argument("--seed", type=int, default=0, help="model init, data selection, orderings (default: 0)")
+    train.add_argument("--seed", type=int, default=0,
+                       help="clustering, training subset and held-out sample: the data (default: 0)")
+    train.add_argument("--run-seed", type=int, default=0,
+                       help="model initialisation and the orderings' random choices; rerun with others to see "
+                            "how much of a difference between orders is run-to-run noise (default: 0)")
     train.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
@@ -473,6 +499,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replot", type=Path, default=None, metavar="RESULTS_JSON",
                    help="only redraw the figure (--figure) from a results JSON this script wrote")
     args = p.parse_args(argv)
+    if args.blocks is None:
+        args.blocks = 8 if args.site_packages_corpus else 32
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)
@@ -490,6 +518,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.replot:
         results = json.loads(args.replot.read_text())
+        settings = results["settings"]
+        # The table is recomputed from the per-step records, so a change to the statistics needs no retraining.
+        results["table"] = summarise(results["runs"], settings["boundary_k"], settings["spread_half_window"])
+        args.replot.write_text(json.dumps(results, indent=1) + "\n")
         plot(results, args.figure)
         print(markdown_table(results["table"], results["settings"]["boundary_k"]))
         return results
@@ -523,7 +555,7 @@ def main(argv=None) -> dict:
     train_labels = labels[train_docs]
     train_counts = counts[train_docs]
     n_clusters = int(labels.max()) + 1
-    options = OrderingOptions(seed=args.seed, seq_len=args.seq_len * args.batch)  # one optimizer step's tokens
+    options = OrderingOptions(seed=args.run_seed, seq_len=args.seq_len * args.batch)  # one optimizer step's tokens
     corpus = {"name": name, "input": str(args.input), "records": len(texts), "tokens": int(counts.sum()),
               "train_docs": int(train_docs.size), "train_tokens": int(train_counts.sum()), "blocks": args.blocks,
               "heldout_docs": int(heldout_docs.size), "heldout_tokens": int(counts[heldout_docs].sum()),
@@ -558,6 +590,7 @@ def main(argv=None) -> dict:
                      "schedule": "linear warmup, then constant", "optimizer": "AdamW(0.9, 0.95)",
                      "weight_decay": args.weight_decay, "clip": args.clip, "eval_every": args.eval_every,
                      "boundary_k": args.boundary_k, "spread_half_window": half_window, "seed": args.seed,
+                     "run_seed": args.run_seed,
                      "threads": args.threads, "ordering_seq_len": options.seq_len},
         "table": rows,
         "runs": runs,
