@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import sysconfig
@@ -281,13 +282,13 @@ def train_one_order(windows: np.ndarray, heldout: np.ndarray, vocab_size: int, a
         loss.backward()
         # How many directions a step's gradient spans (reported higher for diverse orders): the mean
         # effective rank of the transformer layers' weight-matrix gradients; clipping scales, so before or after is alike.
-        ranks.append(float(np.mean([effective_rank(w.grad) for w in layer_matrices])))
+        ranks.append(round(float(np.mean([effective_rank(w.grad) for w in layer_matrices])), 3))
         # The norm before clipping is the one that shows what the data does to the gradient.
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        grad_norms.append(norm.item())
+        losses.append(round(loss.item(), 5))
+        grad_norms.append(round(norm.item(), 5))
         lrs.append(lr)
         if (step + 1) % max(1, total_steps // 8) == 0:
             elapsed = time.perf_counter() - started
@@ -449,6 +450,15 @@ QUICK = {"train_tokens": 3000, "heldout_tokens": 600, "blocks": 4, "seq_len": 64
          "layers": 1, "heads": 2, "eval_every": 8, "boundary_k": 3, "warmup_steps": 2, "threads": 1}
 
 
+def results_json(results: dict) -> str:
+    """Indented JSON with each list of numbers on one line (the per-step series stay readable and small)."""
+    text, previous = json.dumps(results, indent=1), None
+    while text != previous:  # innermost lists first, then the lists of them
+        previous = text
+        text = re.sub(r"\[\s+([-0-9.eE,\s\[\]]+?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
+    return text + "\n"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     corpus = p.add_argument_group("corpus")
@@ -521,7 +531,7 @@ def main(argv=None) -> dict:
         settings = results["settings"]
         # The table is recomputed from the per-step records, so a change to the statistics needs no retraining.
         results["table"] = summarise(results["runs"], settings["boundary_k"], settings["spread_half_window"])
-        args.replot.write_text(json.dumps(results, indent=1) + "\n")
+        args.replot.write_text(results_json(results))
         plot(results, args.figure)
         print(markdown_table(results["table"], results["settings"]["boundary_k"]))
         return results
@@ -556,7 +566,8 @@ def main(argv=None) -> dict:
     train_counts = counts[train_docs]
     n_clusters = int(labels.max()) + 1
     options = OrderingOptions(seed=args.run_seed, seq_len=args.seq_len * args.batch)  # one optimizer step's tokens
-    corpus = {"name": name, "input": str(args.input), "records": len(texts), "tokens": int(counts.sum()),
+    shown_input = args.input.resolve().relative_to(ROOT) if args.input.resolve().is_relative_to(ROOT) else args.input
+    corpus = {"name": name, "input": str(shown_input), "records": len(texts), "tokens": int(counts.sum()),
               "train_docs": int(train_docs.size), "train_tokens": int(train_counts.sum()), "blocks": args.blocks,
               "heldout_docs": int(heldout_docs.size), "heldout_tokens": int(counts[heldout_docs].sum()),
               "heldout_windows": int(heldout_windows.shape[0]), "n_clusters": n_clusters,
@@ -580,8 +591,7 @@ def main(argv=None) -> dict:
     half_window = max(2, args.boundary_k // 2)
     rows = summarise(runs, args.boundary_k, half_window)
     results = {
-        "command": "python " + " ".join([Path(sys.argv[0]).name if argv is None else "bench_training.py"]
-                                        + (sys.argv[1:] if argv is None else list(argv))),
+        "command": " ".join(["python", "benchmarks/bench_training.py", *(sys.argv[1:] if argv is None else argv)]),
         "corpus": corpus,
         "settings": {"orders": args.orders, "seq_len": args.seq_len, "batch": args.batch, "epochs": args.epochs,
                      "steps_per_epoch": next(iter(runs.values()))["steps_per_epoch"], "layers": args.layers,
@@ -599,7 +609,7 @@ def main(argv=None) -> dict:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(results_json(results))
     plot(results, args.figure)
     timings["plot"] = time.perf_counter() - started - sum(timings.values())
     print("seconds: " + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in timings.items()), file=sys.stderr)
