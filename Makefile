@@ -13,7 +13,7 @@ SEQ_LEN ?= 16384
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: pyproject.toml requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"

@@ -1,110 +1,17 @@
 #!/usr/bin/env python3
-"""Animate how the curated order is built: a colour-bar video and, with --umap, a point-cloud video.
+"""`animate-ordering` without installing (`python animate_ordering.py --help`).
 
-Bar video (OUTPUT): each frame shows the documents along the token axis, the curated prefix
-bright on the left and the documents not yet placed, in input order, dimmed on the right, over
-a per-window diversity chart that grows as windows complete (dashed: the input order's mean).
-UMAP video (OUTPUT_umap.mp4, with --umap B_umap2d.npy): every point grey, lit in its cluster
-colour when placed. A PNG of each video's last frame is written beside it.
-
-Pass --meta B_meta.json (or --labels/--order) to show exactly the clusters and order a curate
-run wrote; without them the embeddings are re-clustered (as the reference always does).
-Needs ffmpeg: the one on PATH, else the binary of the imageio-ffmpeg package.
+The code is diversity_order/cli/animate_ordering.py.
 """
 
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
-import time
-from pathlib import Path
 
-from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
-from diversity_order.ordering import CLUSTER_ORDERINGS
-
-log = logging.getLogger("diversity_order")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--embeddings", type=Path, default=None,
-                   help="N x D embeddings (B_embeddings.npy); needed only to re-cluster when no labels are given")
-    p.add_argument("--token-counts", required=True, type=Path, help="token count per document (A_token_counts.npy)")
-    p.add_argument("--umap", type=Path, default=None, help="N x 2 projection (B_umap2d.npy): also write OUTPUT_umap.mp4")
-    p.add_argument("--meta", type=Path, default=None,
-                   help="B_meta.json of a curate run: use its saved labels, order, and sequence length")
-    p.add_argument("--labels", type=Path, default=None, help="cluster per document (B_labels.npy); overrides --meta's")
-    p.add_argument("--order", type=Path, default=None, help="curated permutation (B_order.npy); overrides --meta's")
-    p.add_argument("--n-clusters", type=int, default=None, help="k when re-clustering (default: 30)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="training sequence length in tokens (default: --meta's, else 131072)")
-    p.add_argument("--seed", type=int, default=42, help="k-means and ordering seed when recomputing (default: 42)")
-    p.add_argument("--ordering", default="stratified", choices=list(CLUSTER_ORDERINGS),
-                   help="ordering to recompute when no --order/--meta order is given (default: stratified)")
-    p.add_argument("--n-frames", type=int, default=600, help="frames per video (default: 600)")
-    p.add_argument("--fps", type=int, default=30, help="frames per second (default: 30)")
-    p.add_argument("--output", type=Path, default=Path("ordering_animation.mp4"),
-                   help="bar video path (default: ordering_animation.mp4)")
-    p.add_argument("--size", default="1280x720", help="bar video size WxH, even (default: 1280x720)")
-    p.add_argument("--umap-size", default="1080x1080", help="UMAP video size WxH, even (default: 1080x1080)")
-    p.add_argument("--preset", default="medium", help="x264 preset: faster encodes, bigger files (default: medium)")
-    p.add_argument("--ffmpeg", default=None, help="ffmpeg binary (default: ffmpeg on PATH, else imageio-ffmpeg's)")
-    add_output_flags(p, progress=False)
-    return p.parse_args(argv)
-
-
-def _size(text: str, flag: str) -> tuple[int, int]:
-    from diversity_order.animate import even
-    from diversity_order.errors import UserError
-
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise UserError(f"{flag} {text}: expected WIDTHxHEIGHT, e.g. 1280x720") from None
-    if w < 320 or h < 240:
-        raise UserError(f"{flag} {text}: at least 320x240")
-    return even(w), even(h)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setup_logging(args.verbose)
-    from diversity_order import animate
-    from diversity_order.errors import UserError
-
-    if args.n_frames < 1 or args.fps < 1:
-        raise UserError("--n-frames and --fps must be at least 1")
-    width, height = _size(args.size, "--size")
-    ffmpeg = animate.find_ffmpeg(args.ffmpeg)
-    log.info("Encoder: %s", ffmpeg)
-    inputs = animate.load_inputs(args.token_counts, args.embeddings, args.meta, args.labels, args.order,
-                                 args.n_clusters, args.seq_len, args.seed, args.ordering)
-    log.info("%d documents, K=%d, seq_len=%d; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
-    names = animate.output_names(args.output)
-    projection = None
-    if args.umap is not None:
-        import numpy as np
-
-        projection = animate._load_npy(args.umap, "--umap")
-        projection = np.asarray(projection)
-
-    started = time.perf_counter()
-    bars = animate.BarFrames(inputs, width, height)
-    frames = animate.write_video(names["bar"], bars.frames(args.n_frames), args.n_frames, width, height, args.fps,
-                                 ffmpeg, args.preset, names["bar_preview"])
-    log.info("Bar video: %s (%d frames, %dx%d, %.1f s), preview %s", names["bar"], frames, width, height,
-             time.perf_counter() - started, names["bar_preview"])
-    if projection is not None:
-        started = time.perf_counter()
-        uw, uh = _size(args.umap_size, "--umap-size")
-        cloud = animate.UmapFrames(inputs, projection, uw, uh)
-        frames = animate.write_video(names["umap"], cloud.frames(args.n_frames), args.n_frames, uw, uh, args.fps,
-                                     ffmpeg, args.preset, names["umap_preview"])
-        log.info("UMAP video: %s (%d frames, %dx%d, %.1f s), preview %s", names["umap"], frames, uw, uh,
-                 time.perf_counter() - started, names["umap_preview"])
-    return 0
-
+try:
+    from diversity_order.cli import run_main  # noqa: F401  (run_main, main, parse_args: for tests and callers)
+    from diversity_order.cli.animate_ordering import console, main, parse_args  # noqa: F401
+except KeyboardInterrupt:  # Ctrl-C while Python is still importing: one line, as at any other moment
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(console())

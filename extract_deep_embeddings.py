@@ -1,77 +1,17 @@
 #!/usr/bin/env python3
-"""Deep document embeddings: mean of a Hugging Face model's last hidden layer over each document.
+"""`extract-deep-embeddings` without installing (`python extract_deep_embeddings.py --help`).
 
-Writes a float32 N x D .npy in input order (L2-normalised means over real tokens), for
-curate_dataset.py --load-embeddings. Tokens are tokenizer.encode(text, add_special_tokens=False),
-like the shallow path. Documents run sorted by length in padded batches sized from a token
-budget; out-of-memory shrinks the batch, and a document that fits in no batch is skipped
-(NaN row, listed in OUTPUT.skipped.json). Progress is checkpointed (OUTPUT.partial.*) and a
-rerun resumes. A rerun over an edited, extended or reordered input recomputes only the records
-whose text is not already in OUTPUT (checked with OUTPUT.fingerprints.npy / OUTPUT.cache.json);
-token ids are cached in OUTPUT.tokens.*. Under torchrun --nproc_per_node=N each rank embeds a
-share (data parallel), or with --tp N holds 1/N of the weights (tensor parallel); with
---tp N and a multiple of N processes, groups of N consecutive ranks each hold one sharded copy
-and the groups split the documents (data parallel x tensor parallel).
-See diversity_order/deep.py for the details.
+The code is diversity_order/cli/extract_deep_embeddings.py.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from diversity_order.cli import ArgumentParser, add_output_flags, run_main, setup_logging
-from diversity_order.deep import DTYPES, DeepConfig, extract
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--input", required=True, type=Path, help="input JSONL, one JSON object per line")
-    p.add_argument("--output", required=True, type=Path, help="embeddings to write (.npy, N x D float32, input order)")
-    p.add_argument("--model-dir", required=True, type=Path, help="local Hugging Face model folder (tokenizer + weights)")
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="most documents per forward pass; the token budget may choose fewer (default: 64)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default: auto)")
-    p.add_argument("--gpu", type=int, default=0, help="GPU index used when the device is CUDA (default: 0)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="model weights' dtype: auto = bfloat16 on GPU, float32 on CPU (pooling is always float32)")
-    p.add_argument("--tp", type=int, default=1,
-                   help="tensor parallel under torchrun: each rank holds 1/N of the weights; with --nproc_per_node a "
-                        "multiple of N, every N ranks form one data-parallel group (default: 1)")
-    p.add_argument("--max-tokens", type=int, default=None, help="truncate every document to this many tokens")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="truncate to the model's context; default: the model's max_position_embeddings")
-    p.add_argument("--reverse", action="store_true", help="process the longest documents first (fail fast on memory)")
-    p.add_argument("--text-field", default="text", help="JSON field holding the document text (default: text)")
-    p.add_argument("--limit", type=int, default=None, help="embed only the first N documents")
-    p.add_argument("--token-budget", type=int, default=None,
-                   help="tokens per batch (documents x longest length); default: from free GPU memory, 16384 on CPU")
-    p.add_argument("--checkpoint-docs", type=int, default=5000,
-                   help="write a resumable checkpoint every this many documents (default: 5000)")
-    p.add_argument("--checkpoint-seconds", type=float, default=600.0,
-                   help="... or every this many seconds (default: 600)")
-    p.add_argument("--attn-implementation", default=None,
-                   help="attention kernel passed to transformers (e.g. sdpa, eager, flash_attention_2); "
-                        "default: the model's own choice")
-    add_output_flags(p)
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setup_logging(args.verbose)
-    config = DeepConfig(
-        input=args.input, output=args.output, model_dir=args.model_dir, batch_size=args.batch_size,
-        device=args.device, gpu=args.gpu, dtype=args.dtype, tp=args.tp, max_tokens=args.max_tokens,
-        max_seq_len=args.max_seq_len, reverse=args.reverse, text_field=args.text_field, limit=args.limit,
-        token_budget=args.token_budget, checkpoint_docs=args.checkpoint_docs,
-        checkpoint_seconds=args.checkpoint_seconds, attn_implementation=args.attn_implementation,
-        progress=not args.no_progress,
-    )
-    extract(config)
-    return 0
-
+try:
+    from diversity_order.cli import run_main  # noqa: F401  (run_main, main, parse_args: for tests and callers)
+    from diversity_order.cli.extract_deep_embeddings import console, main, parse_args  # noqa: F401
+except KeyboardInterrupt:  # Ctrl-C while Python is still importing: one line, as at any other moment
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(console())

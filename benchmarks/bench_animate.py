@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from diversity_order import animate  # noqa: E402
-from diversity_order.ordering import stratified_order  # noqa: E402
+from diversity_order.orderings import stratified_order  # noqa: E402
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from diversity_order.diversity import window_diversity  # noqa: E402
-from diversity_order.ordering import OrderingOptions, stratified_order  # noqa: E402
+from diversity_order.orderings import OrderingOptions, stratified_order  # noqa: E402
 from reference_impl import ref_stratified_order, ref_window_diversity  # noqa: E402
 
 

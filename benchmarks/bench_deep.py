@@ -23,8 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from diversity_order.cli import resolve_device  # noqa: E402
 from diversity_order.deep import DeepConfig, extract  # noqa: E402
+from diversity_order.runtime import resolve_device  # noqa: E402
 
 
 def main() -> None:

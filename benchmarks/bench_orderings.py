@@ -27,7 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from diversity_order import ordering, strategies  # noqa: E402
+from diversity_order import ordering_report as strategies  # noqa: E402
+from diversity_order import orderings as ordering  # noqa: E402
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus  # noqa: E402
 
 SEQ_LENS = [4096, 16384, 131072]

@@ -1,8 +1,19 @@
-"""diversity-order: reorder LLM training data so every packed sequence is topically diverse.
+"""diversity-order: reorder training data so every packed training sequence is topically diverse.
 
-Data flows one way: records -> token ids -> embeddings -> labels -> order -> stats/outputs.
-Per-document state is kept as flat arrays indexed by input position so every stage can run
-on a slice of the input.
+Data flows one way; each stage is one module (the scripts only parse flags and call them):
+
+    records       JSONL records -> a byte-offset index and fingerprints; text batches; the output writer
+    tokenizer     texts -> token ids                      embedding_table  the model's input-embedding table
+    embed         ids -> shallow embeddings (mean pooled) features  counts + embeddings, cached (caches)
+    clustering    embeddings -> PCA, k-means labels, k calibration
+    orderings/    labels + token counts -> a permutation (one module per family, one registry)
+    packing       the trainer's packing rule (documents whole or split), shared by orderings and measures
+    diversity     the measures: unique clusters per window, token-share uniformity, boundary shift, coverage
+    ordering_report  --compare-strategies: every ordering measured on the user's data
+    curate        the curate pipeline, stage by stage      deep/  extract_deep_embeddings (last-layer means)
+    plots, projection  the PNGs and the 2-D projection      animate  the videos
+    cluster_compare  compare_clusterings (ARI/NMI, splits and merges)
+
+Shared plumbing: runtime (device, torchrun start-up, stage timing, progress), distributed (torchrun
+shares and gathers), atomic (atomic writes), arrays (checked .npy inputs), defaults, errors, cli.
 """
-
-__version__ = "0.1.0"

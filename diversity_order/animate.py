@@ -5,7 +5,7 @@ documents not yet placed, in input order, dimmed on the right) over a per-window
 chart that grows as windows complete, with the input order's mean as a dashed reference.
 UMAP video: every point grey, lit in its cluster colour at the frame where it is placed.
 
-Unlike the reference (a fresh matplotlib figure and a PNG per frame), the static parts are
+Unlike the original toolkit (a fresh matplotlib figure and a PNG per frame), the static parts are
 drawn once with matplotlib and every frame is painted into a numpy RGB array and streamed to
 ffmpeg as rawvideo (libx264, yuv420p, crf 18). ffmpeg is the one on PATH, else the binary
 shipped by the ``imageio-ffmpeg`` package.
@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_open
+from .arrays import check_labels, check_order, check_token_counts, load_npy
+from .atomic import atomic_open, give_plain_permissions
+from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from .diversity import summarize_windows, window_diversity
 from .errors import UserError
 
@@ -33,7 +35,6 @@ log = logging.getLogger(__name__)
 DIM_TOWARD = np.array([235, 235, 235], dtype=np.float32)  # unplaced documents: blended toward light grey
 DIM_KEEP = 0.25  # share of the cluster colour an unplaced document keeps
 CURVE_RGB = np.array([214, 39, 40], dtype=np.uint8)
-GREY_POINT = np.array([200, 200, 200], dtype=np.uint8)
 
 
 # ---------------------------------------------------------------- inputs
@@ -46,16 +47,6 @@ class AnimationInputs:
     n_clusters: int
     seq_len: int
     source: str  # where labels/order came from
-
-
-def _load_npy(path: Path, what: str) -> np.ndarray:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} {path}: file not found")
-    try:
-        return np.load(path, mmap_mode="r")
-    except (ValueError, OSError) as exc:
-        raise UserError(f"{what} {path}: not a readable .npy file ({exc})") from None
 
 
 def _resolve_beside(meta_path: Path, recorded: str) -> Path:
@@ -81,40 +72,13 @@ def read_meta(meta_path: Path) -> dict:
     return meta
 
 
-def check_labels(labels: np.ndarray, n: int, what: str) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.shape[0] != n:
-        raise UserError(f"{what}: {labels.shape} labels, but there are {n} documents")
-    if not np.issubdtype(labels.dtype, np.integer) or (n and labels.min() < 0):
-        raise UserError(f"{what}: expected non-negative integer cluster ids")
-    return labels.astype(np.int64)
-
-
-def check_order(order: np.ndarray, n: int, what: str) -> np.ndarray:
-    order = np.asarray(order)
-    if order.ndim != 1 or order.shape[0] != n or not np.issubdtype(order.dtype, np.integer):
-        raise UserError(f"{what}: expected a permutation of {n} document indices, found shape {order.shape} "
-                        f"({order.dtype})")
-    seen = np.zeros(n, dtype=bool)
-    if n and (order.min() < 0 or order.max() >= n):
-        raise UserError(f"{what}: indices outside 0..{n - 1}")
-    seen[order] = True
-    if not seen.all():
-        raise UserError(f"{what}: not a permutation ({int((~seen).sum())} documents missing)")
-    return order.astype(np.int64)
-
-
 def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path | None = None,
                 labels: Path | None = None, order: Path | None = None, n_clusters: int | None = None,
-                seq_len: int | None = None, seed: int = 42, ordering: str = "stratified") -> AnimationInputs:
+                seq_len: int | None = None, seed: int = DEFAULT_SEED, ordering: str = "stratified") -> AnimationInputs:
     """Labels and order as a curate run saved them (``--meta``, or ``--labels``/``--order``);
     k-means on the embeddings and ``ordering`` (a cluster ordering of the registry) only for what is
     not given."""
-    counts = np.asarray(_load_npy(token_counts, "--token-counts"))
-    if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer) or (counts.size and counts.min() < 0):
-        raise UserError(f"--token-counts {token_counts}: expected a 1-D array of non-negative integers, "
-                        f"found shape {counts.shape} ({counts.dtype})")
-    counts = counts.astype(np.int64)
+    counts = check_token_counts(load_npy(token_counts, "--token-counts"), f"--token-counts {token_counts}")
     n = counts.size
     if n == 0:
         raise UserError(f"--token-counts {token_counts}: no documents")
@@ -130,12 +94,12 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
             seq_len = int(m["sequence_length"])
         if labels is None:
             raise UserError(f"--meta {meta}: no labels_file recorded (an older curate run?); pass --labels")
-    seq_len = 131072 if seq_len is None else seq_len
+    seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
     if seq_len < 1:
         raise UserError(f"--seq-len {seq_len}: must be at least 1")
 
     if labels is not None:
-        lab = check_labels(_load_npy(labels, "--labels"), n, f"--labels {labels}")
+        lab = check_labels(load_npy(labels, "--labels"), n, f"--labels {labels}")
         k = max(int(lab.max()) + 1, int(meta_k or 0), int(n_clusters or 0) if meta_k is None and n_clusters else 0)
         source = f"labels from {labels}"
     else:
@@ -143,10 +107,10 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
             raise UserError("give --embeddings (to cluster), or the labels a curate run saved (--meta or --labels)")
         from .clustering import kmeans_labels
 
-        emb = _load_npy(embeddings, "--embeddings")
+        emb = load_npy(embeddings, "--embeddings")
         if emb.ndim != 2 or emb.shape[0] != n:
             raise UserError(f"--embeddings {embeddings}: shape {emb.shape}, but --token-counts has {n} documents")
-        k = 30 if n_clusters is None else n_clusters
+        k = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
         if not 1 <= k <= n:
             raise UserError(f"--n-clusters {k}: must be between 1 and the number of documents ({n})")
         emb = np.asarray(emb, dtype=np.float32)
@@ -159,10 +123,10 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
         lab = kmeans_labels(emb, k, seed)
         source = f"k-means (k={k}) on {embeddings}"
     if order is not None:
-        ordr = check_order(_load_npy(order, "--order"), n, f"--order {order}")
+        ordr = check_order(load_npy(order, "--order"), n, f"--order {order}")
         source += f", order from {order}"
     else:
-        from .ordering import CLUSTER_ORDERINGS, ORDERINGS, OrderingOptions
+        from .orderings import CLUSTER_ORDERINGS, ORDERINGS, OrderingOptions
 
         if ordering not in CLUSTER_ORDERINGS:
             raise UserError(f"--ordering {ordering}: choose a cluster ordering ({', '.join(CLUSTER_ORDERINGS)})")
@@ -207,9 +171,7 @@ class VideoWriter:
         self.shape = (height, width, 3)
         fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".mp4", dir=self.path.parent)
         os.close(fd)
-        from .atomic import _UMASK
-
-        os.chmod(self.tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the video a plain file's mode
+        give_plain_permissions(self.tmp)  # mkstemp makes 0600; give the video a plain file's mode
         self.log = tempfile.TemporaryFile()
         cmd = [ffmpeg, "-y", "-hide_banner", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
                "-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-an", "-c:v", "libx264", "-preset", preset,
@@ -273,9 +235,9 @@ def placed_per_frame(n_docs: int, n_frames: int) -> np.ndarray:
 
 
 def _figure(width: int, height: int):
-    from .plots import _pyplot
+    from .plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure(figsize=(width / 100, height / 100), dpi=100)
     return plt, fig
 
@@ -430,7 +392,7 @@ class UmapFrames:
     """Paints the UMAP video: all points grey, each lit in its cluster colour once placed."""
 
     def __init__(self, inputs: AnimationInputs, projection: np.ndarray, width: int = 1080, height: int = 1080):
-        from .plots import cluster_colors
+        from .plots import UNPLACED_RGB, cluster_colors
 
         xy = np.asarray(projection, dtype=np.float64)
         n = inputs.labels.size
@@ -461,7 +423,7 @@ class UmapFrames:
         inside = finite & (cols >= left + r) & (cols < right - r) & (rows >= top + r) & (rows < bottom - r)
         self.rows, self.cols, self.inside = rows, cols, inside
         self.canvas = self.background.copy()
-        self._paint(np.flatnonzero(inside), GREY_POINT)
+        self._paint(np.flatnonzero(inside), np.asarray(UNPLACED_RGB, dtype=np.uint8))
 
     def _paint(self, docs: np.ndarray, colour: np.ndarray) -> None:
         docs = docs[self.inside[docs]]

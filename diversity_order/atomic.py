@@ -2,7 +2,9 @@
 
 Everything users rely on (curated JSONL, caches, metadata, plots) is first written to a
 temporary file in the destination folder, flushed and fsynced, then renamed over the target.
-A crash or Ctrl-C at any point leaves at most a stray ``.tmp`` file, never a truncated target.
+A crash or Ctrl-C at any point leaves at most a stray ``.NAME.HOST.PID.RANDOM.tmp`` file, never
+a truncated target. The host and process id in the name tell a later run whether the writer is
+gone (``remove_stale_temps``); a live writer's temp file is never removed.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -25,28 +29,101 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()
+# The host as it appears in temp names: no characters a file name or the parser would trip on.
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()) or "localhost"
+# Targets this process wrote or read caches from; ``sweep_stale_temps`` looks beside them.
+_TOUCHED: set[Path] = set()
 
 
-def remove_stale_temps(path: Path | str) -> None:
-    """Delete the temp files that interrupted atomic writes to ``path`` left (``.NAME.*.tmp``).
+def give_plain_permissions(path: Path | str) -> None:
+    """The permissions a plain ``open()`` would give a new file (read/write as the umask allows)."""
+    os.chmod(path, 0o666 & ~_UMASK)
 
-    Only call this when no other process can be writing ``path`` (e.g. after the work is done).
+
+def temp_prefix(path: Path) -> str:
+    """``.NAME.HOST.PID.``: the start of the temp file names of writes to ``path`` by this process."""
+    return f".{path.name}.{_HOST}.{os.getpid()}."
+
+
+def note_target(path: Path | str) -> None:
+    """Remember ``path`` so that ``sweep_stale_temps`` also looks for dead writers' temps beside it."""
+    _TOUCHED.add(Path(path).absolute())
+
+
+def _temp_owner(path: Path, temp: Path) -> tuple[str, int] | None:
+    """(host, pid) from ``.NAME.HOST.PID.RANDOM.tmp``; None for a name without them."""
+    middle = temp.name[len(path.name) + 2 : -len(".tmp")]  # HOST.PID.RANDOM
+    parts = middle.rsplit(".", 2)
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a real writer's id: leave it alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def remove_stale_temps(path: Path | str) -> list[Path]:
+    """Delete the temp files that interrupted atomic writes to ``path`` left (``.NAME.*.tmp``),
+    when the process that wrote each one is gone; return those removed.
+
+    Safe while other runs write ``path``: a temp of a live process on this host, or of any
+    process on another host (which we cannot check), is kept. Temps without a host and PID in
+    the name were written by an older version and are removed.
     """
     path = Path(path)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
+    except OSError:
+        return removed
+    for temp in candidates:
+        owner = _temp_owner(path, temp)
+        if owner is None:
+            stale = True  # no host/PID: written by an older version, which no run of this one can be
+        else:
+            host, pid = owner
+            stale = host == _HOST and pid != os.getpid() and not _process_alive(pid)
+        if stale:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+                removed.append(temp)
+    return removed
+
+
+def sweep_stale_temps(paths: Iterable[Path | str] = ()) -> list[Path]:
+    """``remove_stale_temps`` beside every file this process wrote (or read caches from), and
+    ``paths``; for the end of a successful run, so a killed run's debris does not pile up."""
+    targets = set(_TOUCHED) | {Path(p).absolute() for p in paths}
+    _TOUCHED.clear()
+    removed = []
+    for target in sorted(targets):
+        removed += remove_stale_temps(target)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters taken literally."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 @contextlib.contextmanager
 def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
     """Open a temp file beside ``path``; on a clean exit rename it over ``path``."""
     path = Path(path)
+    note_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp creates 0600 files; give the result the permissions a plain open() would.
-        os.chmod(tmp_name, 0o666 & ~_UMASK)
+        give_plain_permissions(tmp_name)  # mkstemp creates 0600 files
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()

@@ -1,35 +1,88 @@
 """Per-row caches that know which rows are still valid.
 
-A cache is three plain files beside each other:
+A cache is a few plain files beside each other (``CacheFiles``):
 
-- ``NAME.npy``: the data, one row per record, in input order (what the reference writes);
+- ``NAME.npy``: the data, one row per record, in input order (what the original toolkit writes);
 - ``NAME.fingerprints.npy``: uint64, the fingerprint of each row's text;
-- ``NAME.cache.json``: what the rows were computed with (model, tokenizer, text field) and
-  the row count; written last, so it marks the set as complete.
+- optional extras, e.g. the flat token ids whose per-row lengths are the data;
+- ``NAME.cache.json``: the manifest, written last: what the rows were computed with (model,
+  tokenizer, text field), the row count, dtype and shape, and for every file of the set its
+  identity (size, mtime_ns, inode) and a blake2b digest of its content.
+
+The set is validated as one unit: it is trusted when every file's identity matches the manifest
+(no file is read for that); a file whose identity differs (copied, touched) is digested, and the
+set is trusted and the manifest refreshed only when every digest matches. A file replaced by
+another run writing the same cache at the same time, or swapped in from another set, fails the
+digest and the set is rejected with a reason in the log. The caller also names the dtype and row
+shape it expects, so a cache of the right key but the wrong kind of array is never used.
 
 On the next run each record's text fingerprint is looked up among the cached ones: rows whose
 text is unchanged are reused wherever they moved, only new or edited rows are recomputed,
 removed rows are dropped, and a different model or text field invalidates everything. (The
-reference compares row counts only and silently reuses stale vectors after an edit.)
+original toolkit compares row counts only and silently reuses stale vectors after an edit.)
+``CacheLookup.in_order`` says whether the set already holds exactly the current records in
+order; otherwise the caller stores it again, so the files always follow the input.
+
+Rows the named cache lacks are looked for in other sets with the same key: ones the caller
+names (``alternatives``) and ones recorded in the registry, an append-only JSON-lines file
+``registry.jsonl`` under ``$DIVERSITY_ORDER_CACHE_DIR`` (default ``$XDG_CACHE_HOME/diversity-order``
+or ``~/.cache/diversity-order``; an empty value turns it off) to which every ``store`` adds its
+set. So a run with a new output name reuses what a run with the old name computed.
+
+A cache is an optimisation: one that cannot be read is recomputed, one that cannot be written is
+a warning (``store(required=True)`` for files that are the product itself).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
-from dataclasses import dataclass
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .atomic import save_json, save_npy
+from . import atomic
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
+MANIFEST_VERSION = 2
+# Files are digested in chunks of this size, hashed in parallel (hashlib releases the GIL), and
+# the chunk digests hashed together: one blake2b pass over 2.3 GB would take several seconds alone.
+DIGEST_CHUNK = 64 << 20
+DIGEST_NAME = "blake2b-256 of 64 MiB chunk digests"
+IDENTITY = ("size", "mtime_ns", "inode")
+REGISTRY_FILE = "registry.jsonl"
+REGISTRY_COMPACT_LINES = 1000  # rewrite the registry without duplicates and gone sets beyond this many lines
+
+
+@dataclass(frozen=True)
+class CacheFiles:
+    """The files of one cache."""
+
+    data: Path
+    fingerprints: Path
+    marker: Path
+    extras: dict[str, Path] = field(default_factory=dict)
+
+
+def files_for(data_path: Path, extras: tuple[str, ...] = ()) -> CacheFiles:
+    """The usual names beside ``NAME.npy``: ``NAME.fingerprints.npy``, ``NAME.cache.json``, ``NAME.EXTRA.npy``."""
+    data_path = Path(data_path)
+    stem = data_path.name[:-4] if data_path.name.endswith(".npy") else data_path.name
+    return CacheFiles(data_path, data_path.with_name(stem + ".fingerprints.npy"), data_path.with_name(stem + ".cache.json"),
+                      {name: data_path.with_name(f"{stem}.{name}.npy") for name in extras})
+
 
 def sidecar_paths(data_path: Path) -> tuple[Path, Path]:
-    stem = data_path.name[:-4] if data_path.name.endswith(".npy") else data_path.name
-    return data_path.with_name(stem + ".fingerprints.npy"), data_path.with_name(stem + ".cache.json")
+    """(fingerprints, marker) beside ``data_path``."""
+    files = files_for(data_path)
+    return files.fingerprints, files.marker
 
 
 @dataclass
@@ -39,52 +92,514 @@ class CacheLookup:
     data: np.ndarray | None  # rows for the current records, valid where ``hit``
     hit: np.ndarray  # bool per current record
     reason: str  # why nothing (or what) was reused, for the log
+    source: np.ndarray | None = None  # int64 per current record: its row in ``cached`` (-1: none, or from another set)
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # the extras of ``files``, memory-mapped
+    cached: np.ndarray | None = None  # the rows of ``files`` as stored, memory-mapped
+    key: dict | None = None  # the key the reused rows were computed with
+    in_order: bool = False  # ``files`` holds exactly the current records, in order: nothing to store
+    files: CacheFiles | None = None  # the valid set that ``source``, ``cached`` and ``extras`` refer to
 
     @property
     def missing_rows(self) -> np.ndarray:
         return np.flatnonzero(~self.hit)
 
 
-def lookup(data_path: Path, key: dict, fingerprints: np.ndarray, accept_any_key: bool = False) -> CacheLookup:
+def _files(target: Path | CacheFiles) -> CacheFiles:
+    return target if isinstance(target, CacheFiles) else files_for(target)
+
+
+def _roles(files: CacheFiles) -> dict[str, Path]:
+    """Every file of the set by its role in the manifest."""
+    return {"data": files.data, "fingerprints": files.fingerprints,
+            **{f"extra:{name}": path for name, path in files.extras.items()}}
+
+
+def _normal(obj):
+    """``obj`` as it reads back from JSON, so keys compare equal across a round trip (tuples, numpy ints)."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=atomic._json_default))
+
+
+# ---- digests -------------------------------------------------------------------------------------
+
+
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _hash_parts(parts) -> bytes:
+    digest = hashlib.blake2b(digest_size=32)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+def _combine(chunk_digests: list[bytes], size: int) -> str:
+    digest = hashlib.blake2b(digest_size=32)
+    digest.update(f"{size}:".encode())
+    for chunk in chunk_digests:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _chunks(pieces: list[memoryview]) -> list[list[memoryview]]:
+    """The bytes of ``pieces`` back to back, cut into DIGEST_CHUNK-sized lists of views (no copies)."""
+    chunks, current, size = [], [], 0
+    for piece in pieces:
+        at = 0
+        while at < len(piece):
+            take = min(DIGEST_CHUNK - size, len(piece) - at)
+            current.append(piece[at : at + take])
+            size += take
+            at += take
+            if size == DIGEST_CHUNK:
+                chunks.append(current)
+                current, size = [], 0
+    if current or not chunks:
+        chunks.append(current)
+    return chunks
+
+
+def _write_digesting(pieces: list[memoryview], write) -> str:
+    """Write ``pieces`` with ``write`` while other threads digest them; the file's digest."""
+    chunks = _chunks(pieces)
+    size = sum(len(piece) for piece in pieces)
+    if len(chunks) == 1:
+        for piece in pieces:
+            write(piece)
+        return _combine([_hash_parts(chunks[0])], size)
+    with ThreadPoolExecutor(_workers()) as pool:
+        futures = [pool.submit(_hash_parts, chunk) for chunk in chunks]
+        for piece in pieces:
+            write(piece)
+        return _combine([future.result() for future in futures], size)
+
+
+def _digest_fd(fd: int, size: int) -> str:
+    """The digest of the open file ``fd`` (``size`` bytes), read chunk by chunk in parallel."""
+    starts = range(0, max(size, 1), DIGEST_CHUNK)
+
+    def chunk_digest(start: int) -> bytes:
+        return _hash_parts([os.pread(fd, min(DIGEST_CHUNK, size - start), start)] if size else [])
+
+    if len(starts) == 1:
+        return _combine([chunk_digest(0)], size)
+    with ThreadPoolExecutor(_workers()) as pool:
+        return _combine(list(pool.map(chunk_digest, starts)), size)
+
+
+def _identity(stat: os.stat_result) -> dict:
+    return {"size": int(stat.st_size), "mtime_ns": int(stat.st_mtime_ns), "inode": int(stat.st_ino)}
+
+
+# ---- reading and writing one .npy ----------------------------------------------------------------
+
+
+def _write_npy(path: Path, array: np.ndarray) -> dict:
+    """``np.save`` atomically; the file's manifest entry (identity of the file written, digest)."""
+    array = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    fields = np.lib.format.header_data_from_array_1_0(array)
+    try:
+        np.lib.format.write_array_header_1_0(header, fields)
+    except ValueError:  # a header too long for format 1.0
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, fields)
+    pieces = [memoryview(header.getvalue()), memoryview(array.reshape(-1).view(np.uint8))]
+    with atomic.atomic_open(path, "wb") as handle:
+        digest = _write_digesting(pieces, handle.write)
+        handle.flush()
+        os.fsync(handle.fileno())
+        # The temp file's identity is the target's after the rename (rename keeps inode and
+        # mtime); taken here, not by stat after the rename, which might see another writer's file.
+        identity = _identity(os.fstat(handle.fileno()))
+    return {"name": path.name, **identity, "blake2b": digest}
+
+
+@dataclass
+class _Npy:
+    handle: io.BufferedReader
+    stat: os.stat_result
+    array: np.ndarray
+
+
+def _open_npy(path: Path) -> _Npy:
+    """The array of ``path`` memory-mapped, with the identity of the very file mapped."""
+    handle = open(path, "rb")  # noqa: SIM115 (closed by the caller)
+    try:
+        stat = os.fstat(handle.fileno())
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+        else:
+            raise ValueError(f".npy format {version} is not one this package writes")
+        if dtype.hasobject:
+            raise ValueError("holds Python objects")
+        offset = handle.tell()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if stat.st_size != offset + nbytes:
+            raise ValueError(f"{stat.st_size} bytes where its header says {offset + nbytes}")
+        order = "F" if fortran else "C"
+        array = np.zeros(shape, dtype, order=order) if nbytes == 0 else \
+            np.memmap(handle, dtype=dtype, mode="r", shape=shape, offset=offset, order=order)
+        return _Npy(handle, stat, array)
+    except BaseException:
+        handle.close()
+        raise
+
+
+# ---- one validated set ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Set:
+    files: CacheFiles
+    meta: dict
+    fingerprints: np.ndarray
+    data: np.ndarray
+    extras: dict[str, np.ndarray]
+    legacy: bool  # a marker without a manifest (written before manifests existed)
+
+
+@dataclass(frozen=True)
+class _Expect:
+    dtype: np.dtype | None
+    row_shape: tuple | None  # None entries: any size
+
+    def matches(self, array: np.ndarray) -> bool:
+        if self.dtype is not None and array.dtype != self.dtype:
+            return False
+        if self.row_shape is None:
+            return True
+        rows = array.shape[1:]
+        return len(rows) == len(self.row_shape) and all(w is None or w == r for w, r in zip(self.row_shape, rows))
+
+    def describe(self) -> str:
+        shape = "x".join("D" if w is None else str(w) for w in self.row_shape) if self.row_shape else "scalar"
+        return f"{self.dtype or 'any'} rows of shape {shape if self.row_shape is not None else 'any'}"
+
+
+def _describe(array: np.ndarray) -> str:
+    return f"{array.dtype} rows of shape {'x'.join(map(str, array.shape[1:])) or 'scalar'}"
+
+
+def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | str:
+    """The set of ``files`` when it is complete, of ``key`` (None: any) and ``expect``; else why not."""
+    name = files.data.name
+    for path in _roles(files).values():
+        atomic.note_target(path)  # a killed writer's temps beside it are swept at the end of the run
+    try:
+        meta = json.loads(files.marker.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        if files.data.exists():
+            return f"{name} has no fingerprints to check it against the input; recomputing"
+        return "no cache yet"
+    except (OSError, ValueError) as exc:
+        return f"{files.marker.name} unreadable ({exc}); recomputing"
+    stored_key = meta.get("key") if isinstance(meta.get("key"), dict) else {}
+    if key is not None and stored_key != _normal(key):
+        changed = sorted(k for k in set(key) | set(stored_key) if _normal(key).get(k) != stored_key.get(k))
+        return f"{name} was computed with a different {', '.join(changed)}; recomputing all rows"
+    opened: dict[str, _Npy] = {}
+    try:
+        try:
+            for role, path in _roles(files).items():
+                opened[role] = _open_npy(path)
+        except (OSError, ValueError) as exc:
+            return f"{name} cache unreadable ({exc}); recomputing"
+        data, fps = opened["data"].array, opened["fingerprints"].array
+        extras = {role[6:]: npy.array for role, npy in opened.items() if role.startswith("extra:")}
+        if fps.ndim != 1 or fps.dtype != np.uint64:
+            return f"{files.fingerprints.name} is not one uint64 per row; recomputing"
+        if data.ndim < 1 or not (data.shape[0] == fps.shape[0] == meta.get("rows")):
+            return f"{name} cache files disagree on the row count; recomputing"
+        if any(meta.get("extras", {}).get(extra) != int(array.shape[0]) for extra, array in extras.items()):
+            return f"{name} cache files disagree on their sizes; recomputing"
+        if not expect.matches(data):
+            return f"{name} holds {_describe(data)}, expected {expect.describe()}; recomputing"
+        legacy = "files" not in meta
+        if not legacy:
+            problem = _check_manifest(files, meta, opened)
+            if problem:
+                return problem
+        return _Set(files, meta, np.asarray(fps), data, extras, legacy)
+    finally:
+        for npy in opened.values():
+            npy.handle.close()  # the memory maps stay valid
+
+
+def _check_manifest(files: CacheFiles, meta: dict, opened: dict[str, _Npy]) -> str | None:
+    """None when every file is the one the manifest describes; digests only files whose identity changed."""
+    recorded = meta.get("files")
+    if not isinstance(recorded, dict) or set(recorded) != set(opened):
+        return f"{files.marker.name} lists other files than the set has; recomputing"
+    changed = [role for role, npy in opened.items()
+               if _identity(npy.stat) != {k: recorded[role].get(k) for k in IDENTITY}]
+    if not changed:
+        return None
+    for role in changed:
+        npy = opened[role]
+        if _digest_fd(npy.handle.fileno(), npy.stat.st_size) != recorded[role].get("blake2b"):
+            return (f"{Path(npy.handle.name).name} is not the file {files.marker.name} was written "
+                    f"with (replaced afterwards, e.g. by another run writing the same cache at the same time, or "
+                    f"swapped with another set's); recomputing")
+    # Same content under a new identity (copied, touched, restored from a backup): remember the
+    # new identity so the next run need not read the files again.
+    refreshed = dict(meta, files={role: dict(entry, **_identity(opened[role].stat)) if role in changed else entry
+                                  for role, entry in recorded.items()})
+    try:
+        atomic.save_json(files.marker, refreshed)
+        log.info("%s changed on disk (copied or touched) but hold the content recorded in %s; manifest updated",
+                 ", ".join(Path(opened[role].handle.name).name for role in changed), files.marker.name)
+    except OSError as exc:
+        log.info("%s: content verified, but the manifest could not be updated (%s)", files.marker.name, exc)
+    return None
+
+
+# ---- lookup --------------------------------------------------------------------------------------
+
+
+def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accept_any_key: bool = False, *,
+           dtype=None, row_shape: tuple | None = None, alternatives: tuple = (), registry: bool = True) -> CacheLookup:
     """Reuse cached rows whose text fingerprint matches a current record's.
 
+    ``dtype`` and ``row_shape`` (the shape of one row; () for one number per record, None in it
+    for any size) are what the caller can use: a set holding anything else is rejected.
     ``accept_any_key``: reuse rows computed with whatever model the cache names (used when
     the caller has no model to compare against, e.g. token counts without a tokenizer).
+    Rows the target lacks come from the valid set with the most of them among ``alternatives``
+    and the registered sets of the same key (``registry``; not for caches with extras); a set
+    among the target and ``alternatives`` that holds exactly the current records, in order, is
+    used as it is (``in_order``).
     """
+    files = _files(target)
     n = fingerprints.shape[0]
-    nothing = lambda reason: CacheLookup(None, np.zeros(n, dtype=bool), reason)  # noqa: E731
-    fp_path, meta_path = sidecar_paths(data_path)
-    if not meta_path.exists():
-        if data_path.exists():
-            return nothing(f"{data_path.name} has no fingerprints to check it against the input; recomputing")
-        return nothing("no cache yet")
-    try:
-        meta = json.loads(meta_path.read_text())
-        cached_fp = np.load(fp_path)
-        cached = np.load(data_path, mmap_mode="r")
-    except (OSError, ValueError) as exc:
-        return nothing(f"{data_path.name} cache unreadable ({exc}); recomputing")
-    if not (cached.shape[0] == cached_fp.shape[0] == meta.get("rows")):
-        return nothing(f"{data_path.name} cache files disagree on the row count; recomputing")
-    if meta.get("key") != key and not accept_any_key:
-        changed = sorted(k for k in set(key) | set(meta.get("key", {})) if key.get(k) != meta.get("key", {}).get(k))
-        return nothing(f"{data_path.name} was computed with a different {', '.join(changed)}; recomputing all rows")
-    order = np.argsort(cached_fp, kind="stable")
-    sorted_fp = cached_fp[order]
-    pos = np.searchsorted(sorted_fp, fingerprints)
-    pos_clipped = np.minimum(pos, max(sorted_fp.size - 1, 0))
-    hit = (pos < sorted_fp.size) & (sorted_fp[pos_clipped] == fingerprints) if sorted_fp.size else np.zeros(n, bool)
-    data = np.zeros((n,) + cached.shape[1:], dtype=cached.dtype)
+    expect = _Expect(None if dtype is None else np.dtype(dtype), None if row_shape is None else tuple(row_shape))
+    want = None if accept_any_key else key
+    named = _open_set(files, want, expect)
+    reason = named if isinstance(named, str) else None
+    named = None if isinstance(named, str) else named
+    if named is not None and not named.legacy and np.array_equal(named.fingerprints, fingerprints):
+        return _whole(named, n, f"all {n} rows reused from {files.data.name}")
+    if named is not None and want is None:
+        want = named.meta.get("key")  # other sets must agree with the one the target holds
+    others = []
+    for alternative in map(_files, alternatives):
+        found = _open_set(alternative, want, expect) if alternative.marker != files.marker else "the target"
+        if isinstance(found, str):
+            if found not in ("no cache yet", "the target"):
+                log.info("%s: %s", alternative.data, found)
+            continue
+        if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
+            return _whole(found, n, f"all {n} rows reused from {alternative.data}")
+        others.append(found)
+
+    source = match_rows(named.fingerprints, fingerprints) if named is not None else np.full(n, -1, np.int64)
+    hit = source >= 0
+    filler, filled = None, np.zeros(n, dtype=bool)
+    if not hit.all() and not files.extras:  # extras index the target's own rows: no mixing sets there
+        filler, filler_source = _best_other(others, files, want, expect, fingerprints, hit,
+                                            registry and want is not None)
+        if filler is not None and named is not None and (filler.data.dtype, filler.data.shape[1:]) != \
+                (named.data.dtype, named.data.shape[1:]):
+            filler = None  # rows of another kind (only possible when the caller names no dtype or shape)
+        if filler is not None:
+            filled = ~hit & (filler_source >= 0)
+    base = named if named is not None else filler
+    if base is None:
+        return CacheLookup(None, np.zeros(n, dtype=bool), reason or "no cache yet")
+    data = np.zeros((n,) + base.data.shape[1:], dtype=base.data.dtype)
     if hit.any():
-        data[hit] = cached[order[pos_clipped[hit]]]
-    return CacheLookup(data, hit, f"{int(hit.sum())} of {n} rows reused from {data_path.name}")
+        data[hit] = named.data[source[hit]]
+    if filled.any():
+        data[filled] = filler.data[filler_source[filled]]
+    if reason:
+        parts = [reason if files.data.name in reason else f"{files.data.name}: {reason}"]
+    else:
+        parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"]
+    if filled.any():
+        parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} (a cache of the same key)")
+    if named is not None and named.legacy:
+        parts.append("older cache format without a manifest: it is rewritten")
+    if named is None:
+        return CacheLookup(data, filled, "; ".join(parts), np.full(n, -1, np.int64), key=filler.meta.get("key"))
+    return CacheLookup(data, hit | filled, "; ".join(parts), source, named.extras, named.data, named.meta.get("key"),
+                       False, files)
 
 
-def store(data_path: Path, key: dict, fingerprints: np.ndarray, data: np.ndarray) -> None:
-    """Write the cache; the marker goes last, so a crash mid-way leaves no trusted set."""
-    fp_path, meta_path = sidecar_paths(data_path)
-    meta_path.unlink(missing_ok=True)
-    save_npy(data_path, data)
-    save_npy(fp_path, fingerprints.astype(np.uint64))
-    save_json(meta_path, {"key": key, "rows": int(data.shape[0]), "dtype": str(data.dtype),
-                          "shape": list(data.shape)})
+def _whole(found: _Set, n: int, reason: str) -> CacheLookup:
+    # Already in order: a sequential copy, much faster than gathering row by row.
+    return CacheLookup(np.array(found.data), np.ones(n, dtype=bool), reason, np.arange(n, dtype=np.int64),
+                       found.extras, found.data, found.meta.get("key"), True, found.files)
+
+
+def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect: _Expect, fingerprints: np.ndarray,
+                hit: np.ndarray, use_registry: bool) -> tuple[_Set | None, np.ndarray | None]:
+    """Of ``others`` and the registered sets of ``key``, the valid one holding most of the missing records."""
+    missing = fingerprints[~hit]
+    ranked: list[tuple[int, object]] = [(int((match_rows(s.fingerprints, missing) >= 0).sum()), s) for s in others]
+    if use_registry and key is not None:
+        seen = {files.marker.absolute()} | {s.files.marker.absolute() for s in others}
+        for candidate in registered_sets(key):
+            if candidate.marker.absolute() in seen:
+                continue
+            try:  # a first count from the fingerprints alone; the set is validated if it is chosen
+                count = int((match_rows(np.load(candidate.fingerprints), missing) >= 0).sum())
+            except (OSError, ValueError):
+                continue
+            ranked.append((count, candidate))
+    ranked.sort(key=lambda pair: -pair[0])
+    for count, candidate in ranked:
+        if count == 0:
+            break
+        if isinstance(candidate, CacheFiles):
+            opened = _open_set(candidate, key, expect)
+            if isinstance(opened, str):
+                log.info("Registered cache %s skipped: %s", candidate.data, opened)
+                continue
+            candidate = opened
+        source = match_rows(candidate.fingerprints, fingerprints)
+        if (source[~hit] >= 0).any():
+            return candidate, source
+    return None, None
+
+
+def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.ndarray:
+    """For each fingerprint, the index of an equal one among ``cached_fingerprints`` (-1: none)."""
+    source = np.full(fingerprints.shape[0], -1, dtype=np.int64)
+    if cached_fingerprints.size == 0:
+        return source
+    order = np.argsort(cached_fingerprints, kind="stable")
+    pos = np.searchsorted(cached_fingerprints[order], fingerprints)
+    clipped = np.minimum(pos, cached_fingerprints.size - 1)
+    hit = (pos < cached_fingerprints.size) & (cached_fingerprints[order[clipped]] == fingerprints)
+    source[hit] = order[clipped[hit]]
+    return source
+
+
+# ---- store ---------------------------------------------------------------------------------------
+
+
+def store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: np.ndarray,
+          extras: dict[str, np.ndarray] | None = None, *, required: bool = False) -> bool:
+    """Write the set; the manifest goes last, so a crash mid-way leaves no trusted set. True when written.
+
+    A cache that cannot be written (read-only folder, immutable file, full disk) is a warning
+    and False; with ``required`` (the file is the product, not a cache) a one-line error.
+    """
+    problem = try_store(target, key, fingerprints, data, extras)
+    if problem is None:
+        return True
+    if required:
+        raise UserError(f"cannot write {_files(target).data}: {problem}")
+    log.warning("Cache %s not written (%s); the run goes on without it", _files(target).data, problem)
+    return False
+
+
+def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: np.ndarray,
+              extras: dict[str, np.ndarray] | None = None) -> str | None:
+    """``store`` without the warning: None when written, else why not."""
+    files = _files(target)
+    extras = extras or {}
+    if data.shape[0] != fingerprints.shape[0]:
+        raise ValueError(f"{files.data.name}: {data.shape[0]} rows but {fingerprints.shape[0]} fingerprints")
+    try:
+        files.marker.unlink(missing_ok=True)  # the set is being rewritten: untrusted until its manifest is back
+        written = {f"extra:{name}": _write_npy(files.extras[name], array) for name, array in extras.items()}
+        written["data"] = _write_npy(files.data, data)
+        written["fingerprints"] = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
+        manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(data.shape[0]),
+                    "dtype": str(data.dtype), "shape": list(data.shape), "digest": DIGEST_NAME, "files": written}
+        if extras:
+            manifest["extras"] = {name: int(array.shape[0]) for name, array in extras.items()}
+        atomic.save_json(files.marker, manifest)
+    except OSError as exc:
+        return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+    if not files.extras:
+        _register(files, manifest)
+    return None
+
+
+# ---- registry ------------------------------------------------------------------------------------
+
+
+def registry_dir() -> Path | None:
+    """Where the registry lives (read at each call, so tests and users can point it elsewhere); None: off."""
+    value = os.environ.get("DIVERSITY_ORDER_CACHE_DIR")
+    if value is not None:
+        return Path(value).expanduser() if value.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "diversity-order"
+
+
+_registry_warned = False
+
+
+def _registry_problem(path: Path, exc: OSError) -> None:
+    global _registry_warned
+    if not _registry_warned:  # once per process: the runs work the same without it
+        _registry_warned = True
+        log.warning("Cache registry %s not usable (%s): caches are found by their names only "
+                    "(set DIVERSITY_ORDER_CACHE_DIR to another folder, or to '' to turn it off)", path,
+                    exc.strerror or exc)
+
+
+def _register(files: CacheFiles, manifest: dict) -> None:
+    folder = registry_dir()
+    if folder is None:
+        return
+    path = folder / REGISTRY_FILE
+    entry = {"data": str(files.data.absolute()), "fingerprints": str(files.fingerprints.absolute()),
+             "marker": str(files.marker.absolute()), "key": manifest["key"], "dtype": manifest["dtype"],
+             "shape": manifest["shape"]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # One O_APPEND write per entry: concurrent runs never interleave their lines.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _registry_problem(path, exc)
+
+
+def registered_sets(key: dict) -> list[CacheFiles]:
+    """The sets registered with ``key`` whose manifest still exists, most recently stored first."""
+    folder = registry_dir()
+    if folder is None:
+        return []
+    path = folder / REGISTRY_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        _registry_problem(path, exc if isinstance(exc, OSError) else OSError(str(exc)))
+        return []
+    entries: dict[str, dict] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            entries.pop(entry["marker"], None)  # re-inserted: the latest entry of a set counts, in store order
+            entries[entry["marker"]] = entry
+        except (ValueError, KeyError, TypeError):
+            continue
+    alive = {marker: entry for marker, entry in entries.items() if Path(marker).exists()}
+    if len(lines) > REGISTRY_COMPACT_LINES and len(lines) > 2 * len(alive):
+        _compact(path, alive)
+    want = _normal(key)
+    return [CacheFiles(Path(e["data"]), Path(e["fingerprints"]), Path(e["marker"]))
+            for e in reversed(alive.values()) if e.get("key") == want]
+
+
+def _compact(path: Path, alive: dict[str, dict]) -> None:
+    """Rewrite the registry with one line per existing set (a line appended meanwhile may be lost: it is only a hint)."""
+    try:
+        with atomic.atomic_open(path, "w") as handle:
+            handle.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in alive.values())
+    except OSError as exc:
+        _registry_problem(path, exc)

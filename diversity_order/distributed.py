@@ -38,6 +38,23 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+TIMEOUT_ENV = "DIVERSITY_ORDER_DIST_TIMEOUT_SECONDS"
+# Ranks wait for each other at stage boundaries while one of them does a long single-process step
+# (tokenizing uncached records, writing the output): the collectives' default 10 minutes is too short.
+DEFAULT_TIMEOUT_SECONDS = 4 * 3600
+
+
+def collective_timeout():
+    """How long a rank waits at a collective before giving up (``DIVERSITY_ORDER_DIST_TIMEOUT_SECONDS``)."""
+    import datetime
+
+    try:
+        seconds = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_SECONDS))
+    except ValueError:
+        seconds = DEFAULT_TIMEOUT_SECONDS
+    return datetime.timedelta(seconds=max(seconds, 60.0))
+
+
 def init_from_env(use_cuda: bool) -> DistContext:
     """Join the process group torchrun set up; a single process gets the trivial context."""
     if not launched_by_torchrun():
@@ -46,7 +63,7 @@ def init_from_env(use_cuda: bool) -> DistContext:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=collective_timeout())
     ctx = DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
     if use_cuda:
         torch.cuda.set_device(ctx.local_rank)

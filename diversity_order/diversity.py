@@ -1,14 +1,20 @@
-"""Diversity statistics: unique clusters per packed window, and embedding similarity.
+"""Ordering measures: unique clusters per packed window, token-share uniformity, epoch-boundary
+shift and coverage; and embedding similarity.
 
-``window_diversity`` simulates a trainer packing documents, in order, into ``seq_len``-token
-windows without splitting documents across a window boundary, exactly as the reference does,
-compiled with numba (one pass, an O(K) stamp array instead of a Python set per window).
+The window measures walk documents, in order, through the trainer's ``seq_len``-token windows
+with the packing rule of ``packing.py`` (documents whole by default, exactly as the original
+toolkit counts), compiled with numba: one pass, an O(K) stamp array instead of a set per window.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from . import matrix
+from .defaults import DEFAULT_SEED
+from .matrix import Matrix
+from .packing import n_pieces, packing_model, piece_tokens, place
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -20,67 +26,94 @@ def _push(out, n_out, value):
     return out, n_out + 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _close_counting(out, docs_out, n_out, unique, docs, fill, window):
+    """Close the open window: a finished window if it holds tokens. Returns (out, docs_out, n_out, window, unique, docs, fill)."""
+    if fill > 0:
+        out, _ = _push(out, n_out, unique)
+        docs_out, n_out = _push(docs_out, n_out, docs)
+    return out, docs_out, n_out, window + 1, 0, 0, 0
+
+
 @njit(cache=True, nogil=True)
-def _window_diversity(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int) -> np.ndarray:
-    # stamp[c] == window means cluster c is already in the current window's set S.
+def _window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int, model: int):
+    # Per window: unique clusters and documents present. stamp[c] == window means cluster c is
+    # already in the open window's set; `unique` is its size, `docs` the documents placed in it.
     stamp = np.full(n_clusters, -1, dtype=np.int64)
     window = 0
-    unique = 0  # |S|
-    fill = 0  # F, tokens in the current window
+    unique = 0
+    docs = 0
+    fill = 0
     out = np.empty(labels.shape[0] * 2 + 1, dtype=np.int64)
+    docs_out = np.empty_like(out)
     n_out = 0
     for i in range(labels.shape[0]):
         c = labels[i]
-        t = token_counts[i]
-        if fill + t <= seq_len:
+        close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
+        if close_first:
+            out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill,
+                                                                               window)
+        for piece in range(n_pieces(n_full, tail)):
+            if piece > 0:
+                out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs,
+                                                                                   fill, window)
             if stamp[c] != window:
                 stamp[c] = window
                 unique += 1
-            fill += t
-        else:
-            if fill > 0:
-                out, n_out = _push(out, n_out, unique)
-            window += 1
-            stamp[c] = window
-            unique = 1
-            fill = t
-            while fill >= seq_len:
-                out, n_out = _push(out, n_out, unique)
-                fill -= seq_len
-                window += 1
-                if fill > 0:
-                    stamp[c] = window
-                    unique = 1
-                else:
-                    unique = 0
+            docs += 1
+            fill += piece_tokens(piece, head, n_full, tail, seq_len)
+        if close_last:
+            out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill,
+                                                                               window)
     if unique > 0:
-        out, n_out = _push(out, n_out, unique)
+        out, _ = _push(out, n_out, unique)
+        docs_out, n_out = _push(docs_out, n_out, docs)
     if n_out == 0:
-        return np.zeros(1, dtype=np.int64)
-    return out[:n_out].copy()
+        return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    return out[:n_out].copy(), docs_out[:n_out].copy()
 
 
-def window_diversity(
-    labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None
-) -> np.ndarray:
-    """Unique clusters in each ``seq_len`` window when documents are packed in ``order``.
-
-    Documents are never split: one that does not fit closes the window; one longer than
-    ``seq_len`` fills whole windows by itself. No windows at all gives ``[0]``.
-    """
-    if seq_len < 1:
-        raise ValueError("seq_len must be at least 1")
+def _in_order(labels, token_counts, order):
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if order is not None:
         order = np.asarray(order, dtype=np.int64)
         labels, counts = labels[order], counts[order]
+    return labels, counts
+
+
+def window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
+                  packing: str = "whole") -> tuple[np.ndarray, np.ndarray]:
+    """Per ``seq_len`` window, in order: (unique clusters, documents present), documents packed in ``order``.
+
+    ``packing`` is the trainer's packing model (see ``packing.py``); with "whole" documents are
+    never split: one that does not fit closes the window; one longer than ``seq_len`` fills whole
+    windows by itself. No windows at all gives ``[0]``, ``[0]``.
+    """
+    if seq_len < 1:
+        raise ValueError("seq_len must be at least 1")
+    labels, counts = _in_order(labels, token_counts, order)
     n_clusters = int(labels.max()) + 1 if labels.size else 1
-    return _window_diversity(labels, counts, int(seq_len), n_clusters)
+    return _window_counts(labels, counts, int(seq_len), n_clusters, packing_model(packing))
+
+
+def window_diversity(
+    labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
+    packing: str = "whole",
+) -> np.ndarray:
+    """Unique clusters in each ``seq_len`` window when documents are packed in ``order`` (see ``window_counts``)."""
+    return window_counts(labels, token_counts, seq_len, order, packing)[0]
+
+
+def efficiency(unique: np.ndarray, documents: np.ndarray, n_present: int) -> float:
+    """Unique clusters over the most possible: a window holds at most min(clusters present in the data,
+    documents in the window) clusters. 1.0 means no ordering could do better on these windows."""
+    bound = np.minimum(documents, n_present).sum()
+    return float(unique.sum() / bound) if bound else 1.0
 
 
 def summarize_windows(diversity: np.ndarray) -> dict:
-    """mean and population std rounded to 2 decimals, min, max, n_sequences (as the reference)."""
+    """mean and population std rounded to 2 decimals, min, max, n_sequences (as the original toolkit)."""
     values = np.asarray(diversity, dtype=np.float64)
     return {
         "mean": round(float(values.mean()), 2),
@@ -91,29 +124,51 @@ def summarize_windows(diversity: np.ndarray) -> dict:
     }
 
 
-def similarity_stats(embeddings: np.ndarray, seed: int = 42, max_samples: int = 5000) -> dict:
+def similarity_stats(embeddings: Matrix, seed: int = DEFAULT_SEED, max_samples: int = 5000, block_rows: int = 512) -> dict:
     """Pairwise cosine similarity over a seeded sample of at most ``max_samples`` unit rows.
 
     Upper triangle without the diagonal; mean, std and median to 4 decimals, the number of
     pairs above 0.9 and the number of pairs. With fewer than two rows there are no pairs, and
-    the statistics are None (the reference would report NaN).
+    the statistics are None (the original toolkit would report NaN).
+
+    The similarities are computed ``block_rows`` rows at a time, each row only against the rows
+    after it, into one float32 array of the pairs in ``np.triu_indices`` order, and numpy's
+    float32 mean, std and median run on that array as they did on the dense matrix's triangle.
+    Extra memory: 4 bytes per pair, 4 more while the std runs, and one block (100 MB at 5,000
+    rows; the dense matrix with its triangle's index arrays took 350 MB). Each block is
+    multiplied in float64 and rounded once to float32: a float32 product's last bit depends
+    on how BLAS tiles the matrix (block shape, thread count, CPU), so without this the count
+    above 0.9 could change by a pair or two with the block size or the machine.
     """
-    n = embeddings.shape[0]
+    n = matrix.shape(embeddings)[0]
     size = min(max_samples, n)
     rows = np.random.RandomState(seed).choice(n, size, replace=False)
-    sample = np.asarray(embeddings[rows], dtype=np.float32)
+    sample = matrix.read_rows(embeddings, rows)
     n_pairs = size * (size - 1) // 2
     if n_pairs == 0:
         return {"sample_size": int(size), "mean": None, "std": None, "median": None,
                 "n_above_0.9": 0, "n_pairs": 0}
-    cosine = sample @ sample.T
-    upper = cosine[np.triu_indices(size, k=1)]
+    sample64 = sample.astype(np.float64)
+    upper = np.empty(n_pairs, dtype=np.float32)
+    filled = 0
+    above = 0
+    for start in range(0, size - 1, block_rows):
+        stop = min(start + block_rows, size - 1)
+        block = sample64[start:stop] @ sample64[start:].T  # rows start..stop-1 against columns start..size-1
+        block_begin = filled
+        for offset in range(stop - start):
+            pairs = block[offset, offset + 1 :]  # row start+offset against the rows after it
+            upper[filled : filled + pairs.size] = pairs  # rounded to float32 here
+            filled += pairs.size
+        above += int(np.count_nonzero(upper[block_begin:filled] > 0.9))
+    del sample64, block
+    mean, std = upper.mean(), upper.std()  # before the median, which reorders the array in place
     return {
         "sample_size": int(size),
-        "mean": round(float(upper.mean()), 4),
-        "std": round(float(upper.std()), 4),
-        "median": round(float(np.median(upper)), 4),
-        "n_above_0.9": int((upper > 0.9).sum()),
+        "mean": round(float(mean), 4),
+        "std": round(float(std), 4),
+        "median": round(float(np.median(upper, overwrite_input=True)), 4),
+        "n_above_0.9": above,
         "n_pairs": int(n_pairs),
     }
 
@@ -129,62 +184,49 @@ def global_token_shares(labels: np.ndarray, token_counts: np.ndarray, n_clusters
     return tokens / total if total > 0 else tokens
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _close_measuring(out, n_out, window_tokens, fill, shares):
+    """Close the open window: if it holds tokens, record max_k |its share of k - tau_k|. Returns (out, n_out, fill)."""
+    if fill > 0:
+        worst = 0.0
+        for k in range(shares.shape[0]):
+            d = abs(window_tokens[k] / fill - shares[k])
+            if d > worst:
+                worst = d
+            window_tokens[k] = 0
+        out, n_out = _push(out, n_out, worst)
+    return out, n_out, 0
+
+
 @njit(cache=True, nogil=True)
-def _window_share_deviation(labels, token_counts, seq_len, shares):
-    # Same packing as _window_diversity; per window, max_k |tokens_k / window_tokens - tau_k|.
-    n_clusters = shares.shape[0]
-    window_tokens = np.zeros(n_clusters, dtype=np.int64)
+def _window_share_deviation(labels, token_counts, seq_len, shares, model):
+    # Per finished window, max_k |tokens_k / window_tokens - tau_k|; windows packed as in _window_diversity.
+    window_tokens = np.zeros(shares.shape[0], dtype=np.int64)
     out = np.empty(16, dtype=np.float64)
     n_out = 0
     fill = 0
-    i = 0
-    n = labels.shape[0]
-    while i <= n:
-        close = i == n
-        if not close:
-            c = labels[i]
-            t = token_counts[i]
-            if fill + t <= seq_len:
-                window_tokens[c] += t
-                fill += t
-                i += 1
-                continue
-            close = True
-        if fill > 0:
-            worst = 0.0
-            for k in range(n_clusters):
-                d = abs(window_tokens[k] / fill - shares[k])
-                if d > worst:
-                    worst = d
-                window_tokens[k] = 0
-            out, n_out = _push(out, n_out, worst)
-            fill = 0
-        if i == n:
-            break
-        # The document that did not fit opens the next window; one longer than seq_len fills
-        # whole windows alone (share 1 for its cluster), as in the diversity count.
+    for i in range(labels.shape[0]):
         c = labels[i]
-        t = token_counts[i]
-        worst_alone = 0.0
-        for k in range(n_clusters):
-            d = (1.0 - shares[k]) if k == c else shares[k]
-            if d > worst_alone:
-                worst_alone = d
-        while t >= seq_len:
-            out, n_out = _push(out, n_out, worst_alone)
-            t -= seq_len
-        if t > 0:
-            window_tokens[c] += t
-            fill = t
-        i += 1
+        close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
+        if close_first:
+            out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+        for piece in range(n_pieces(n_full, tail)):
+            if piece > 0:
+                out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+            tokens = piece_tokens(piece, head, n_full, tail, seq_len)
+            window_tokens[c] += tokens
+            fill += tokens
+        if close_last:
+            out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+    out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
     return out[:n_out].copy()
 
 
 def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
-                           n_clusters: int | None = None) -> np.ndarray:
+                           n_clusters: int | None = None, packing: str = "whole") -> np.ndarray:
     """Token-share uniformity per packed window: max over clusters of |share in window - global share|.
 
-    The objective of seed 004 evaluated on the trainer's windows (packed as in ``window_diversity``).
+    The token-share greedy's objective, evaluated on the trainer's windows (packed as in ``window_diversity``).
     0 means the window holds exactly the corpus mix; 1 is the worst possible.
     """
     if seq_len < 1:
@@ -196,7 +238,7 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     if order is not None:
         order = np.asarray(order, dtype=np.int64)
         labels, counts = labels[order], counts[order]
-    deviation = _window_share_deviation(labels, counts, int(seq_len), shares)
+    deviation = _window_share_deviation(labels, counts, int(seq_len), shares, packing_model(packing))
     return deviation if deviation.size else np.zeros(1)
 
 
@@ -246,16 +288,18 @@ def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | N
 
 
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,
-                     n_clusters: int, per_window_diversity: np.ndarray | None = None) -> dict:
+                     n_clusters: int, windows: tuple[np.ndarray, np.ndarray] | None = None,
+                     packing: str = "whole") -> dict:
     """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage.
 
-    ``per_window_diversity``: this order's ``window_diversity``, when the caller has it already.
+    ``windows``: this order's ``window_counts``, when the caller has them already.
     """
-    deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters)
-    if per_window_diversity is None:
-        per_window_diversity = window_diversity(labels, token_counts, seq_len, order)
+    deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters, packing)
+    unique, documents = windows if windows is not None else window_counts(labels, token_counts, seq_len, order, packing)
+    present = int(np.unique(np.asarray(labels)).size)
     return {
-        "diversity": summarize_windows(per_window_diversity),
+        "diversity": summarize_windows(unique),
+        "efficiency": round(efficiency(unique, documents, present), 4),
         "uniformity_max": round(float(deviation.max()), 4),
         "uniformity_mean": round(float(deviation.mean()), 4),
         "boundary_shift": round(boundary_shift(labels, token_counts, order, n_clusters), 4),

@@ -2,9 +2,9 @@
 
 Pooling is batched with ``torch.nn.functional.embedding_bag`` over a float32 copy of the table
 (on the GPU when one is used), so a batch of thousands of documents costs one kernel call,
-and the sums are accumulated in float32 (the reference computes in the table's dtype, bf16
+and the sums are accumulated in float32 (the original toolkit computes in the table's dtype, bf16
 for most checkpoints, and differs from this by ~0.3%). A document with no tokens has no mean:
-it gets the zero vector and a warning (the reference gets NaN, which breaks k-means).
+it gets the zero vector and a warning (the original toolkit gets NaN, which breaks k-means).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .records import RecordIndex, iter_text_batches
+from .runtime import Progress
 from .tokenizer import DocumentTokenizer
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def mean_pool_normalized(table: torch.Tensor, flat_ids: np.ndarray, lengths: np.
     """Unit-length mean of ``table`` rows per document; zero vector for 0-token documents.
 
     ``flat_ids`` holds the documents' ids back to back, ``lengths`` each document's count.
-    Ids outside the table are clamped to [0, vocab - 1], as the reference does.
+    Ids outside the table are clamped to [0, vocab - 1], as the original toolkit does.
     """
     device = table.device
     ids = torch.from_numpy(np.ascontiguousarray(flat_ids, dtype=np.int64)).to(device)
@@ -76,32 +77,22 @@ def embed_and_count(
         vectors = np.zeros((rows.size, table.shape[1]), dtype=np.float32)
     stats = TokenizeStats(empty_rows=[])
     started = time.perf_counter()
-    bar = _bar(rows.size, "Embedding" if table is not None else "Counting tokens", progress)
     done = 0
-    last_log = started
-    for batch_rows, texts in iter_text_batches(index, rows, batch_bytes, batch_docs):
-        flat, lengths = tokenizer.encode_batch(texts)
-        n = len(texts)
-        counts[done : done + n] = lengths
-        if vectors is not None:
-            pooled = mean_pool_normalized(table, flat, lengths)
-            if out is not None:
-                out[batch_rows] = pooled
-            else:
-                vectors[done : done + n] = pooled
-        stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
-        stats.tokens += int(lengths.sum())
-        done += n
-        if bar is not None:
-            bar.update(n)
-            bar.set_postfix(tokens=f"{stats.tokens:,}")
-            if bar.disable and time.perf_counter() - last_log > 30:  # no bar in a log file: a line instead
-                last_log = time.perf_counter()
-                rate = done / (last_log - started)
-                log.info("%s: %d of %d documents, %s tokens, ETA %.0f s", bar.desc, done, rows.size,
-                         f"{stats.tokens:,}", (rows.size - done) / max(rate, 1e-9))
-    if bar is not None:
-        bar.close()
+    with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar:
+        for batch_rows, texts in iter_text_batches(index, rows, batch_bytes, batch_docs):
+            flat, lengths = tokenizer.encode_batch(texts)
+            n = len(texts)
+            counts[done : done + n] = lengths
+            if vectors is not None:
+                pooled = mean_pool_normalized(table, flat, lengths)
+                if out is not None:
+                    out[batch_rows] = pooled
+                else:
+                    vectors[done : done + n] = pooled
+            stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
+            stats.tokens += int(lengths.sum())
+            done += n
+            bar.update(n, work=int(lengths.sum()))
     stats.documents = done
     stats.seconds = time.perf_counter() - started
     if stats.empty_rows:
@@ -110,11 +101,3 @@ def embed_and_count(
         log.warning("%d document(s) have no tokens (lines %s%s): %s", len(stats.empty_rows), shown, more,
                     "their embedding is the zero vector" if table is not None else "token count 0")
     return vectors, counts, stats
-
-
-def _bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="doc", leave=False, disable=None)  # None: no bar when stderr is not a terminal

@@ -8,11 +8,16 @@ read just that tensor through safetensors' mmap. The price is having to know whi
 holds the table, and that differs per architecture (``model.embed_tokens.weight``,
 ``transformer.wte.weight``, ``gpt_neox.embed_in.weight``, ...), and sometimes per checkpoint
 (saved from the base model without the ``model.`` prefix, nested under ``language_model.``).
-So we ask transformers itself: the architecture is built on the meta device (no memory, no
+Most checkpoints settle it from their keys alone: when exactly one key has a conventional
+table name (``embed_tokens``, ``wte``, ...) and the [vocab_size, hidden size] shape that
+config.json gives, that is the table. Only when that is ambiguous (no such key, or several) do
+we ask transformers itself: the architecture is built on the meta device (no memory, no
 weights) and ``get_input_embeddings()`` names the parameter; that name is matched against
-the checkpoint's keys by their longest common dotted suffix and checked by shape. Only when
-the architecture can't be built (an unknown ``model_type``, remote code, which we never run)
-do we fall back to a list of conventional names. Only ``.safetensors`` checkpoints are
+the checkpoint's keys by their longest common dotted suffix and checked by shape. Building
+costs seconds (importing transformers' modelling code), which is why it is not the first
+step. When the architecture can't be built either (an unknown ``model_type``, remote code,
+which we never run) we fall back to the conventional names, checked less strictly. Only
+``.safetensors`` checkpoints are
 supported: ``.bin``/``.pt`` files are pickles, which can't be read one tensor at a time and
 can run code when unpickled.
 """
@@ -84,6 +89,11 @@ def find_embedding_tensor_name(model_dir: Path) -> tuple[str, Path]:
         )
     checkpoint = _Checkpoint(model_dir)
     raw_config = _read_raw_config(model_dir)
+
+    if raw_config is not None:
+        found = _match_unambiguous_name(checkpoint, *_vocab_and_hidden(raw_config))
+        if found is not None:
+            return found, checkpoint.file_of(found)
 
     expected = _expected_from_architecture(model_dir) if raw_config is not None else None
     if expected is not None:
@@ -204,7 +214,35 @@ class _Checkpoint:
         return shapes
 
 
-# --- (1) ask the architecture ---------------------------------------------------------------------
+# --- (1) the checkpoint's keys, when they leave one choice ----------------------------------------
+
+
+def _has_known_suffix(key: str) -> bool:
+    return any(key == suffix or key.endswith("." + suffix) for suffix in KNOWN_EMBEDDING_SUFFIXES)
+
+
+def _match_unambiguous_name(checkpoint: _Checkpoint, vocab_size: int | None, hidden_size: int | None) -> str | None:
+    """The one key with a conventional table name and the configured [vocab_size, hidden] shape, else None.
+
+    Without a vocab size there is nothing to check a name against; two or more such keys (an
+    encoder-decoder's copies, a draft model's table) are left to the architecture to decide.
+    """
+    if not vocab_size:
+        return None
+    fits = []
+    for key in checkpoint.keys:
+        if not _has_known_suffix(key):
+            continue
+        try:
+            shape = checkpoint.shape(key)
+        except UserError:  # its shard is missing: the slower paths say which file it is
+            return None
+        if len(shape) == 2 and shape[0] == vocab_size and (hidden_size is None or shape[1] == hidden_size):
+            fits.append(key)
+    return fits[0] if len(fits) == 1 else None
+
+
+# --- (2) ask the architecture ---------------------------------------------------------------------
 
 
 def _expected_from_architecture(model_dir: Path) -> tuple[list[str], tuple[int, int]] | None:
@@ -273,7 +311,7 @@ def _match_by_suffix(checkpoint: _Checkpoint, names: list[str], shape: tuple[int
     return None
 
 
-# --- (2) conventional names -------------------------------------------------------------------
+# --- (3) conventional names -------------------------------------------------------------------
 
 
 def _match_known_names(checkpoint: _Checkpoint, vocab_size: int | None, hidden_size: int | None) -> str | None:
@@ -339,20 +377,18 @@ def _some_candidates(checkpoint: _Checkpoint, limit: int = 6) -> list[str]:
 # --- fingerprint ------------------------------------------------------------------------------
 
 
-def _fingerprint(name: str, tensor: torch.Tensor, max_rows: int = 4096) -> str:
-    """Short hash of the table: name, shape, dtype and the raw bytes of evenly strided rows.
+def _fingerprint(name: str, tensor: torch.Tensor) -> str:
+    """Short hash of the table: name, shape, dtype and every byte of it.
 
-    Hashing every row would read the whole table (GBs) just to key a cache; ~4096 rows
-    spread over the vocabulary differ between any two trained (or randomly initialised)
-    models. The bytes are those of the checkpoint's own dtype, so the same table gives the
-    same fingerprint whatever dtype it is converted to later.
+    Every row counts: a fine-tune that changed a few rare tokens' rows must not reuse vectors
+    made with the old ones. blake2b reads ~1 GB/s, so even a 2 GB table adds seconds to a run.
+    The bytes are those of the checkpoint's own dtype, so the same table gives the same
+    fingerprint whatever dtype it is converted to later.
     """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
-    step = max(1, -(-tensor.shape[0] // max_rows))  # ceil division: at most max_rows rows
-    rows = torch.cat([tensor[::step], tensor[-1:]]).contiguous()  # the last row too: padded vocabularies
     # Reinterpret as bytes (numpy has no bfloat16, so go through torch's uint8 view).
-    digest.update(rows.view(torch.uint8).numpy().tobytes())
+    digest.update(memoryview(tensor.contiguous().view(torch.uint8).numpy()))
     return digest.hexdigest()
 
 

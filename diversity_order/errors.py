@@ -1,5 +1,21 @@
 """Errors the user can fix: the scripts print these as one line and exit non-zero."""
 
+from __future__ import annotations
+
+import math
+
+# Integer flags are bounded so that arithmetic on them (token offsets, window fills, sizes of
+# arrays they shape) never overflows 64 bits: a mistyped 10**30 is an error, not a traceback.
+MAX_COUNT = 2**40
+
 
 class UserError(Exception):
     """An error caused by the user's input or flags: the scripts print its message as one line and exit 2, no traceback."""
+
+
+def check_range(value, flag: str, low, high, what: str = "") -> None:
+    """Raise a UserError naming ``flag`` unless ``low <= value <= high`` (and a finite number)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and low <= value <= high
+    if not ok:
+        bound = f"a finite number, at least {low:,}" if high == math.inf else f"within {low:,}..{high:,}"
+        raise UserError(f"{flag} {value}: must be {bound}{f' ({what})' if what else ''}")

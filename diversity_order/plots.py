@@ -1,5 +1,5 @@
-"""Plots: ``ordering_comparison.png`` (before/after), ``cluster_cloud.png`` (2-D map of clusters) and
-the strategy comparison's diversity curves.
+"""Plots: the before/after ordering comparison, the cluster cloud (a 2-D map of the clusters), the
+strategy comparison's diversity curves, and the clustering comparison's scatters and heat map.
 
 Matplotlib runs headless (Agg). The colour bars are drawn as one image each, however many
 documents there are; scatter points are rasterised so the PNG stays light at any N.
@@ -7,41 +7,44 @@ documents there are; scatter points are rasterised so the PNG stays light at any
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from . import caches
 from .atomic import atomic_open
+from .defaults import DEFAULT_SEED
+from .orderings import SPECS
 
 log = logging.getLogger(__name__)
 
-# UMAP is fitted on at most this many rows; the rest are placed among their nearest neighbours.
-UMAP_FIT_SAMPLE = 10000
+
+# Documents not placed yet (the UMAP video) are drawn in this grey; no cluster colour comes near it.
+UNPLACED_RGB = (200, 200, 200)
+_MIN_DISTANCE_TO_UNPLACED = 48.0  # RGB distance: clearly another colour
 
 
 def cluster_colors(n_clusters: int) -> np.ndarray:
-    """RGBA per cluster, all distinct up to 60 clusters.
+    """RGBA per cluster, all distinct and none close to ``UNPLACED_RGB``, up to 51 clusters.
 
-    The reference resamples ``tab20`` to K colours, which repeats colours past K = 20 (at
-    the default K = 30, ten pairs of clusters look the same). Up to 20 clusters this is tab20
-    as in the reference; up to 60, tab20 + tab20b + tab20c; beyond, a shuffled sweep of turbo.
+    The original toolkit resamples ``tab20`` to K colours, which repeats colours past K = 20 (at
+    the default K = 30, ten pairs of clusters look the same) and includes greys that read as
+    "not placed". Here: tab20, tab20b and tab20c in turn, less the colours near that grey; beyond
+    51 clusters, a shuffled sweep of turbo (which has no greys).
     """
     import matplotlib
 
     k = max(n_clusters, 1)
-    if k <= 20:
-        return matplotlib.colormaps["tab20"].resampled(k)(np.arange(k))
-    if k <= 60:
-        palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
+    palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
+    distance = np.linalg.norm(palette[:, :3] * 255 - np.asarray(UNPLACED_RGB), axis=1)
+    palette = palette[distance >= _MIN_DISTANCE_TO_UNPLACED]
+    if k <= len(palette):
         return palette[:k]
     shuffled = np.random.RandomState(0).permutation(k)
     return matplotlib.colormaps["turbo"](shuffled / max(k - 1, 1))
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +53,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path, dpi: int = 120) -> None:
+def save_figure(fig, path: Path, dpi: int = 120) -> None:
     with atomic_open(path, "wb") as handle:
         fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
 
@@ -74,7 +77,7 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
                              quality: dict | None = None, ordering_name: str = "stratified") -> None:
     """``quality``: {"original": .., "curated": .., "random_shuffle": ..} from diversity.ordering_quality,
     shown as a line per order under the strips."""
-    plt = _pyplot()
+    plt = pyplot()
     colors = cluster_colors(n_clusters)
     fig, axes = plt.subplots(3, 1, figsize=(14, 8), gridspec_kw={"height_ratios": [1, 1, 3]}, sharex=True)
     total_windows = float(token_counts.sum()) / seq_len
@@ -111,109 +114,13 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
         fig.text(0.5, -0.005, "Token-share uniformity, mean over windows (max), and epoch-boundary shift; lower is "
                  "better\n" + text, ha="center", va="top", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
-
-
-def embeddings_key(embeddings: np.ndarray) -> str:
-    """A hash of the embedding matrix (strided for big ones) to key the 2-D projection cache."""
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(str(embeddings.shape).encode())
-    stride = max(1, embeddings.shape[0] // 65536)
-    digest.update(np.ascontiguousarray(embeddings[::stride]).tobytes())
-    return digest.hexdigest()
-
-
-def _enable_umap_jit_cache() -> None:
-    """Let numba cache umap's and pynndescent's compiled functions on disk.
-
-    They are compiled without ``cache=True``, so every new process spent ~40 s compiling
-    before its first projection (on the 2-core CI machine); with the cache a later process
-    starts in ~10 s. ``Dispatcher.enable_caching`` is numba's public switch for this; the
-    cache is invalidated by numba when the library's source changes.
-    """
-    import sys
-    import warnings
-
-    from numba.core.dispatcher import Dispatcher
-
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(("umap", "pynndescent")):
-            continue
-        for value in list(vars(module).values()):
-            if isinstance(value, Dispatcher) and not getattr(value, "_cache_enabled_by_us", False):
-                try:
-                    value.enable_caching()
-                    value._cache_enabled_by_us = True
-                except Exception:  # e.g. no writable cache folder: compile as before
-                    return
-    # Functions numba cannot cache (closures) warn once each; that is expected here.
-    warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
-    warnings.filterwarnings("ignore", category=Warning, module="numba.*")
-
-
-def umap_projection(embeddings: np.ndarray, seed: int = 42, progress: bool = True) -> np.ndarray:
-    """PCA(50) -> UMAP(2, n_neighbors=15, min_dist=0.1), fitted on a sample for big inputs."""
-    import umap
-    from sklearn.decomposition import PCA
-
-    _enable_umap_jit_cache()
-
-    n, dim = embeddings.shape
-    components = min(50, dim, max(n - 1, 1))
-    # random_state makes UMAP single-threaded anyway; saying n_jobs=1 silences its warning.
-    reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed, n_jobs=1)
-    if n <= UMAP_FIT_SAMPLE:
-        reduced = PCA(components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
-        return reducer.fit_transform(reduced).astype(np.float32)
-    # Big inputs: PCA and UMAP are fitted on a seeded sample; every other point is projected
-    # with that PCA and placed at the distance-weighted mean of its nearest sample points'
-    # positions, batch by batch (BLAS; seconds per million points, where UMAP's own transform
-    # takes minutes and a PCA of every row would hold another copy of the embeddings).
-    sample = np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False))
-    pca = PCA(components, random_state=seed).fit(embeddings[sample]) if components < dim else None
-    project = (lambda rows: pca.transform(rows).astype(np.float32)) if pca else (lambda rows: np.asarray(rows, np.float32))
-    anchors = project(embeddings[sample])
-    anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
-    out = np.empty((n, 2), dtype=np.float32)
-    for lo in range(0, n, 100_000):
-        out[lo : lo + 100_000] = place_by_neighbours(project(embeddings[lo : lo + 100_000]), anchors, anchor_xy)
-    return out
-
-
-def place_by_neighbours(points: np.ndarray, anchors: np.ndarray, anchor_xy: np.ndarray, k: int = 10,
-                        batch: int = 2048) -> np.ndarray:
-    """2-D position of each point: inverse-distance-weighted mean of its k nearest anchors' positions."""
-    k = min(k, anchors.shape[0])
-    anchor_sq = (anchors * anchors).sum(1)
-    out = np.empty((points.shape[0], 2), dtype=np.float32)
-    for lo in range(0, points.shape[0], batch):
-        chunk = points[lo : lo + batch]
-        dist_sq = np.maximum(anchor_sq[None, :] - 2 * chunk @ anchors.T + (chunk * chunk).sum(1)[:, None], 0)
-        nearest = np.argpartition(dist_sq, k - 1, axis=1)[:, :k]
-        weights = 1.0 / (np.sqrt(np.take_along_axis(dist_sq, nearest, axis=1)) + 1e-6)
-        out[lo : lo + batch] = (anchor_xy[nearest] * weights[:, :, None]).sum(1) / weights.sum(1, keepdims=True)
-    return out
-
-
-def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, seed: int) -> np.ndarray:
-    """The UMAP projection, reused from ``path`` when the embeddings are the same."""
-    key = {"kind": "umap2d", "embeddings": embeddings_key(embeddings), "seed": seed}
-    found = caches.lookup(path, key, fingerprints)
-    if found.hit.all():
-        log.info("2-D projection reused from %s", path.name)
-        return found.data
-    log.info("Computing the 2-D projection (PCA -> UMAP) for cluster_cloud.png: %s; --no-plot skips it",
-             "no cached projection" if found.data is None and "no cache" in found.reason
-             else "the embeddings changed since it was cached")
-    projection = umap_projection(embeddings, seed)
-    caches.store(path, key, fingerprints, projection)
-    return projection
 
 
 def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projection: np.ndarray | None) -> None:
     """Scatter of the 2-D projection coloured by cluster; a bar chart of sizes without one."""
-    plt = _pyplot()
+    plt = pyplot()
     colors = cluster_colors(n_clusters)
     sizes = np.bincount(labels, minlength=n_clusters)
     if projection is None:
@@ -241,7 +148,7 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
         ax.set_yticks([])
         ax.set_title(f"{n:,} documents, PCA -> UMAP, coloured by cluster (K = {n_clusters})")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -251,18 +158,9 @@ def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) 
     ``curves``: {(ordering, seq_len): per-window diversity}. Lines are smoothed over ~2% of the
     windows so a dozen orderings stay readable; x is the position as a fraction of the order.
     """
-    plt = _pyplot()
+    plt = pyplot()
     seq_lens = sorted({seq_len for _, seq_len in curves})
     names = list(dict.fromkeys(name for name, _ in curves))
-    # A fixed colour per ordering, distinct within each family; score orderings dotted. The three
-    # the README compares (balanced, stratified, random) are drawn thick.
-    style = {
-        "balanced": ("#1f77b4", "-"), "stratified": ("#ff7f0e", "-"), "random": ("#222222", "--"),
-        "token-balanced": ("#2ca02c", "-"), "bin-packing": ("#d62728", "-"), "round-robin": ("#9467bd", "-"),
-        "original": ("#8c564b", "-"), "sorted": ("#e377c2", ":"), "folding": ("#7f7f7f", ":"),
-        "zigzag": ("#bcbd22", ":"), "segment": ("#17becf", ":"), "stair": ("#393b79", ":"), "saw": ("#ad494a", ":"),
-    }
-    fixed = ("balanced", "stratified", "random")
     fig, axes = plt.subplots(len(seq_lens), 1, figsize=(13, 3.6 * len(seq_lens)), squeeze=False)
     for ax, seq_len in zip(axes[:, 0], seq_lens):
         for i, name in enumerate(names):
@@ -270,8 +168,9 @@ def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) 
             width = max(1, values.size // 50)
             smooth = np.convolve(values, np.ones(width) / width, mode="valid") if values.size >= width else values
             x = (np.arange(smooth.size) + width / 2) / max(values.size, 1)
-            bold = name in fixed
-            color, line = style.get(name, (plt.get_cmap("tab20")(i % 20), "-"))
+            spec = SPECS.get(name)
+            bold = spec is not None and spec.highlight
+            color, line = (spec.color, spec.line) if spec is not None else (plt.get_cmap("tab20")(i % 20), "-")
             ax.plot(x, smooth, lw=2.2 if bold else 1.2, alpha=1.0 if bold else 0.85, color=color, ls=line,
                     label=f"{name} ({values.mean():.2f})", zorder=3 if bold else 2)
         ax.set_title(f"seq-len {seq_len:,}: unique clusters per window, moving average over ~2% of the windows "
@@ -284,5 +183,62 @@ def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) 
     axes[-1, 0].set_xlabel("position in the order (fraction of windows)")
     fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, result,
+                           seed: int = DEFAULT_SEED, projector=None) -> None:
+    """Two scatters: the shallow space coloured by shallow clusters, the deep space by deep ones."""
+    from .projection import umap_projection
+
+    projector = projector or (lambda x: umap_projection(x, seed))
+    plt = pyplot()
+    k = result.table.shape[0]
+    colors = cluster_colors(k)
+    fig, axes = plt.subplots(1, 2, figsize=(18, 8.5))
+    n = result.shallow_labels.size
+    point = float(np.clip(60000 / max(n, 1), 0.5, 20))
+    for ax, x, labels, name in ((axes[0], shallow, result.shallow_labels, "Shallow"),
+                                (axes[1], deep, result.deep_labels, "Deep")):
+        xy = projector(x)
+        ax.scatter(xy[:, 0], xy[:, 1], c=colors[labels], s=point, lw=0, alpha=0.8, rasterized=True)
+        ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    r = result.report
+    fig.suptitle(f"{n:,} documents, K = {k}: ARI {r['ari']:.3f}, NMI {r['nmi']:.3f} — {r['verdict']}")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def plot_contingency(path: Path, result) -> None:
+    """Heat map of the row-normalised contingency table (share of each shallow cluster in each
+    deep cluster), rows and columns ordered so splits and merges are visible as blocks."""
+    plt = pyplot()
+    table = result.table
+    rows, cols = result.display_order()
+    shares = (table / np.maximum(table.sum(1, keepdims=True), 1))[np.ix_(rows, cols)]
+    k_s, k_d = table.shape
+    size = float(np.clip(0.3 * max(k_s, k_d), 6, 24))
+    fig, ax = plt.subplots(figsize=(size + 2, size))
+    image = ax.imshow(shares, cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    sizes_s, sizes_d = table.sum(1), table.sum(0)
+    fontsize = 8 if max(k_s, k_d) <= 40 else 5
+    ax.set_yticks(np.arange(k_s), [f"s{i} ({sizes_s[i]})" for i in rows], fontsize=fontsize)
+    ax.set_xticks(np.arange(k_d), [f"d{j} ({sizes_d[j]})" for j in cols], fontsize=fontsize, rotation=90)
+    ax.set_ylabel("shallow cluster (documents)")
+    ax.set_xlabel("deep cluster (documents)")
+    if max(k_s, k_d) <= 30:
+        for (y, x), v in np.ndenumerate(shares):
+            if v >= 0.05:
+                ax.text(x, y, f"{v:.0%}"[:-1], ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.04, label="share of the shallow cluster's documents")
+    r = result.report
+    ax.set_title(f"Where each shallow cluster goes in the deep space (ARI {r['ari']:.3f}, NMI {r['nmi']:.3f}).\n"
+                 f"One row spread over several columns = a split; one column fed by several rows = a merge.",
+                 fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
     plt.close(fig)

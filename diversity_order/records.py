@@ -11,43 +11,347 @@ from __future__ import annotations
 import array
 import contextlib
 import hashlib
+import io
 import json
 import math
 import mmap
 import os
+import stat
+import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
 from .atomic import atomic_open
 from .errors import UserError
-
-# Bytes read per block when streaming texts; the block holds whole lines only.
-_READ_BLOCK_BYTES = 16 << 20
-
+from .runtime import Progress
 
 COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+# What a file's first bytes say it is, for files that cannot be JSONL (a JSONL file starts with
+# whitespace, "{" or a UTF-8 byte order mark, which none of these do).
+_SIGNATURES = (
+    (b"\x1f\x8b", "gzip data", ".gz"),
+    (b"\x28\xb5\x2f\xfd", "zstd data", ".zst"),
+    (b"\xfd7zXZ\x00", "xz data", None),
+    (b"BZh", "bzip2 data", None),
+    (b"PK\x03\x04", "a zip archive", None),
+    (b"PAR1", "a Parquet file", None),
+    (b"ARROW1", "an Arrow file", None),
+    (b"\x93NUMPY", "a .npy array", None),
+    (b"SQLite format 3\x00", "an SQLite database", None),
+    (b"\xff\xfe", "UTF-16 text", None),
+    (b"\xfe\xff", "UTF-16 text", None),
+)
+_UTF8_BOM = b"\xef\xbb\xbf"
+_MISSING = object()
+_JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst)"
 
 
 def is_compressed(path: Path) -> bool:
     return path.suffix in COMPRESSED_SUFFIXES
 
 
-def open_binary(path: Path):
-    """A binary reader of ``path``'s content: .gz and .zst are decompressed as a stream.
+def looks_like(head: bytes) -> tuple[str, str | None] | None:
+    """(what the bytes look like, the file suffix that format takes) for a known non-JSONL start, else None."""
+    for magic, what, suffix in _SIGNATURES:
+        if head.startswith(magic):
+            return what, suffix
+    if _is_skippable_frame(head):  # zstd metadata some tools write before the data
+        return "zstd data", ".zst"
+    if len(head) >= 4 and head[0] != 0 and head[1] == 0 and head[3] == 0:
+        return "UTF-16 text", None  # little-endian without a byte order mark: every other byte NUL
+    return None
 
-    Compressed streams can only seek forward cheaply, so callers read them in ascending
-    offset order (offsets are positions in the decompressed content).
+
+def describe_start(head: bytes) -> str:
+    """What a file seems to be from its first bytes, for messages ("gzip data", "text", ...)."""
+    found = looks_like(head)
+    if found is not None:
+        return found[0]
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a Python pickle (torch.save or pickle.dump)"
+    if not head:
+        return "an empty file"
+    try:
+        text = head.removeprefix(_UTF8_BOM).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not just a character cut off at the end of ``head``
+            return f"binary data (it starts with the bytes {head[:8].hex(' ')})"
+        text = head[: exc.start].decode("utf-8")
+    if text.lstrip().startswith(("{", "[")):
+        return "JSON or JSONL text"
+    if all(c.isprintable() or c.isspace() for c in text):
+        return "text"
+    return f"binary data (it starts with the bytes {head[:8].hex(' ')})"
+
+
+def _renamed(path: Path, suffix: str | None) -> Path:
+    """``path`` with its compression suffix replaced by ``suffix`` (None: no compression suffix)."""
+    stem = path.with_suffix("") if is_compressed(path) else path
+    return stem if suffix is None else stem.with_name(stem.name + suffix)
+
+
+def _format_advice(path: Path, head: bytes, decompressed: bool = False) -> str | None:
+    """'looks like X: rename it Y' (or what to do instead) for content whose first bytes are another format's."""
+    found = looks_like(head)
+    if found is None:
+        return None
+    what, suffix = found
+    if decompressed:
+        return f"its decompressed content looks like {what}, not JSONL; {_JSONL_HINT}"
+    if suffix is not None:
+        return f"looks like {what}: rename it {_renamed(path, suffix).name}"
+    if what == "UTF-16 text":
+        return f"looks like {what}: JSONL must be UTF-8 (convert it, e.g. iconv -f UTF-16 -t UTF-8)"
+    return f"looks like {what}, not JSONL; {_JSONL_HINT}"
+
+
+class FileIdentity(NamedTuple):
+    """What says a file is still the one that was indexed."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+def _identity(st: os.stat_result) -> FileIdentity:
+    return FileIdentity(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _check_identity(path: Path, now: FileIdentity, indexed: FileIdentity) -> None:
+    if now == indexed:
+        return
+    changes = []
+    if now.inode != indexed.inode:
+        changes.append("replaced by another file")
+    if now.size != indexed.size:
+        changes.append(f"size {indexed.size:,} -> {now.size:,} bytes")
+    if now.mtime_ns != indexed.mtime_ns:
+        changes.append("modified")
+    raise UserError(f"{path}: the input changed since it was indexed ({', '.join(changes)}); its records can no "
+                    f"longer be read back as indexed: re-run once the file stays unchanged for the whole run")
+
+
+def check_input(path: Path | str) -> None:
+    """The input must be an existing regular file: it is read several times (index, texts, output)."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: input file not found") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the input ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a directory; {_JSONL_HINT}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path}: is not a regular file (a pipe or device; the input is read more than once: "
+                        f"write it to a file first)")
+
+
+def open_binary(path: Path | str, expect: FileIdentity | None = None,
+                buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> BinaryIO:
+    """A binary reader of ``path``'s content: .gz and .zst are decompressed as a stream and verified.
+
+    With ``expect``, the file opened must still be the one indexed (else a UserError). A small
+    buffer suits reads of scattered records; a streaming pass wants a big one. Compressed
+    streams can only seek forward cheaply, so callers read them in ascending offset order
+    (offsets are positions in the decompressed content).
     """
-    if path.suffix == ".gz":
-        import gzip
+    path = Path(path)
+    try:
+        source = open(path, "rb", buffering=0)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot open the input ({exc.strerror})") from None
+    try:
+        if expect is not None:
+            _check_identity(path, _identity(os.fstat(source.fileno())), expect)
+        raw = _Decompressed(source, path) if is_compressed(path) else source
+    except BaseException:
+        source.close()
+        raise
+    return io.BufferedReader(raw, buffer_size=buffer_size)
 
-        return gzip.open(path, "rb")
-    if path.suffix == ".zst":
-        return _zstandard(path).ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return open(path, "rb")
+
+class _CompressedDataError(UserError):
+    """A .gz/.zst file that is not complete, intact compressed data."""
+
+
+class _Decompressed(io.RawIOBase):
+    """The content of a .gz or .zst file, checked to its end.
+
+    Every gzip member / zstd frame must be complete and intact (gzip CRC-32 and size; zstd
+    content checksums where a frame has them), one may follow another, and nothing else may
+    follow the last; any fault is one UserError naming the compressed byte offset. A truncated
+    file can therefore never read as a shorter dataset.
+    """
+
+    def __init__(self, source, path: Path) -> None:
+        super().__init__()
+        self._source, self._path = source, path
+        self._gzip = path.suffix == ".gz"
+        self._kind, self._unit = ("gzip", "member") if self._gzip else ("zstd", "frame")
+        if self._gzip:
+            self._errors = zlib.error
+        else:
+            zstandard = _zstandard(path)
+            # Up to the 2 GB window of `zstd --long=31`: the memory is taken only by a frame that declares it.
+            self._decompressor = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+            self._errors = zstandard.ZstdError
+        self._rewind()
+
+    def _rewind(self) -> None:
+        self._source.seek(0)
+        self._input = b""  # compressed bytes read, not yet fed to the decoder
+        self._at = 0  # file offset of self._input[0]
+        self._decoder = None  # the current member's / frame's decoder; None between them
+        self._unit_start = 0
+        self._output = memoryview(b"")  # content decoded, not yet returned
+        self._position = 0  # content offset of self._output[0]
+        self._finished = False
+        # Compressed bytes fed per call, adapted so one call yields a few MB: zstd has no output
+        # limit per call, and a highly compressible chunk could otherwise expand to gigabytes.
+        self._chunk = 1 << 15
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._source.fileno()
+
+    def tell(self) -> int:
+        return self._position
+
+    def close(self) -> None:
+        if not self.closed:
+            self._source.close()
+        super().close()
+
+    def readinto(self, buffer) -> int:
+        while not self._output:
+            if self._finished:
+                return 0
+            self._decode_some()
+        n = min(len(buffer), len(self._output))
+        buffer[:n] = self._output[:n]
+        self._output = self._output[n:]
+        self._position += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._position
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a compressed stream seeks from its start or the current position only")
+        if offset < self._position:
+            self._rewind()
+        while self._position < offset:
+            if not self._output:
+                if self._finished:
+                    break
+                self._decode_some()
+                continue
+            skip = min(offset - self._position, len(self._output))
+            self._output = self._output[skip:]
+            self._position += skip
+        return self._position
+
+    def check_ahead(self, limit: int) -> None:
+        """Decode on to the end of the current member/frame (at most ``limit`` compressed bytes) to
+        find corrupt data there: a record that fails to parse may be its first symptom, since a
+        gzip member's CRC (a zstd frame's checksum) is only checked at its end."""
+        end = self._at + limit
+        while self._decoder is not None and not self._finished and self._at < end:
+            self._output = memoryview(b"")
+            self._decode_some()
+
+    def _read(self) -> bytes:
+        return self._source.read(self._chunk)
+
+    def _decode_some(self) -> None:
+        if not self._input:
+            self._input = self._read()
+            if not self._input:
+                if self._decoder is not None:
+                    raise self._truncated(self._at, self._unit_start)
+                self._finished = True
+                return
+        if self._decoder is None:
+            self._begin_unit()
+            if self._decoder is None:
+                return
+        data = self._input
+        try:
+            out = self._decoder.decompress(data)
+        except self._errors as exc:
+            raise _CompressedDataError(
+                f"{self._path}: corrupt {self._kind} data in the {self._unit} that starts at compressed byte "
+                f"{self._unit_start:,}, found by byte {self._at + len(data):,} ({exc})") from None
+        rest = b""
+        if self._decoder.eof:
+            rest = self._decoder.unused_data
+            self._decoder = None
+        used = len(data) - len(rest)
+        self._at += used
+        self._input = rest
+        self._output = memoryview(out)
+        if used:
+            self._chunk = max(1 << 12, min(1 << 18, used * (4 << 20) // max(len(out), 1)))
+
+    def _begin_unit(self) -> None:
+        """A member/frame starts at ``self._at``: check its magic bytes (the file's, at offset 0)."""
+        while len(self._input) < 4:
+            more = self._read()
+            if not more:
+                break
+            self._input += more
+        head = self._input
+        magic = b"\x1f\x8b" if self._gzip else b"\x28\xb5\x2f\xfd"
+        if head.startswith(magic) or (not self._gzip and _is_skippable_frame(head)):
+            self._unit_start = self._at
+            # gzip framing makes zlib check each member's CRC-32 and size; zstd checks a frame's
+            # content checksum when it has one.
+            self._decoder = (zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip
+                             else self._decompressor.decompressobj())
+        elif len(head) < len(magic) and magic.startswith(head):
+            raise self._truncated(self._at + len(head), self._at)
+        elif self._at == 0:
+            advice = _format_advice(self._path, head[:16])
+            if advice is None and (head[:1] in b"{[ \t\r\n" or head.startswith(_UTF8_BOM)):
+                advice = f"looks like uncompressed text: rename it {_renamed(self._path, None).name}"
+            raise _CompressedDataError(f"{self._path}: not {self._kind} data: "
+                                       + (advice or f"it starts with the bytes {head[:8].hex(' ')}"))
+        elif self._gzip and not head.strip(b"\x00") and self._zeros_to_end():
+            self._finished = True  # zero padding after the last member: gzip itself accepts it
+        else:
+            raise _CompressedDataError(
+                f"{self._path}: unexpected data after the end of the {self._kind} data at compressed byte "
+                f"{self._at:,} (not a {self._kind} {self._unit}): the file is damaged or has something appended")
+
+    def _truncated(self, end: int, unit_start: int) -> UserError:
+        return _CompressedDataError(
+            f"{self._path}: truncated {self._kind} data: the file ends at compressed byte {end:,} inside the "
+            f"{self._unit} that starts at byte {unit_start:,} (an interrupted download or copy?); only a complete "
+            f"file can be read")
+
+    def _zeros_to_end(self) -> bool:
+        while True:
+            more = self._read()
+            if not more:
+                return True
+            if more.strip(b"\x00"):
+                return False
+
+
+def _is_skippable_frame(head: bytes) -> bool:
+    return len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"
 
 
 def _zstandard(path: Path):
@@ -64,6 +368,16 @@ def text_fingerprint(text: str) -> int:
     return int.from_bytes(digest, "little")
 
 
+def raw_hash(raw: bytes) -> int:
+    """64-bit check of a record's bytes (CRC-32 | Adler-32 << 32): catches a record that changed.
+
+    Not a fingerprint (the text fingerprint keys the caches); two zlib checksums cost a third of
+    a cryptographic hash per record, and any change they could miss would also have to keep the
+    file's size, mtime and inode, which are checked first.
+    """
+    return zlib.crc32(raw) | zlib.adler32(raw) << 32
+
+
 @dataclass
 class RecordIndex:
     """Where each record of a JSONL file lies, by input position (blank lines are not records)."""
@@ -74,6 +388,8 @@ class RecordIndex:
     ends: np.ndarray  # int64, byte offset just past the record (its newline excluded)
     line_numbers: np.ndarray  # int64, 1-based line number in the file, for messages
     fingerprints: np.ndarray  # uint64, text_fingerprint of the text field
+    raw_hashes: np.ndarray  # uint64, raw_hash of the record's bytes: every later read is checked against it
+    identity: FileIdentity  # the indexed file's size, mtime and inode: later reads must find the same
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -83,70 +399,113 @@ class RecordIndex:
         return int((self.ends - self.starts).sum())
 
 
+class _NotJsonl(UserError):
+    """A line that is not a UTF-8 JSON object: on the first record, most likely not a JSONL file at all."""
+
+
+_scan_json = json.decoder.JSONDecoder().scan_once  # json.loads's own C scanner, without its Python wrappers
+
+
+def _parse_json(decoded: str):
+    """``json.loads(decoded)``, a third faster on the usual line, which starts with its value."""
+    try:
+        value, end = _scan_json(decoded, 0)
+    except StopIteration:  # leading whitespace, or not JSON: json.loads gives the value or the message
+        return json.loads(decoded)
+    if end != len(decoded) and decoded[end:].strip(" \t\n\r"):
+        return json.loads(decoded)  # raises "Extra data", with its column
+    return value
+
+
 def _record_text(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
     """Decode and validate one line; raise a UserError naming the file and line."""
-    where = f"{path}:{line_number}"
     try:
-        decoded = raw.decode("utf-8")
+        record = _parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise UserError(f"{where}: invalid UTF-8 (byte {exc.start} of the line)") from None
-    try:
-        record = json.loads(decoded)
+        raise _NotJsonl(f"{path}:{line_number}: invalid UTF-8 (byte {exc.start} of the line)") from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg}; column {exc.colno})") from None
+        raise _NotJsonl(f"{path}:{line_number}: not valid JSON ({exc.msg}; column {exc.colno})") from None
+    except ValueError:  # valid JSON that Python refuses: an integer past its 4300-digit conversion limit
+        raise UserError(f"{path}:{line_number}: a JSON integer with more than {sys.get_int_max_str_digits()} "
+                        f"digits, more than Python reads; write it as a string or drop the field") from None
+    except RecursionError:
+        raise UserError(f"{path}:{line_number}: JSON nested too deeply to read (more than about "
+                        f"{sys.getrecursionlimit()} levels)") from None
     if not isinstance(record, dict):
-        raise UserError(f"{where}: expected a JSON object, found a JSON {type(record).__name__}")
-    if text_field not in record:
-        keys = _keys_text(record)
-        raise UserError(
-            f"{where}: no field '{text_field}' (this record has keys: {keys}); "
-            f"choose the text field with --text-field"
-        )
-    text = record[text_field]
+        raise _NotJsonl(f"{path}:{line_number}: expected a JSON object, found a JSON {type(record).__name__}")
+    text = record.get(text_field, _MISSING)
+    if text is _MISSING:
+        raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
+                        f"{_keys_text(record)}); choose the text field with --text-field")
     if not isinstance(text, str):
-        raise UserError(
-            f"{where}: field '{text_field}' is a JSON {type(text).__name__}, expected a string"
-        )
+        raise UserError(f"{path}:{line_number}: field '{text_field}' is a JSON {type(text).__name__}, "
+                        f"expected a string")
     return text
 
 
-def _iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """Yield (line number, start offset, content without the newline) for every line."""
-    import io
+def _surrogate_error(text: str, exc: UnicodeEncodeError, where: str, text_field: str) -> UserError:
+    """A JSON \\ud800-\\udfff escape without its pair decodes to a string no tokenizer can encode."""
+    return UserError(f"{where}: field '{text_field}' holds a lone surrogate (\\u{ord(text[exc.start]):04x} at "
+                     f"character {exc.start}): valid JSON but not Unicode text, which no tokenizer can read; "
+                     f"fix or remove the record")
 
-    offset = 0
-    with open_binary(path) as raw, io.BufferedReader(raw, buffer_size=1 << 20) as handle:
-        for line_number, line in enumerate(handle, start=1):
-            length = len(line)
-            content = line[:-1] if line.endswith(b"\n") else line
-            yield line_number, offset, content
-            offset += length
+
+def _skip_preamble(handle, path: Path) -> int:
+    """Refuse content that is plainly not JSONL; skip a UTF-8 byte order mark. Returns bytes skipped."""
+    head = handle.read(16)  # read, not peek: a first gzip member or zstd frame may hold a single byte
+    handle.seek(0)
+    advice = _format_advice(path, head, decompressed=is_compressed(path))
+    if advice is not None:
+        raise UserError(f"{path}: {advice}")
+    if head.startswith(_UTF8_BOM):  # some editors write one; it is not part of the first record
+        return handle.seek(len(_UTF8_BOM))
+    return 0
 
 
 def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True) -> RecordIndex:
     """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: input file not found")
-    # The bar counts decompressed bytes; for compressed input the total is unknown.
-    size = None if is_compressed(path) else path.stat().st_size
-    # Compact typed arrays: 32 bytes per record, not ~120 as Python int lists would take.
-    starts, ends = array.array("q"), array.array("q")
-    line_numbers, fingerprints = array.array("q"), array.array("Q")
-    bar = _progress_bar(size, f"Indexing {path.name}", progress)
-    done = 0
-    for line_number, start, content in _iter_lines(path):
-        if content.strip():
-            text = _record_text(content, path, line_number, text_field)
-            starts.append(start)
-            ends.append(start + len(content))
-            line_numbers.append(line_number)
-            fingerprints.append(text_fingerprint(text))
-        if bar is not None and start - done > (8 << 20):
-            bar.update(start - done)
-            done = start
-    if bar is not None:
-        bar.close()
+    check_input(path)
+    # Compact typed arrays: 40 bytes per record, not ~150 as Python int lists would take.
+    starts, ends, line_numbers = array.array("q"), array.array("q"), array.array("q")
+    fingerprints, raw_hashes = bytearray(), array.array("Q")
+    blake2b, crc32, adler32 = hashlib.blake2b, zlib.crc32, zlib.adler32
+    with open_binary(path, buffer_size=1 << 20) as handle:
+        identity = _identity(os.fstat(handle.fileno()))
+        # The bar counts decompressed bytes; for compressed input the total is unknown.
+        size = None if is_compressed(path) else identity.size
+        offset = done = _skip_preamble(handle, path)
+        with Progress(size, f"Indexing {path.name}", unit="MB", rate_unit="MB", bar=progress, scale=1 << 20) as bar:
+            try:
+                for line_number, line in enumerate(handle, start=1):
+                    start = offset
+                    offset += len(line)
+                    content = line[:-1] if line.endswith(b"\n") else line
+                    if content and not content.isspace():
+                        text = _record_text(content, path, line_number, text_field)
+                        try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
+                            encoded = text.encode("utf-8")
+                        except UnicodeEncodeError as exc:
+                            raise _surrogate_error(text, exc, f"{path}:{line_number}", text_field) from None
+                        starts.append(start)
+                        ends.append(start + len(content))
+                        line_numbers.append(line_number)
+                        # Little-endian digest bytes: the same uint64 as int.from_bytes(digest, "little").
+                        fingerprints += blake2b(encoded, digest_size=8).digest()
+                        raw_hashes.append(crc32(content) | adler32(content) << 32)
+                    if start - done > (8 << 20):
+                        bar.update(start - done)
+                        done = start
+            except _CompressedDataError:
+                raise
+            except UserError as exc:
+                if isinstance(handle.raw, _Decompressed):  # corrupt data is the likelier cause
+                    handle.raw.check_ahead(64 << 20)
+                if isinstance(exc, _NotJsonl) and not starts:
+                    raise UserError(f"{exc}; {_JSONL_HINT}") from None
+                raise
+        if _identity(os.fstat(handle.fileno())) != identity:
+            raise UserError(f"{path}: the input changed while it was being indexed; re-run once it stays unchanged")
     if not starts:
         raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     return RecordIndex(
@@ -155,8 +514,36 @@ def scan_jsonl(path: Path | str, text_field: str = "text", progress: bool = True
         starts=np.frombuffer(starts, dtype=np.int64).copy(),
         ends=np.frombuffer(ends, dtype=np.int64).copy(),
         line_numbers=np.frombuffer(line_numbers, dtype=np.int64).copy(),
-        fingerprints=np.frombuffer(fingerprints, dtype=np.uint64).copy(),
+        fingerprints=np.frombuffer(fingerprints, dtype="<u8").astype(np.uint64),
+        raw_hashes=np.frombuffer(raw_hashes, dtype=np.uint64).copy(),
+        identity=identity,
     )
+
+
+def check_unchanged(index: RecordIndex) -> None:
+    """Raise a UserError if the indexed file is no longer as it was (size, mtime, inode).
+
+    Every read of the records checks this and each record's bytes; call it before long work
+    ends so a changed input is reported before its results are stored.
+    """
+    try:
+        st = os.stat(index.path)
+    except OSError as exc:
+        raise UserError(f"{index.path}: the input changed since it was indexed (it cannot be read now: "
+                        f"{exc.strerror}); re-run once the file stays unchanged for the whole run") from None
+    _check_identity(index.path, _identity(st), index.identity)
+
+
+def _verify(index: RecordIndex, rows: np.ndarray, raws: list) -> None:
+    """Every record read back must be the bytes that were indexed."""
+    n = len(raws)
+    found = np.fromiter(map(zlib.crc32, raws), np.uint64, n) | np.fromiter(map(zlib.adler32, raws), np.uint64, n) << 32
+    bad = np.flatnonzero(found != index.raw_hashes[rows])
+    if bad.size:
+        line = int(index.line_numbers[rows[bad[0]]])
+        raise UserError(f"{index.path}:{line}: this record changed since the input was indexed ({bad.size} of "
+                        f"{len(raws)} records read together differ): the file was modified during the run; re-run "
+                        f"once it stays unchanged")
 
 
 def batch_bounds(sizes: np.ndarray, max_batch_bytes: int, max_batch_rows: int) -> np.ndarray:
@@ -196,7 +583,9 @@ def _iter_raw_batches(
         return
     sizes = index.ends[rows] - index.starts[rows]
     bounds = batch_bounds(sizes, max_batch_bytes, max_batch_rows)
-    with open_binary(index.path) as handle:  # rows ascend, so compressed input only seeks forward
+    # The file must be the one indexed, and every record the bytes indexed; rows ascend, so
+    # compressed input only seeks forward.
+    with open_binary(index.path, expect=index.identity) as handle:
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             batch = rows[lo:hi]
             first, last = index.starts[batch[0]], index.ends[batch[-1]]
@@ -209,10 +598,9 @@ def _iter_raw_batches(
                 for row in batch:
                     handle.seek(index.starts[row])
                     raws.append(handle.read(index.ends[row] - index.starts[row]))
+            _verify(index, batch, raws)
             yield batch, raws
 
-
-_MISSING = object()
 
 
 def read_field_values(index: RecordIndex, field: str) -> list:
@@ -227,7 +615,8 @@ def read_field_values(index: RecordIndex, field: str) -> list:
 
 
 def _keys_text(record: dict) -> str:
-    return ", ".join(sorted(record)[:10]) or "none"
+    """The record's first keys, each on the message's one line (a key with a newline or tab is JSON-quoted)."""
+    return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(record)[:10]) or "none"
 
 
 def _record_keys(index: RecordIndex, row: int) -> str:
@@ -285,63 +674,57 @@ def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str, m
     """Write the input records in ``order`` to ``output`` atomically; return bytes written.
 
     Each record is copied byte for byte from the input and followed by exactly one newline.
-    Plain input is copied through a memory map. Compressed input cannot be read at random,
-    so the output is assembled in pieces of at most ``max_pass_bytes``, one forward pass over
-    the input per piece. An output named ``.gz`` or ``.zst`` is compressed.
+    The input must still be the file indexed (checked before anything is written), and every
+    record copied must hash as indexed, else a UserError and no output. Plain input is copied
+    through a memory map. Compressed input cannot be read at random, so the output is assembled
+    in pieces of at most ``max_pass_bytes``, one forward pass over the input per piece. An output
+    named ``.gz`` or ``.zst`` is compressed.
     """
     output = Path(output)
     order = np.asarray(order, dtype=np.int64)
     if order.shape[0] != len(index) or not np.array_equal(np.sort(order), np.arange(len(index))):
         raise ValueError("order must be a permutation of the record positions")
-    pieces = _record_pieces(index, order, max_pass_bytes)
+    check_unchanged(index)
     written = 0
     with atomic_open(output, "wb") as target, _compressing(output, target) as sink:
-        buffer = _OutputBuffer(sink)
-        for piece in pieces:
-            for record in piece:
-                buffer.add(record)
-        written = buffer.close()
+        for rows, records in _record_pieces(index, order, max_pass_bytes):
+            _verify(index, rows, records)
+            sink.write(b"\n".join(records))
+            sink.write(b"\n")
+            written += sum(map(len, records)) + len(records)
     return written
 
 
-class _OutputBuffer:
-    """Joins records into big writes, one newline after each record."""
+_WRITE_GROUP_BYTES = 16 << 20  # records joined per write (and verified together)
 
-    def __init__(self, sink) -> None:
-        self.sink, self.parts, self.pending, self.total = sink, [], 0, 0
 
-    def add(self, record: bytes) -> None:
-        self.parts += (record, b"\n")
-        self.pending += len(record) + 1
-        if self.pending >= _READ_BLOCK_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        self.sink.write(b"".join(self.parts))
-        self.total += self.pending
-        self.parts, self.pending = [], 0
-
-    def close(self) -> int:
-        self.flush()
-        return self.total
+def _groups(sizes: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive (lo, hi) groups of about ``group_bytes`` (a bigger item is a group of its own)."""
+    before = np.cumsum(sizes) - sizes  # bytes before each item
+    cuts = np.flatnonzero(np.diff(before // group_bytes)) + 1
+    bounds = [0, *cuts.tolist(), int(sizes.size)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _record_pieces(index: RecordIndex, order: np.ndarray, max_pass_bytes: int):
-    """Yield, piece by piece, iterables of the records' bytes in output order."""
+    """Yield (rows, their records' bytes) in output order, a group at a time."""
     starts, ends = index.starts[order], index.ends[order]
     if not is_compressed(index.path):
-        with open(index.path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            yield (data[a:b] for a, b in zip(starts.tolist(), ends.tolist()))
+        with open_binary(index.path, expect=index.identity) as source, \
+                mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for lo, hi in _groups(ends - starts + 1, _WRITE_GROUP_BYTES):
+                yield order[lo:hi], [data[a:b] for a, b in zip(starts[lo:hi].tolist(), ends[lo:hi].tolist())]
         return
     bounds = batch_bounds(ends - starts, max_pass_bytes, 1 << 62)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         wanted = np.argsort(starts[lo:hi], kind="stable")  # read in file order, emit in output order
         records: list[bytes] = [b""] * int(hi - lo)
-        with open_binary(index.path) as source:
+        with open_binary(index.path, expect=index.identity) as source:
             for j in wanted.tolist():
                 source.seek(int(starts[lo + j]))
                 records[j] = source.read(int(ends[lo + j] - starts[lo + j]))
-        yield records
+        for a, b in _groups(ends[lo:hi] - starts[lo:hi] + 1, _WRITE_GROUP_BYTES):
+            yield order[lo + a:lo + b], records[a:b]
 
 
 @contextlib.contextmanager
@@ -365,12 +748,3 @@ def check_output_path(input_path: Path, output_path: Path) -> None:
         same = os.path.samefile(input_path, output_path)
     if same:
         raise UserError(f"--output {output_path} is the input file; choose another output path")
-
-
-def _progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    # disable=None: no bar when stderr is not a terminal (log files stay readable).
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)

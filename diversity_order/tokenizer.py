@@ -2,13 +2,22 @@
 
 One tokenization pass feeds both the token counts and the embeddings (the reference encodes
 every document twice, one at a time). Batches go to the fast (Rust) tokenizer's
-``encode_batch``, which spreads them over all cores. The ids are exactly
+``encode_batch_fast``, which spreads them over all cores and, unlike ``encode_batch``, does
+not compute each token's character offsets, which we never read. The ids are exactly
 ``tokenizer.encode(text, add_special_tokens=False)``: no special tokens, no truncation.
+
+Loading through transformers' ``AutoTokenizer`` costs ~3 CPU-seconds and ~170 MB (importing
+transformers, then building the tokenizer object), ten times what the Rust tokenizer needs to
+read tokenizer.json itself. So when the folder's tokenizer_config.json says transformers would
+use tokenizer.json as it is (see ``_verbatim_tokenizer_json``), we read it with ``tokenizers``
+alone; anything else (another tokenizer class, options that change the pipeline, special
+tokens that transformers would add) goes through ``AutoTokenizer`` as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -29,23 +38,38 @@ class DocumentTokenizer:
         if not model_dir.is_dir():
             raise UserError(f"--model-dir {model_dir}: folder not found")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        # The "sequence longer than the model's maximum" warning is noise here: we never
-        # feed these ids to the model, and the reference does not truncate either.
-        hf_logging.set_verbosity_error()
-        try:
-            self._hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        except Exception as exc:  # transformers raises many types for a bad folder
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"--model-dir {model_dir}: cannot load a tokenizer ({first_line})") from None
         self.model_dir = model_dir
-        self._backend = getattr(self._hf, "backend_tokenizer", None) if self._hf.is_fast else None
+        self._transformers_tokenizer = None
+        self._backend = _verbatim_tokenizer_json(model_dir)
+        if self._backend is None:
+            hf = self._hf  # loads through transformers
+            self._backend = getattr(hf, "backend_tokenizer", None) if hf.is_fast else None
+        if self._backend is not None:
+            # Same ids as encode_batch (tokenizers >= 0.21 has it); offsets come back as zeros.
+            self._encode_ids_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         self.fingerprint = self._fingerprint()
 
     @property
+    def _hf(self):
+        """The transformers tokenizer, loaded on first use (never, when tokenizer.json was read directly)."""
+        if self._transformers_tokenizer is None:
+            from transformers import AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            # The "sequence longer than the model's maximum" warning is noise here: we never
+            # feed these ids to the model, and the reference does not truncate either.
+            hf_logging.set_verbosity_error()
+            try:
+                self._transformers_tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir), local_files_only=True)
+            except Exception as exc:  # transformers raises many types for a bad folder
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise UserError(f"--model-dir {self.model_dir}: cannot load a tokenizer ({first_line})") from None
+        return self._transformers_tokenizer
+
+    @property
     def vocab_size(self) -> int:
+        if self._transformers_tokenizer is None and self._backend is not None:
+            return self._backend.get_vocab_size(with_added_tokens=True)
         return len(self._hf)
 
     def _fingerprint(self) -> str:
@@ -61,14 +85,80 @@ class DocumentTokenizer:
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all ``texts`` concatenated (int64), and each text's token count."""
         if self._backend is not None:
-            encodings = self._backend.encode_batch(texts, add_special_tokens=False)
+            encodings = self._encode_ids_batch(texts, add_special_tokens=False)
             id_lists = [encoding.ids for encoding in encodings]
         else:
             id_lists = [self._hf.encode(text, add_special_tokens=False) for text in texts]
-        lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=int(lengths.sum()))
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        # chain.from_iterable walks the lists in C: half the time of a generator expression.
+        flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """How each token reads on its own (e.g. " the"), for reports; one batched call."""
+        singles = [[int(t)] for t in token_ids]
+        if self._backend is not None:
+            return self._backend.decode_batch(singles, skip_special_tokens=False)
+        return [self._hf.decode(ids) for ids in singles]
 
     def encode(self, text: str) -> list[int]:
         """One document's ids, the way the reference computes them."""
+        if self._transformers_tokenizer is None and self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self._hf.encode(text, add_special_tokens=False))
+
+
+# tokenizer_config.json keys that leave transformers' tokenizer pipeline as tokenizer.json has it.
+# Special tokens are checked separately (transformers adds those tokenizer.json lacks); the
+# rest only touch what add_special_tokens=False never uses (BOS/EOS insertion, padding side,
+# maximum length, decoding, chat templates). Any other key sends the folder through transformers.
+_NEUTRAL_CONFIG_KEYS = frozenset({
+    "tokenizer_class", "backend", "added_tokens_decoder", "bos_token", "eos_token", "unk_token", "pad_token",
+    "sep_token", "cls_token", "mask_token", "additional_special_tokens", "extra_special_tokens", "add_bos_token",
+    "add_eos_token", "model_max_length", "padding_side", "truncation_side", "model_input_names",
+    "clean_up_tokenization_spaces", "chat_template", "is_local", "local_files_only", "name_or_path",
+})
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+# Classes whose loading is "read tokenizer.json" (in transformers 5 both are TokenizersBackend);
+# model-specific classes may rebuild the normaliser or pre-tokeniser from their own defaults.
+_VERBATIM_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _verbatim_tokenizer_json(model_dir: Path):
+    """tokenizer.json read by ``tokenizers`` when transformers would use it unchanged, else None."""
+    tokenizer_file, config_file = model_dir / "tokenizer.json", model_dir / "tokenizer_config.json"
+    if not (tokenizer_file.is_file() and config_file.is_file()):
+        return None
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        pipeline = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # transformers will say what is wrong
+    if not isinstance(config, dict) or not isinstance(pipeline, dict):
+        return None
+    if config.get("tokenizer_class") not in _VERBATIM_CLASSES or set(config) - _NEUTRAL_CONFIG_KEYS:
+        return None
+    if pipeline.get("truncation") is not None or pipeline.get("padding") is not None:
+        return None  # transformers overrides these per call; simpler to let it
+    if (model_dir / "special_tokens_map.json").exists():
+        return None  # an older layout whose tokens transformers merges in
+    added = pipeline.get("added_tokens") or []
+    contents = {token.get("content") for token in added if isinstance(token, dict)}
+    named = [config.get(key) for key in _SPECIAL_TOKEN_KEYS]
+    named += list(config.get("additional_special_tokens") or []) + list(config.get("extra_special_tokens") or [])
+    for token in named:
+        content = token.get("content") if isinstance(token, dict) else token
+        if content is not None and content not in contents:
+            return None  # transformers would add it as a special token, changing how text splits
+    by_id = {token.get("id"): token for token in added if isinstance(token, dict)}
+    for token_id, token in (config.get("added_tokens_decoder") or {}).items():
+        listed = by_id.get(int(token_id))
+        if not isinstance(token, dict) or listed is None or any(
+                listed.get(key) != value for key, value in token.items() if key != "__type"):
+            return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(tokenizer_file))
+    except Exception:  # noqa: BLE001 - a format this tokenizers version cannot read: transformers may convert it
+        return None

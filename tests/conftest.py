@@ -44,6 +44,13 @@ def write_jsonl(path, records, trailing_newline=True):
     return path
 
 
+@pytest.fixture(autouse=True)
+def private_cache_registry(tmp_path_factory, monkeypatch):
+    """Each test gets its own cache registry: one test's stored sets must not serve another's
+    (nor land in the user's ~/.cache)."""
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(tmp_path_factory.mktemp("cache_registry")))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Llama: a BPE tokenizer trained on topic text and random weights, saved as safetensors."""

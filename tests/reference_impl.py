@@ -147,7 +147,7 @@ def ref_calibration(x, samples, seed, k_values=(5, 10, 15, 20, 25, 30, 40, 50, 7
 
 
 # --- Orderings beyond the reference's stratified greedy, and the token-share metrics ------------------
-# Plain loops written from the docstrings in diversity_order/ordering.py and diversity.py.
+# Plain loops written from the docstrings in diversity_order/orderings/ and diversity.py.
 
 
 class RefWindow:
@@ -336,20 +336,112 @@ def ref_folds(sorted_items, n_folds, zigzag):
 
 
 def ref_stable_and_transitions(sorted_items, n_sections, transition_ratio, n_folds, zigzag):
-    """Stair/saw: K sections of the sorted list; around each of the K-1 boundaries round(i * (n / K)), a
-    region of round(rho * (n / K)) items on either side is dealt into folds (zig-zag for saw); at most
-    half the distance between two neighbouring boundaries, so regions never overlap."""
+    """Stair/saw: boundaries round(n * s / K) for s = 1..K-1 and a radius round(r * n), both rounded
+    halves to even (Python's round). Walking the boundaries in turn, the items from where the last
+    region ended (or b - radius, if later) up to b + radius (or the end) are dealt into folds (zig-zag
+    for saw); everything else stays in place."""
     n = len(sorted_items)
-    n_sections = max(1, n_sections)
-    half = round(transition_ratio * (n / n_sections))
-    edges = [round(i * (n / n_sections)) for i in range(1, n_sections)]
-    for a, b in zip(edges, edges[1:]):
-        half = min(half, (b - a) // 2)
     out = list(sorted_items)
-    if half <= 0:
+    if n == 0 or n_sections <= 1 or transition_ratio <= 0:
         return out
-    for i in range(1, n_sections):
-        edge = round(i * (n / n_sections))
-        lo, hi = max(0, edge - half), min(n, edge + half)
+    radius = round(n * transition_ratio)
+    last_end = 0
+    for s in range(1, n_sections):
+        edge = round(n * s / n_sections)
+        lo, hi = max(last_end, edge - radius), min(n, edge + radius)
         out[lo:hi] = ref_folds(sorted_items[lo:hi], n_folds, zigzag)
+        last_end = hi
     return out
+
+
+def ref_segment_parts(sorted_items, first_percent, last_percent, layout):
+    """Segment: (first, middle, last) as sets of items. floor(n * p / 100) items in the first and in the
+    last part, from the score ends the layout names (low = the start of sorted_items); with both parts
+    from one end, first and last are given as one set (their union) and first is None."""
+    n = len(sorted_items)
+    n_first, n_last = int(n * first_percent // 100), int(n * last_percent // 100)
+    first_end, last_end = layout.split("-")
+    if first_end == last_end:
+        k = n_first + n_last
+        pool = sorted_items[:k] if first_end == "low" else sorted_items[n - k:]
+        middle = sorted_items[k:] if first_end == "low" else sorted_items[:n - k]
+        return None, set(middle), set(pool)
+    low_count, high_count = (n_first, n_last) if first_end == "low" else (n_last, n_first)
+    low, high = set(sorted_items[:low_count]), set(sorted_items[n - high_count:])
+    middle = set(sorted_items[low_count:n - high_count])
+    return (low, middle, high) if first_end == "low" else (high, middle, low)
+
+
+def ref_gumbel(sorted_items, temperature, seed):
+    """Sorted with Gumbel noise: item i gets the key i + temperature * g_i, g the standard Gumbel draws of a
+    numpy generator seeded with ``seed``; items by key, equal keys in their sorted order."""
+    if temperature == 0 or len(sorted_items) <= 1:
+        return list(sorted_items)
+    noise = np.random.default_rng(seed).gumbel(size=len(sorted_items))
+    keys = [i + temperature * float(g) for i, g in enumerate(noise)]
+    return [sorted_items[i] for i in sorted(range(len(sorted_items)), key=lambda i: (keys[i], i))]
+
+
+# Split packing: documents concatenated into one token stream, cut every seq_len tokens.
+def ref_split_windows(labels_in_order, counts_in_order, seq_len):
+    """Per window (in order), {cluster: tokens it has there}. A document with t > 0 tokens at
+    stream offset s is in windows s // L .. (s + t - 1) // L; one with no tokens is in the window
+    of the token before it (window 0 at the start)."""
+    windows = {}
+    offset = 0
+    for cluster, tokens in zip(labels_in_order, counts_in_order):
+        if tokens == 0:
+            w = (offset - 1) // seq_len if offset > 0 else 0
+            windows.setdefault(w, {}).setdefault(cluster, 0)
+            continue
+        for position in range(offset, offset + tokens):
+            bucket = windows.setdefault(position // seq_len, {})
+            bucket[cluster] = bucket.get(cluster, 0) + 1
+        offset += tokens
+    return [windows[w] for w in sorted(windows)]
+
+
+def ref_split_window_diversity(labels_in_order, counts_in_order, seq_len):
+    windows = ref_split_windows(labels_in_order, counts_in_order, seq_len)
+    return [len(w) for w in windows] or [0]
+
+
+def ref_split_window_share_deviation(labels_in_order, counts_in_order, seq_len, n_clusters):
+    shares = ref_global_token_shares(labels_in_order, counts_in_order, n_clusters)
+    out = []
+    for window in ref_split_windows(labels_in_order, counts_in_order, seq_len):
+        total = sum(window.values())
+        if total:
+            out.append(max(abs(window.get(k, 0) / total - shares[k]) for k in range(n_clusters)))
+    return out or [0.0]
+
+
+def ref_window_documents(labels_in_order, counts_in_order, seq_len, split=False):
+    """Documents present in each window, windows as ref_window_diversity (whole) or ref_split_windows (split)."""
+    if split:
+        docs, offset = {}, 0
+        for tokens in counts_in_order:
+            first = ((offset - 1) // seq_len if offset > 0 else 0) if tokens == 0 else offset // seq_len
+            last = first if tokens == 0 else (offset + tokens - 1) // seq_len
+            for w in range(first, last + 1):
+                docs[w] = docs.get(w, 0) + 1
+            offset += tokens
+        return [docs[w] for w in sorted(docs)] or [0]
+    out = []
+    S, D, F = set(), 0, 0
+    for c, t in zip(labels_in_order, counts_in_order):
+        if F + t <= seq_len:
+            S.add(c)
+            D += 1
+            F += t
+        else:
+            if F > 0:
+                out.append(D)
+            S, D, F = {c}, 1, t
+            while F >= seq_len:
+                out.append(D)
+                F -= seq_len
+                S, D = ({c}, 1) if F > 0 else (set(), 0)
+    if S:
+        out.append(D)
+    return out or [0]

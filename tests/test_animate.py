@@ -10,7 +10,7 @@ from PIL import Image
 import animate_ordering
 from diversity_order import animate
 from diversity_order.errors import UserError
-from diversity_order.ordering import OrderingOptions, balanced_order, stratified_order
+from diversity_order.orderings import OrderingOptions, balanced_order, stratified_order
 
 
 def read_video(path):

@@ -8,7 +8,8 @@ from PIL import Image
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 import compare_clusterings
-from diversity_order import compare as cmp
+from diversity_order import cluster_compare as cmp
+from diversity_order import plots
 from diversity_order.errors import UserError
 
 
@@ -91,8 +92,8 @@ def test_script_json_and_plots(tmp_path, monkeypatch, capsys):
     np.save(tmp_path / "s.npy", x)
     np.save(tmp_path / "d.npy", deep)
     # UMAP is slow to start; the projection itself is covered by the plots' own tests.
-    original = cmp.plot_umap_side_by_side
-    monkeypatch.setattr(cmp, "plot_umap_side_by_side",
+    original = plots.plot_umap_side_by_side
+    monkeypatch.setattr(plots, "plot_umap_side_by_side",
                         lambda path, s, d, result, seed=42: original(path, s, d, result, seed, projector=lambda a: a[:, :2]))
     rc = compare_clusterings.main(["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"),
                                    "--n-clusters", "4", "--pca-deep-only", "8", "--plot", str(tmp_path / "cmp.png"),

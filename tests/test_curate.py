@@ -1,7 +1,12 @@
 """The whole curate pipeline on the tiny model: outputs, faithfulness, incremental caches, errors."""
 
+import contextlib
+import errno
 import json
 import logging
+import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +16,7 @@ from conftest import topical_records, write_jsonl
 from diversity_order import embed
 from diversity_order.cli import run_main
 from diversity_order.diversity import summarize_windows, window_diversity
-from diversity_order.ordering import OrderingOptions, stratified_order
+from diversity_order.orderings import OrderingOptions, stratified_order
 from reference_impl import ref_stratified_order, ref_summary, ref_window_diversity
 
 
@@ -261,3 +266,166 @@ def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, top
     assert (tmp_path / "packed" / "data_token_counts.npy").exists()
     assert (tmp_path / "packed" / "cur_meta.json").exists()
     assert gzip.decompress((tmp_path / "packed" / "cur.jsonl.gz").read_bytes()) == (tmp_path / "plain_cur.jsonl").read_bytes()
+
+
+# ---- caches: dtype/shape checked, rewritten in input order, found by content, failed writes ------
+
+
+@pytest.fixture()
+def own_registry(tmp_path_factory, monkeypatch):
+    """A cache registry of this test's own (the code reads the variable at each call)."""
+    folder = tmp_path_factory.mktemp("registry")
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture(params=["chattr", "simulated"])
+def refuse_writes(request, monkeypatch):
+    """``refuse_writes(path)``: a context in which no file can be written at ``path`` (a file) or in it
+    (a folder): ``chattr +i`` (needs root and a file system that has it), or EPERM from the writer."""
+
+    @contextlib.contextmanager
+    def chattr(path):
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+        if done.returncode:
+            pytest.skip(f"chattr +i not possible here: {done.stderr.decode().strip()}")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+
+    @contextlib.contextmanager
+    def simulated(path):
+        from diversity_order import atomic
+
+        real = atomic.atomic_open
+
+        def refusing(target, mode="wb"):
+            if Path(target) == path or Path(target).parent == path:
+                raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(target))
+            return real(target, mode)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(atomic, "atomic_open", refusing)
+            yield
+
+    return chattr if request.param == "chattr" else simulated
+
+
+def test_caches_of_another_dtype_or_width_are_recomputed(tmp_path, tiny_model_dir, embed_spy, own_registry):
+    from diversity_order import caches
+
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
+    args = ["--input", src, "--output", tmp_path / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+            "--no-plot"]
+    assert curate(*args) == 0
+    emb_path, count_path = tmp_path / "d_cur_embeddings.npy", tmp_path / "d_token_counts.npy"
+    good_emb, good_counts = np.load(emb_path), np.load(count_path)
+    fps = np.load(tmp_path / "d_cur_embeddings.fingerprints.npy")
+    emb_key = json.loads((tmp_path / "d_cur_embeddings.cache.json").read_text())["key"]
+    count_key = json.loads((tmp_path / "d_token_counts.cache.json").read_text())["key"]
+    # Right key, right fingerprints, wrong arrays: int64 zeros and N x 10 floats as embeddings,
+    # token counts as floats and as a column.
+    for bad_emb, bad_counts in [(np.zeros((30, 32), np.int64), good_counts.astype(np.float64)),
+                                (np.ones((30, 10), np.float32), good_counts[:, None])]:
+        caches.store(emb_path, emb_key, fps, bad_emb)
+        caches.store(count_path, count_key, fps, bad_counts)
+        embed_spy.clear()
+        assert curate(*args) == 0
+        assert embed_spy == [(list(range(30)), True)]  # both recomputed, in the one pass
+        np.testing.assert_array_equal(np.load(emb_path), good_emb)
+        np.testing.assert_array_equal(np.load(count_path), good_counts)
+
+
+def test_caches_follow_the_input_after_records_are_swapped_or_deleted(tmp_path, tiny_model_dir, embed_spy,
+                                                                     own_registry):
+    from diversity_order.records import scan_jsonl
+
+    records = topical_records(per_topic=5)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    args = ["--input", src, "--output", tmp_path / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+            "--no-plot"]
+    assert curate(*args) == 0
+    emb_path, count_path = tmp_path / "d_cur_embeddings.npy", tmp_path / "d_token_counts.npy"
+    first_emb, first_counts = np.load(emb_path), np.load(count_path)
+
+    rows = list(range(30))
+    rows[3], rows[10] = 10, 3
+    del rows[20]
+    write_jsonl(src, [records[i] for i in rows])
+    embed_spy.clear()
+    assert curate(*args) == 0
+    assert embed_spy == []  # nothing new: every row reused ...
+    # ... and both caches rewritten to follow the input, as the other scripts read them.
+    np.testing.assert_array_equal(np.load(emb_path), first_emb[rows])
+    np.testing.assert_array_equal(np.load(count_path), first_counts[rows])
+    fps = scan_jsonl(src, progress=False).fingerprints
+    np.testing.assert_array_equal(np.load(tmp_path / "d_cur_embeddings.fingerprints.npy"), fps)
+    np.testing.assert_array_equal(np.load(tmp_path / "d_token_counts.fingerprints.npy"), fps)
+
+
+def test_a_new_output_name_reuses_the_embeddings_of_the_old_one(tmp_path, tiny_model_dir, embed_spy, own_registry,
+                                                                caplog):
+    caplog.set_level(logging.INFO)
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
+    common = ["--input", src, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot"]
+    assert curate(*common, "--output", tmp_path / "a.jsonl") == 0
+    (tmp_path / "other").mkdir()
+    embed_spy.clear()
+    assert curate(*common, "--output", tmp_path / "other" / "b.jsonl") == 0
+    assert embed_spy == []  # nothing embedded: the rows of a_embeddings.npy were found by content
+    assert "30 row(s) taken from" in caplog.text and "a_embeddings.npy" in caplog.text
+    np.testing.assert_array_equal(np.load(tmp_path / "other" / "b_embeddings.npy"),
+                                  np.load(tmp_path / "a_embeddings.npy"))
+    assert (tmp_path / "other" / "b.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
+
+    # A registered set deleted since (b) or changed since (a) is skipped: everything is embedded.
+    first = np.load(tmp_path / "a_embeddings.npy")
+    for path in (tmp_path / "other").glob("b_embeddings*"):
+        path.unlink()
+    np.save(tmp_path / "a_embeddings.npy", first[::-1].copy())
+    embed_spy.clear()
+    assert curate(*common, "--output", tmp_path / "c.jsonl") == 0
+    assert embed_spy == [(list(range(30)), True)]
+    np.testing.assert_array_equal(np.load(tmp_path / "c_embeddings.npy"), first)
+
+
+def test_read_only_input_folder_caches_token_counts_beside_the_output(tmp_path, tiny_model_dir, embed_spy,
+                                                                     own_registry, refuse_writes, caplog):
+    data_dir = tmp_path / "in"
+    data_dir.mkdir()
+    src = write_jsonl(data_dir / "d.jsonl", topical_records(per_topic=5))
+    out_dir = tmp_path / "out"
+    args = ["--input", src, "--output", out_dir / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+            "--no-plot"]
+    caplog.set_level(logging.WARNING)
+    with refuse_writes(data_dir):
+        assert curate(*args) == 0
+        assert "Token counts cannot be cached beside the input" in caplog.text
+        assert not (data_dir / "d_token_counts.npy").exists()
+        counts = np.load(out_dir / "d_token_counts.npy")
+        # Found there by the next runs: nothing tokenized again, and no tokenizer needed with --load-embeddings.
+        embed_spy.clear()
+        assert curate(*args) == 0
+        assert embed_spy == []
+        assert curate("--input", src, "--output", out_dir / "e.jsonl", "--load-embeddings",
+                      out_dir / "d_cur_embeddings.npy", "--n-clusters", 3, "--no-plot") == 0
+        assert embed_spy == []
+        assert json.loads((out_dir / "e_meta.json").read_text())["total_tokens"] == int(counts.sum())
+
+
+def test_an_immutable_cache_file_is_a_warning_and_the_run_goes_on(tmp_path, tiny_model_dir, own_registry,
+                                                                 refuse_writes, caplog):
+    records = topical_records(per_topic=5)
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "d_cur.jsonl"
+    args = ["--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot"]
+    assert curate(*args) == 0
+    write_jsonl(src, records + topical_records(per_topic=1, seed=7))  # the caches have to be rewritten
+    caplog.set_level(logging.WARNING)
+    with refuse_writes(tmp_path / "d_cur_embeddings.npy"):
+        assert curate(*args) == 0
+    assert "d_cur_embeddings.npy not written" in caplog.text
+    assert len(out.read_bytes().splitlines()) == 36
+    assert curate(*args) == 0  # and once it can be written again, it is
+    assert np.load(tmp_path / "d_cur_embeddings.npy").shape == (36, 32)

@@ -9,9 +9,10 @@ from PIL import Image
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
-from diversity_order import diversity, strategies
+from diversity_order import diversity
+from diversity_order import ordering_report as strategies
 from diversity_order.cli import run_main
-from diversity_order.ordering import ORDERINGS, SCORE_ORDERINGS, OrderingOptions
+from diversity_order.orderings import ORDERINGS, SCORE_ORDERINGS, OrderingOptions, applicable_orderings
 
 
 def curate(*args):
@@ -91,7 +92,7 @@ def test_compare_strategies_writes_table_json_and_plot(tmp_path, tiny_model_dir,
 def test_strategy_report_plot(tmp_path):
     rng = np.random.default_rng(0)
     labels, counts = rng.integers(0, 6, 3000), rng.integers(20, 900, 3000)
-    names = strategies.applicable_orderings(have_scores=True)
+    names = applicable_orderings(have_scores=True)
     rows, curves = strategies.compare_strategies(labels, counts, 6, [4096, 16384],
                                                  OrderingOptions(scores=rng.random(3000)), names)
     paths, table = strategies.write_report(tmp_path / "x", rows, curves, 6, "random data")

@@ -405,7 +405,7 @@ def _counting_forward(log_rows):
 
 @pytest.fixture
 def encode_spy(monkeypatch):
-    """Texts passed to the tokenizer (deep.py tokenizes only through encode_batch)."""
+    """Texts passed to the tokenizer (deep extraction tokenizes only through encode_batch)."""
     from diversity_order.tokenizer import DocumentTokenizer
 
     texts = []
@@ -541,7 +541,7 @@ def test_a_model_that_reads_no_tokens_is_refused(data, tiny_model_dir, tmp_path,
 def test_progress_lines_in_logs_without_a_bar(data, tiny_model_dir, tmp_path, caplog, monkeypatch):
     # No bar is drawn (--no-progress / a log file): a line with rates, ETA and memory replaces it.
     caplog.set_level("INFO")
-    monkeypatch.setattr(deep, "PROGRESS_LOG_SECONDS", 0)
+    monkeypatch.setenv("DIVERSITY_ORDER_PROGRESS_SECONDS", "0")
     deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir, batch_size=4))
     lines = [r.getMessage() for r in caplog.records if " documents (" in r.getMessage()]
     assert len(lines) >= 2
@@ -561,3 +561,427 @@ def test_finished_run_removes_temp_files_of_killed_checkpoint_writes(data, tiny_
     deep.extract(_config(data[0], out, tiny_model_dir))
     assert out.read_bytes() == baseline.read_bytes()
     assert not stray.exists() and unrelated.exists()
+
+
+# ----------------------------------------------------------------------------- model fingerprint
+
+def _same_size_weight_change(model_dir):
+    """Change one weight of ``model_dir``'s safetensors in place: same names, shapes and file size."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    size = path.stat().st_size
+    tensors = load_file(path)
+    name = next(n for n in sorted(tensors) if n.endswith("mlp.down_proj.weight"))
+    tensors[name][0, 0] += 0.5
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert path.stat().st_size == size
+
+
+def test_changed_weights_of_the_same_size_recompute_every_row(data, tiny_model_dir, tmp_path, caplog):
+    # A fine-tune has the same file names and sizes as its base: only the content tells them apart.
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, model))
+    before = np.load(out)
+    _same_size_weight_change(model)
+    rows = []
+    caplog.set_level("INFO")
+    result = deep.extract(_config(data[0], out, model), forward=_counting_forward(rows))
+    assert not result.nothing_to_do and len(rows) == result.docs == len(data[1]) - 1  # all but the empty record
+    assert "computed with a different model; recomputing all rows" in caplog.text
+    assert not np.allclose(np.load(out)[1:], before[1:], atol=1e-4)  # the new weights' vectors
+
+
+def _hub_snapshot(tmp_path, model_dir):
+    """``model_dir`` laid out as a Hugging Face hub cache: snapshots/<rev>/NAME -> ../../blobs/<hash>."""
+    import hashlib
+    import shutil
+
+    repo = tmp_path / "hub" / "models--tiny"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(model_dir.iterdir()):
+        content = path.read_bytes()
+        # LFS files are named by their sha256, small git files by a 40-digit git hash.
+        name = hashlib.sha256(content).hexdigest() if path.suffix == ".safetensors" else \
+            hashlib.sha1(content).hexdigest()
+        shutil.copyfile(path, blobs / name)
+        (snapshot / path.name).symlink_to(Path("..") / ".." / "blobs" / name)
+    return snapshot
+
+
+def test_fingerprint_reads_no_weights_a_hub_cache_names_and_sees_a_blob_changed_through_its_link(
+        tiny_model_dir, tmp_path, monkeypatch):
+    from diversity_order.deep import model as model_module
+
+    snapshot = _hub_snapshot(tmp_path, tiny_model_dir)
+    read = []
+    original = model_module._sha256
+    monkeypatch.setattr(model_module, "_sha256", lambda path: read.append(path.name) or original(path))
+    plain = model_module.model_fingerprint(tiny_model_dir)
+    assert "model.safetensors" in read
+    read.clear()
+    # The same content keys the same rows, whether used from the cache or from a plain copy.
+    assert model_module.model_fingerprint(snapshot) == plain
+    assert "model.safetensors" not in read and "config.json" in read
+
+    # Weights written through the link (torch.save, an in-place edit) change the blob, which keeps
+    # its name but is now newer than its link: the name is no longer trusted, the content is hashed.
+    import shutil
+
+    scratch = tmp_path / "scratch"
+    shutil.copytree(tiny_model_dir, scratch)
+    _same_size_weight_change(scratch)
+    link = snapshot / "model.safetensors"
+    link.write_bytes((scratch / "model.safetensors").read_bytes())
+    assert link.is_symlink()
+    blob = link.resolve()
+    link_mtime = os.lstat(link).st_mtime_ns
+    os.utime(blob, ns=(link_mtime + 10**9, link_mtime + 10**9))  # filesystems with coarse clocks
+    read.clear()
+    assert model_module.model_fingerprint(snapshot) != plain
+    assert "model.safetensors" in read
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _mask_writes(monkeypatch):
+    """The done count of every checkpoint written (the mask is the last file a checkpoint writes)."""
+    from diversity_order.deep import checkpoint as checkpoint_module
+
+    counts = []
+    original = checkpoint_module.save_npy
+
+    def spy(path, array):
+        if str(path).endswith(".partial.done.npy"):
+            counts.append(int(np.asarray(array).sum()))
+        return original(path, array)
+
+    monkeypatch.setattr(checkpoint_module, "save_npy", spy)
+    return counts
+
+
+def _expected_checkpoints(batches, every_docs, every_seconds, already_done):
+    """Done counts at each checkpoint by the rule: after the batch that brings the documents since the
+    last checkpoint to ``every_docs`` or the seconds (1 per batch here) to ``every_seconds``, whichever
+    first; then one at the end for the rows since. Returns the counts and which rule fired."""
+    counts, rules, since, clock, last, done = [], set(), 0, 0.0, 0.0, already_done
+    for size in batches:
+        since, clock, done = since + size, clock + 1.0, done + size
+        if since >= every_docs or clock - last >= every_seconds:
+            counts.append(done)
+            rules.add("docs" if since >= every_docs else "seconds")
+            since, last = 0, clock
+    if not counts or counts[-1] != done:
+        counts.append(done)
+    return counts, rules
+
+
+@pytest.mark.parametrize("every_docs, every_seconds", [(5, float("inf")), (5, 3.5)])
+def test_checkpoints_every_checkpoint_docs_or_seconds_whichever_first_and_no_more(
+        data, tiny_model_dir, baseline_bs2, tmp_path, monkeypatch, every_docs, every_seconds):
+    from diversity_order.deep import batches as batches_module
+
+    clock = [0.0]
+    monkeypatch.setattr(batches_module, "monotonic", lambda: clock[0])
+    sizes = []
+
+    def forward(model, ids, mask):  # each batch takes one second on the loop's clock
+        clock[0] += 1.0
+        sizes.append(ids.shape[0])
+        return deep.default_forward(model, ids, mask)
+
+    writes = _mask_writes(monkeypatch)
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2, checkpoint_docs=every_docs,
+                         checkpoint_seconds=every_seconds), forward=forward)
+    # The empty record is done before the loop: the first checkpoint saves it too.
+    expected, rules = _expected_checkpoints(sizes, every_docs, every_seconds, already_done=1)
+    assert writes == expected
+    assert rules == ({"docs"} if every_seconds == float("inf") else {"docs", "seconds"})  # both rules exercised
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+
+
+def test_checkpoint_intervals_must_be_positive(data, tiny_model_dir, tmp_path, capsys):
+    base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--model-dir", str(tiny_model_dir),
+            "--device", "cpu", "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, base + ["--checkpoint-docs", "0"]) == 2
+    assert "error: --checkpoint-docs 0: must be at least 1" in capsys.readouterr().err
+    assert run_main(extract_deep_embeddings.main, base + ["--checkpoint-seconds", "0"]) == 2
+    assert "error: --checkpoint-seconds 0.0: must be more than 0" in capsys.readouterr().err
+
+
+def test_a_checkpoint_writes_only_the_rows_finished_since_the_last(tmp_path, monkeypatch):
+    # Rewriting the whole share at every checkpoint made a long run's checkpoints ever slower
+    # (1M rows x 4096 floats: 16 GB per checkpoint).
+    from diversity_order.deep import checkpoint as checkpoint_module
+    from diversity_order.distributed import DistContext
+
+    written = []
+
+    class Spy:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, payload):
+            written.append(len(payload))
+            return self.handle.write(payload)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+    monkeypatch.setattr(checkpoint_module, "open", lambda *a, **kw: Spy(open(*a, **kw)), raising=False)
+    dim, key = 16, {"version": 1, "records": 1000}
+    partial = checkpoint_module.Partial(tmp_path / "o.npy", DistContext(), np.arange(1000), dim, key)
+    partial.start()
+    assert partial.data_path.stat().st_size >= 1000 * dim * 4  # the whole share's room, taken at the start
+    rng = np.random.default_rng(0)
+    for rows in (np.arange(10), np.asarray([500, 501, 502, 7 + 990, 20]), np.asarray([], dtype=np.int64)):
+        written.clear()
+        partial.data[rows] = rng.normal(size=(rows.size, dim)).astype(np.float32)
+        partial.done[rows] = True
+        partial.checkpoint()
+        assert sum(written) == rows.size * dim * 4
+    assert partial.writes == 2  # nothing new: nothing written
+
+    again = checkpoint_module.Partial(tmp_path / "o.npy", DistContext(), np.arange(1000), dim, key)
+    np.testing.assert_array_equal(again.done, partial.done)
+    np.testing.assert_array_equal(again.data[again.done], partial.data[partial.done])
+
+
+def _interrupt_after(calls):
+    seen = [0]
+
+    def forward(model, ids, mask):
+        seen[0] += 1
+        if seen[0] > calls:
+            raise KeyboardInterrupt
+        return deep.default_forward(model, ids, mask)
+    return forward
+
+
+def test_restart_before_any_checkpoint_is_quiet_and_a_damaged_checkpoint_warns(data, tiny_model_dir, baseline,
+                                                                              tmp_path, caplog):
+    out = tmp_path / "emb.npy"
+    key, rows_file, mask = (tmp_path / f"emb.npy.partial.{s}" for s in ("json", "npy", "done.npy"))
+    caplog.set_level("INFO")
+    # Stopped at its first batch: the key is written, no checkpoint yet.
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir), forward=_interrupt_after(0))
+    assert key.exists() and not mask.exists()
+    rows_file.unlink(missing_ok=True)  # as a run of before this change left it: the key alone
+    caplog.clear()
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    assert out.read_bytes() == baseline.read_bytes()
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.getMessage()]
+    assert "no rows checkpointed yet" in caplog.text
+
+    def damage_truncate():
+        rows_file.write_bytes(rows_file.read_bytes()[:-100])
+
+    def damage_shape():
+        np.save(rows_file, np.ones((3, 32), dtype=np.float32))
+
+    for damage in (damage_truncate, damage_shape):
+        out.unlink()
+        with pytest.raises(KeyboardInterrupt):
+            deep.extract(_config(data[0], out, tiny_model_dir, checkpoint_docs=4), forward=_interrupt_after(3))
+        assert mask.exists() and np.load(mask).sum() > 0
+        damage()
+        caplog.clear()
+        rows = []
+        deep.extract(_config(data[0], out, tiny_model_dir), forward=_counting_forward(rows))
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.getMessage()]
+        assert len(warnings) == 1 and "emb.npy.partial.npy: checkpoint damaged" in warnings[0]
+        assert len(rows) == len(data[1]) - 1  # every row computed again
+        assert out.read_bytes() == baseline.read_bytes()
+
+
+def test_disk_full_while_checkpointing_stops_with_one_line_and_the_last_checkpoint_resumes(
+        data, tiny_model_dir, baseline_bs2, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from diversity_order.deep import checkpoint as checkpoint_module
+
+    out = tmp_path / "emb.npy"
+    original = checkpoint_module.save_npy
+    writes = [0]
+
+    def full_after_two(path, array):
+        writes[0] += 1
+        if writes[0] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(path, array)
+
+    monkeypatch.setattr(checkpoint_module, "save_npy", full_after_two)
+    args = ["--input", str(data[0]), "--output", str(out), "--model-dir", str(tiny_model_dir), "--device", "cpu",
+            "--dtype", "float32", "--token-budget", "2048", "--batch-size", "2", "--checkpoint-docs", "4",
+            "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    saved = int(np.load(tmp_path / "emb.npy.partial.done.npy").sum())
+    assert errors == [f"error: cannot write the checkpoint emb.npy.partial.npy in {tmp_path}: No space left on "
+                      f"device; the last checkpoint ({saved} of {len(data[1])} rows) is intact: free space or fix "
+                      f"the folder, then rerun to resume"]
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+
+    monkeypatch.setattr(checkpoint_module, "save_npy", original)
+    rows = []
+    result = deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2), forward=_counting_forward(rows))
+    assert result.docs == len(rows) == len(data[1]) - saved
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+
+
+def test_no_room_for_the_checkpoint_is_said_before_any_work(data, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    import errno
+    from types import SimpleNamespace
+
+    from diversity_order.deep import checkpoint as checkpoint_module
+    from diversity_order.errors import UserError
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.os, "posix_fallocate", full, raising=False)
+    rows = []
+    with pytest.raises(UserError, match=r"cannot create the checkpoint .*emb.npy.partial.npy \(0.00 GB\): No space "
+                                        r"left on device; free space or choose another --output folder"):
+        deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir), forward=_counting_forward(rows))
+    assert rows == [] and not (tmp_path / "emb.npy.partial.npy").exists()
+
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    caplog.set_level("INFO")
+    deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir))
+    assert "writing the output at the end needs 0.00 GB" in caplog.text
+
+
+def test_sigterm_checkpoints_before_ending(data, tiny_model_dir, baseline_bs2, tmp_path):
+    """Slurm preemption, ``timeout`` and ``docker stop`` send SIGTERM: the rows done so far are saved."""
+    out = tmp_path / "emb.npy"
+    script = f"""
+import logging, os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from diversity_order import deep
+logging.basicConfig(level=logging.INFO)
+calls = [0]
+def forward(model, ids, mask):
+    calls[0] += 1
+    if calls[0] == 6:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return deep.default_forward(model, ids, mask)
+deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
+             device="cpu", dtype="float32", token_budget=2048, batch_size=2, checkpoint_docs=1000, progress=False),
+             forward=forward)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + 15, proc.stderr[-2000:]
+    done = np.load(tmp_path / "emb.npy.partial.done.npy")
+    assert done.sum() >= 2 * 5  # the five batches finished before the signal (and the one it interrupted)
+    assert "Terminated (SIGTERM)" in proc.stderr and not out.exists()
+    rows = []
+    result = deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2), forward=_counting_forward(rows))
+    assert result.docs == len(data[1]) - int(done.sum())
+    assert out.read_bytes() == baseline_bs2.read_bytes()
+
+
+def test_stderr_to_a_file_says_what_it_does_from_the_start(data, tiny_model_dir, tmp_path):
+    """The real script with stderr redirected to a file (nohup, Slurm, CI): no bars, but a line for
+    each stage as it starts, the model's loading time, and progress lines with rates, ETA and memory
+    from the first batch on."""
+    import re
+
+    out, log_file = tmp_path / "emb.npy", tmp_path / "stderr.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVERSITY_ORDER_PROGRESS_SECONDS": "0"}
+    with open(log_file, "w") as stderr:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "extract_deep_embeddings.py"), "--input", str(data[0]), "--output", str(out),
+             "--model-dir", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--token-budget", "2048",
+             "--batch-size", "8"], stdout=subprocess.PIPE, stderr=stderr, env=env, timeout=300)
+    text = log_file.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+
+    def first(needle):
+        return next(i for i, line in enumerate(lines) if needle in line)
+
+    runs = len(data[1]) - 1
+    progress = [i for i, line in enumerate(lines) if re.search(r"Deep embeddings: \d+ of \d+ documents", line)]
+    order = [first("Model fingerprint: "), first("Tokenizing: "), first("Loading the model from"),
+             first("Model loaded in"), progress[0]]
+    assert order == sorted(order), text
+    assert re.search(r"Model loaded in \d+\.\d s: LlamaModel, \d+M parameters, hidden size 32", lines[order[3]])
+    assert re.search(r"Tokenizing: .* docs/s, .* tokens/s, ETA \d+:\d\d:\d\d, peak RSS", lines[order[1]])
+    # The first progress line comes right after the first batch (8 documents at most), not an interval later.
+    assert re.search(rf"Deep embeddings: [1-8] of {runs} documents", lines[progress[0]])
+    assert len(progress) >= 3 and f"Deep embeddings: {runs} of {runs} documents (100%)" in lines[progress[-1]]
+    for i in progress:
+        assert re.search(r"docs/s, [\d,]+ tokens/s, ETA \d+:\d\d:\d\d, peak RSS \d+\.\d GiB$", lines[i]), lines[i]
+    assert "\r" not in text and "it/s" not in text  # no progress bar drawn into the file
+    assert np.load(out).shape == (len(data[1]), 32)
+
+
+def test_non_finite_hidden_states_are_said(data, tiny_model_dir, tmp_path, caplog):
+    # float16 overflows in many models: the NaN rows must not pass unnoticed until curate.
+    calls = [0]
+
+    def forward(model, ids, mask):
+        hidden = deep.default_forward(model, ids, mask)
+        calls[0] += 1
+        return hidden * float("nan") if calls[0] == 2 else hidden
+
+    out = tmp_path / "emb.npy"
+    deep.extract(_config(data[0], out, tiny_model_dir), forward=forward)
+    emb = np.load(out)
+    bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+    assert 0 < bad.size <= 8  # the second batch
+    warning = next(r.getMessage() for r in caplog.records if "NaN or inf" in r.getMessage())
+    assert warning.startswith(f"{bad.size} document(s) got a vector with NaN or inf") and \
+        warning.endswith("records " + ", ".join(map(str, bad)))
+
+
+def test_torchrun_ranks_must_hash_the_same_model(tiny_model_dir, tmp_path):
+    """Each rank hashes its own folder (nodes may hold their own copies); copies that differ are refused."""
+    import shutil
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    shutil.copytree(tiny_model_dir, same)
+    shutil.copytree(tiny_model_dir, other)
+    _same_size_weight_change(other)
+    script = tmp_path / "fingerprint.py"
+    script.write_text(f"""
+import os, sys
+import torch.distributed as dist
+from pathlib import Path
+from diversity_order.deep.model import model_fingerprint
+from diversity_order.errors import UserError
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+folder = {str(tiny_model_dir)!r} if rank == 0 else sys.argv[1]
+try:
+    print(f"rank {{rank}} fingerprint {{model_fingerprint(Path(folder))}}", flush=True)
+except UserError as exc:
+    print(f"rank {{rank}} error {{exc}}", flush=True)
+dist.destroy_process_group()
+""")
+    agree = _torchrun(2, [script, same])
+    assert agree.returncode == 0, agree.stderr[-3000:]
+    values = {line.split()[-1] for line in agree.stdout.splitlines() if "fingerprint" in line}
+    assert len(values) == 1 and len(agree.stdout.splitlines()) == 2
+    differ = _torchrun(2, [script, other])
+    assert differ.returncode == 0, differ.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} error --model-dir " in differ.stdout
+    assert "the model files of ranks [1] differ from rank 0's" in differ.stdout

@@ -51,3 +51,52 @@ def test_similarity_stats_match_reference():
 def test_similarity_stats_single_row_has_no_pairs():
     stats = similarity_stats(np.ones((1, 4), np.float32))
     assert stats["n_pairs"] == 0 and stats["mean"] is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(lambda k: st.lists(
+        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60)),
+    st.sampled_from([1, 5, 10, 11, 24]),
+)
+def test_split_packing_matches_concatenate_and_cut(docs, seq_len):
+    """--packing split: the stream is cut every seq_len tokens; a document counts in every window it reaches."""
+    from diversity_order.diversity import window_share_deviation
+    from reference_impl import ref_split_window_diversity, ref_split_window_share_deviation
+
+    labels = np.array([c for c, _ in docs], dtype=np.int64)
+    counts = np.array([t for _, t in docs], dtype=np.int64)
+    assert window_diversity(labels, counts, seq_len, packing="split").tolist() == \
+        ref_split_window_diversity(labels.tolist(), counts.tolist(), seq_len)
+    k = int(labels.max()) + 1 if labels.size else 1
+    np.testing.assert_allclose(window_share_deviation(labels, counts, seq_len, n_clusters=k, packing="split"),
+                               ref_split_window_share_deviation(labels.tolist(), counts.tolist(), seq_len, k))
+
+
+def test_split_packing_by_hand():
+    # 10-token windows; documents of 7, 6 and 12 tokens: [0 0 0 0 0 0 0 1 1 1 | 1 1 1 2 2 2 2 2 2 2 | 2 2 2 2 2]
+    labels, counts = np.array([0, 1, 2]), np.array([7, 6, 12])
+    assert window_diversity(labels, counts, 10, packing="split").tolist() == [2, 2, 1]
+    assert window_diversity(labels, counts, 10).tolist() == [1, 1, 1, 1]  # whole: 7 | 6 | 10 | 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(lambda k: st.lists(
+        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60)),
+    st.sampled_from([1, 5, 10, 11, 24]),
+    st.booleans(),
+)
+def test_documents_per_window_and_efficiency(docs, seq_len, split):
+    """The bound a window's diversity is measured against: it cannot hold more clusters than documents."""
+    from diversity_order.diversity import efficiency, window_counts
+    from reference_impl import ref_window_documents
+
+    labels = np.array([c for c, _ in docs], dtype=np.int64)
+    counts = np.array([t for _, t in docs], dtype=np.int64)
+    unique, documents = window_counts(labels, counts, seq_len, packing="split" if split else "whole")
+    assert documents.tolist() == ref_window_documents(labels.tolist(), counts.tolist(), seq_len, split)
+    assert (unique <= documents).all()
+    present = len(set(labels.tolist()))
+    bound = sum(min(d, present) for d in documents.tolist())
+    assert efficiency(unique, documents, present) == (unique.sum() / bound if bound else 1.0)

@@ -118,7 +118,8 @@ def llama_dir(tmp_path_factory):
 def test_every_architecture_loads_its_input_embeddings(arch, tmp_path, monkeypatch):
     model = make_model(arch)
     save(model, tmp_path)
-    # The name must come from the architecture, not from the list of conventional names.
+    # The name must come from the checkpoint's keys or the architecture, not from the loose
+    # fallback over conventional names.
     monkeypatch.setattr(et, "_match_known_names", lambda *a: pytest.fail("fell back to conventional names"))
     table = load_embedding_table(tmp_path)
     expected = model.get_input_embeddings().weight.detach()
@@ -129,6 +130,58 @@ def test_every_architecture_loads_its_input_embeddings(arch, tmp_path, monkeypat
     assert table.source_dtype == "torch.float32"
     assert table.file == tmp_path / "model.safetensors"
     assert len(table.fingerprint) == 16 and int(table.fingerprint, 16) >= 0
+
+
+class BuildSpy:
+    """Records whether the architecture was built (the slow path) and what it answered."""
+
+    def __init__(self, monkeypatch, allowed: bool = True):
+        self.calls = 0
+        real = et._expected_from_architecture
+
+        def spy(model_dir):
+            self.calls += 1
+            if not allowed:
+                pytest.fail("built the architecture although the checkpoint's keys were unambiguous")
+            return real(model_dir)
+
+        monkeypatch.setattr(et, "_expected_from_architecture", spy)
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_unambiguous_keys_name_the_table_without_building(arch, tmp_path, monkeypatch):
+    model = make_model(arch)
+    save(model, tmp_path)
+    # What building the architecture would answer, for comparison.
+    names, shape = et._expected_from_architecture(tmp_path)
+    from_architecture = et._match_by_suffix(et._Checkpoint(tmp_path), names, shape)
+    BuildSpy(monkeypatch, allowed=False)
+    assert find_embedding_tensor_name(tmp_path)[0] == from_architecture
+
+
+def test_two_candidate_tables_are_settled_by_the_architecture(tmp_path, monkeypatch):
+    model = make_model("llama", seed=11)
+    state = dict(model.state_dict())
+    # A same-shaped, conventionally named table that is not the model's (say a draft model's).
+    state["draft.model.embed_tokens.weight"] = torch.randn(VOCAB, HIDDEN)
+    write_checkpoint(tmp_path, state, json.loads(model.config.to_json_string()))
+    spy = BuildSpy(monkeypatch)
+    assert find_embedding_tensor_name(tmp_path)[0] == "model.embed_tokens.weight"
+    assert spy.calls == 1
+
+
+def test_table_narrower_than_the_hidden_size_is_settled_by_the_architecture(tmp_path, monkeypatch):
+    # OPT-350m projects 512-wide embeddings to a 1024-wide model: the shape check cannot use
+    # hidden_size, so the architecture decides.
+    config = tf.OPTConfig(hidden_size=HIDDEN, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+                          word_embed_proj_dim=HIDDEN // 2, max_position_embeddings=64, vocab_size=VOCAB,
+                          bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    save(model, tmp_path)
+    spy = BuildSpy(monkeypatch)
+    table = load_embedding_table(tmp_path)
+    assert table.tensor_name == "model.decoder.embed_tokens.weight" and spy.calls == 1
+    assert torch.equal(table.weight, model.get_input_embeddings().weight.detach())
 
 
 def test_only_one_tensor_is_read(llama_dir, monkeypatch):
@@ -303,15 +356,14 @@ def test_fingerprint_identifies_the_table(llama_dir, tmp_path):
     assert load_embedding_table(other).fingerprint != first
 
 
-def test_fingerprint_of_a_large_vocabulary_samples_rows(tmp_path):
-    # 10,000 rows > 4096: the hash covers a strided subset (rows 0, 3, 6, ...) and the last row.
+def test_fingerprint_covers_every_row(tmp_path):
+    # A fine-tune that moved one rare token's row (anywhere in a large vocabulary) is another table.
     torch.manual_seed(10)
     embed = torch.randn(10_000, 8).to(torch.bfloat16)
     config = {"model_type": "no-such-arch", "vocab_size": 10_000}
     base = load_embedding_table(write_checkpoint(tmp_path / "a", {"wte.weight": embed}, config)).fingerprint
-    changed = embed.clone()
-    changed[0, 0] += 1
-    assert load_embedding_table(write_checkpoint(tmp_path / "b", {"wte.weight": changed}, config)).fingerprint != base
-    changed = embed.clone()
-    changed[-1, 0] += 1
-    assert load_embedding_table(write_checkpoint(tmp_path / "c", {"wte.weight": changed}, config)).fingerprint != base
+    for row in (0, 1, 4097, 9_998, 9_999):  # rows a strided sample of ~4096 would skip, and both ends
+        changed = embed.clone()
+        changed[row, 7] += 1
+        folder = write_checkpoint(tmp_path / f"r{row}", {"wte.weight": changed}, config)
+        assert load_embedding_table(folder).fingerprint != base, row

@@ -124,3 +124,32 @@ def test_script_exits_2_with_one_line_and_no_traceback(tmp_path, tiny_model_dir)
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert lines == [f"error: {bad}:2: no field 'text' (this record has keys: txt); choose the text field with --text-field"]
     assert "Traceback" not in done.stderr
+
+
+def test_a_killed_runs_temp_files_are_removed_by_the_next_run_never_a_live_ones(tmp_path, tiny_model_dir,
+                                                                               tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(tmp_path_factory.mktemp("registry")))
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=20))
+    args = ["--input", src, "--output", tmp_path / "d_cur.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 6,
+            "--no-plot", "--no-progress"]
+    run_killed_while_writing("d_cur_embeddings.npy", args, tmp_path)
+    left = list(tmp_path.glob(".d_cur_embeddings.npy.*.tmp"))
+    assert len(left) == 1  # the killed run's half-written embeddings
+    run_clean(args)
+    assert not left[0].exists()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    # Another run, alive, is writing the file right now: its temp file survives a finishing run.
+    from diversity_order import atomic
+
+    write_jsonl(src, topical_records(per_topic=21))  # so that the caches are written again
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        live_temp = tmp_path / f".d_cur_embeddings.npy.{atomic._HOST}.{live.pid}.abcd1234.tmp"
+        live_temp.write_bytes(b"half written by a live run")
+        run_clean(args)
+        assert live_temp.exists()
+    finally:
+        live.kill()
+        live.wait()
+    assert [p.name for p in tmp_path.glob(".*.tmp")] == [live_temp.name]

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diversity_order.ordering import ORDERINGS, WITHIN_CLUSTER_SORTS, OrderingOptions, cluster_pools, stratified_order
+from diversity_order.orderings import ORDERINGS, WITHIN_CLUSTER_SORTS, OrderingOptions, cluster_pools, stratified_order
 from reference_impl import ref_pools, ref_stratified_order
 
 # The reference's four pool orders; "random" (ours) is checked separately below.

@@ -39,7 +39,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_place_by_neighbours_puts_anchor_copies_on_their_anchors():
-    from diversity_order.plots import place_by_neighbours
+    from diversity_order.projection import place_by_neighbours
 
     rng = np.random.default_rng(0)
     anchors = rng.normal(size=(50, 8)).astype(np.float32)
@@ -49,13 +49,23 @@ def test_place_by_neighbours_puts_anchor_copies_on_their_anchors():
 
 
 def test_big_inputs_use_a_sample_and_neighbour_placement(monkeypatch):
-    from diversity_order import plots
+    from diversity_order import projection
 
-    monkeypatch.setattr(plots, "UMAP_FIT_SAMPLE", 60)
+    monkeypatch.setattr(projection, "UMAP_FIT_SAMPLE", 60)
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.normal(loc, 0.05, size=(100, 6)) for loc in (-3, 3)]).astype(np.float32)
-    xy = plots.umap_projection(x, seed=0)
+    xy = projection.umap_projection(x, seed=0)
     assert xy.shape == (200, 2) and np.isfinite(xy).all()
     # The two far-apart groups stay apart in the picture.
     gap = np.linalg.norm(xy[:100].mean(0) - xy[100:].mean(0))
     assert gap > 3 * max(xy[:100].std(0).max(), xy[100:].std(0).max())
+
+
+@pytest.mark.parametrize("k", [1, 20, 30, 51, 52, 80])
+def test_no_cluster_colour_looks_like_a_point_not_yet_placed(k):
+    # The UMAP video draws unplaced points in UNPLACED_RGB; tab20's own grey (199,199,199) once made a
+    # cluster that never seemed to light up.
+    from diversity_order.plots import UNPLACED_RGB
+
+    rgb = cluster_colors(k)[:, :3] * 255
+    assert np.linalg.norm(rgb - np.asarray(UNPLACED_RGB), axis=1).min() >= 40

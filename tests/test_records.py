@@ -52,14 +52,18 @@ def test_scan_fingerprints_depend_on_text_only(tmp_path):
     (b'{"text": 12}\n', r"in\.jsonl:1: field 'text' is a JSON int, expected a string"),
     (b'["text"]\n', r"in\.jsonl:1: expected a JSON object"),
     (b'{"text": "ok"}\n{"text": "\xff\xfe"}\n', r"in\.jsonl:2: invalid UTF-8"),
+    (b'{"text": "ok", "n": ' + b"7" * 5000 + b"}\n", r"in\.jsonl:1: a JSON integer with more than 4300 digits"),
+    (b'{"text": "ok", "deep": ' + b"[" * 50000 + b"]" * 50000 + b"}\n", r"in\.jsonl:1: JSON nested too deeply"),
+    (b'{"body": "x", "a\\nb": 1}\n', r"in\.jsonl:1: no field 'text' \(this record has keys: \"a\\nb\", body\)"),
     (b"", r"in\.jsonl: no records"),
     (b"\n  \n", r"in\.jsonl: no records"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, content, expected):
     src = tmp_path / "in.jsonl"
     src.write_bytes(content)
-    with pytest.raises(UserError, match=expected):
+    with pytest.raises(UserError, match=expected) as caught:
         scan_jsonl(src, progress=False)
+    assert "\n" not in str(caught.value)
 
 
 def test_missing_input_file(tmp_path):
@@ -172,3 +176,292 @@ def test_compressed_input_and_output_give_the_same_records(tmp_path, suffix, out
     elif out_suffix == ".zst":
         raw = zstandard.ZstdDecompressor().stream_reader(raw).read()
     assert raw == b"".join(lines[i] + b"\n" for i in order)
+
+
+# --- Compressed input: verified to its end, never read as a shorter dataset --------------------------------
+
+def _corpus(n=300):
+    """Varied records (hard to compress, so the compressed file spans many blocks)."""
+    import random
+
+    rng = random.Random(1)
+    return [json.dumps({"text": " ".join(f"w{rng.randrange(10**6)}" for _ in range(40)), "i": i}).encode()
+            for i in range(n)]
+
+
+def _compress(data, suffix, checksum=True):
+    import gzip
+
+    import zstandard
+
+    if suffix == ".gz":
+        return gzip.compress(data)
+    return zstandard.ZstdCompressor(write_checksum=checksum).compress(data)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+@pytest.mark.parametrize("fraction", [0.3, 0.9, 0.999])
+def test_truncated_compressed_input_is_an_error_naming_the_offset(tmp_path, suffix, fraction):
+    packed = _compress(b"\n".join(_corpus()) + b"\n", suffix)
+    cut = int(len(packed) * fraction)
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(packed[:cut])
+    with pytest.raises(UserError, match=rf"in\.jsonl\{suffix}: truncated .* ends at compressed byte {cut:,} "):
+        scan_jsonl(src, progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_corrupt_compressed_input_is_an_error(tmp_path, suffix):
+    packed = bytearray(_compress(b"\n".join(_corpus()) + b"\n", suffix))
+    packed[len(packed) // 2] ^= 0x55
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(bytes(packed))
+    with pytest.raises(UserError, match=rf"in\.jsonl\{suffix}: corrupt .* starts at compressed byte 0"):
+        scan_jsonl(src, progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_checksum_mismatch_is_an_error(tmp_path, suffix):
+    packed = bytearray(_compress(b"\n".join(_corpus()) + b"\n", suffix))
+    packed[-5 if suffix == ".gz" else -1] ^= 0x01  # gzip: the CRC-32; zstd: the content checksum
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(bytes(packed))
+    with pytest.raises(UserError, match=r"corrupt .*(incorrect data check|checksum)"):
+        scan_jsonl(src, progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_garbage_after_compressed_data_is_an_error(tmp_path, suffix):
+    packed = _compress(b"\n".join(_corpus()) + b"\n", suffix)
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(packed + b"this is not compressed data\n")
+    with pytest.raises(UserError, match=rf"unexpected data after the end of the .* at compressed byte {len(packed):,}"):
+        scan_jsonl(src, progress=False)
+
+
+@pytest.mark.parametrize("suffix,data_suffix,looks", [
+    (".gz", ".zst", "zstd data: rename it in.jsonl.zst"),
+    (".zst", ".gz", "gzip data: rename it in.jsonl.gz"),
+    ("", ".gz", "gzip data: rename it in.jsonl.gz"),
+    ("", ".zst", "zstd data: rename it in.jsonl.zst"),
+])
+def test_compressed_data_under_the_wrong_name_is_named(tmp_path, suffix, data_suffix, looks):
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(_compress(b"\n".join(_corpus(5)) + b"\n", data_suffix))
+    with pytest.raises(UserError, match=rf"in\.jsonl{suffix.replace('.', chr(92) + '.')}: .*looks like {looks}"):
+        scan_jsonl(src, progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_plain_text_named_compressed_is_named(tmp_path, suffix):
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(b'{"text": "x"}\n')
+    with pytest.raises(UserError, match=r"looks like uncompressed text: rename it in\.jsonl\b"):
+        scan_jsonl(src, progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_concatenated_members_and_frames_are_one_stream(tmp_path, suffix):
+    import zstandard
+
+    lines = _corpus(40)
+    parts = [_compress(b"\n".join(lines[:10]) + b"\n", suffix), _compress(b"", suffix),
+             _compress(b"\n".join(lines[10:]) + b"\n", suffix, checksum=False)]
+    if suffix == ".zst":  # a skippable frame (metadata some tools write) carries no content
+        parts.insert(1, (0x184D2A5E).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc")
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(b"".join(parts))
+    index = scan_jsonl(src, progress=False)
+    assert len(index) == 40
+    out = tmp_path / "out.jsonl"
+    write_reordered(index, np.arange(40)[::-1], out)
+    assert out.read_bytes() == b"".join(line + b"\n" for line in lines[::-1])
+    assert zstandard  # imported for the skippable-frame magic's sake only
+
+
+def test_zstd_long_window_is_read(tmp_path):
+    """`zstd --long` frames declare windows past zstd's default decoding limit (128 MB)."""
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=29, enable_ldm=True)
+    packer = zstandard.ZstdCompressor(compression_params=params).compressobj()  # streaming: the window stays 512 MB
+    src = tmp_path / "in.jsonl.zst"
+    src.write_bytes(packer.compress(b"\n".join(_corpus(20)) + b"\n") + packer.flush())
+    assert zstandard.get_frame_parameters(src.read_bytes()).window_size == 1 << 29
+    assert len(scan_jsonl(src, progress=False)) == 20
+
+
+def test_gzip_zero_padding_is_accepted_like_gzip_does(tmp_path):
+    lines = _corpus(5)
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(_compress(b"\n".join(lines) + b"\n", ".gz") + bytes(512))  # tape-style padding
+    assert len(scan_jsonl(src, progress=False)) == 5
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_open_binary_reads_verify_to_the_end(tmp_path, suffix):
+    from diversity_order.records import open_binary
+
+    packed = _compress(b"\n".join(_corpus()) + b"\n", suffix)
+    src = tmp_path / f"in.jsonl{suffix}"
+    src.write_bytes(packed[: len(packed) - 20])
+    with pytest.raises(UserError, match="truncated"):
+        with open_binary(src) as handle:
+            handle.read()
+
+
+# --- Texts that JSON accepts but Unicode does not ------------------------------------------------------
+
+def test_lone_surrogate_in_text_is_a_user_error_naming_the_line(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"text": "pair \\ud83d\\ude00 is fine"}\n{"text": "lone \\ud800 here"}\n')
+    with pytest.raises(UserError, match=r"in\.jsonl:2: field 'text' holds a lone surrogate \(\\ud800"):
+        scan_jsonl(src, progress=False)
+    src.write_bytes(b'{"text": "pair \\ud83d\\ude00 is fine", "other": "\\udc00 elsewhere is copied as is"}\n')
+    assert len(scan_jsonl(src, progress=False)) == 1
+
+
+# --- The wrong kind of input -------------------------------------------------------------------------
+
+def test_directory_input_says_so(tmp_path):
+    with pytest.raises(UserError, match=r": is a directory"):
+        scan_jsonl(tmp_path, progress=False)
+
+
+def test_fifo_and_device_inputs_say_they_are_read_more_than_once(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/null"):
+        with pytest.raises(UserError, match=r"is not a regular file \(a pipe or device; the input is read more than "
+                                            r"once: write it to a file first\)"):
+            scan_jsonl(path, progress=False)
+
+
+@pytest.mark.parametrize("content", [
+    b"text,label\nhello,1\n",  # CSV
+    b"text\tlabel\nhello\t1\n",  # TSV
+    b"Just some plain text.\n",
+    b'[\n  {"text": "a JSON array, not JSONL"}\n]\n',
+    b'["a JSON array on one line"]\n',
+])
+def test_first_record_not_jsonl_gets_a_hint(tmp_path, content):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    with pytest.raises(UserError, match=r"in\.jsonl:1: .*; the input must be JSONL: one JSON object per line "
+                                        r"\(\.jsonl, \.jsonl\.gz, \.jsonl\.zst\)"):
+        scan_jsonl(src, progress=False)
+
+
+def test_later_record_not_json_gets_no_format_hint(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"text": "ok"}\nnot json\n')
+    with pytest.raises(UserError) as caught:
+        scan_jsonl(src, progress=False)
+    assert "in.jsonl:2: not valid JSON" in str(caught.value) and "must be JSONL" not in str(caught.value)
+
+
+@pytest.mark.parametrize("head,looks", [
+    (b"PAR1\x15\x04\x15\x10", "a Parquet file"),
+    (b'\xff\xfe{\x00"\x00t\x00', "UTF-16 text"),
+    (b'{\x00"\x00t\x00e\x00', "UTF-16 text"),
+    (b"\xfd7zXZ\x00\x00", "xz data"),
+])
+def test_binary_formats_are_named(tmp_path, head, looks):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(head + b"\n" + bytes(range(256)))
+    with pytest.raises(UserError, match=rf"in\.jsonl: looks like {looks}"):
+        scan_jsonl(src, progress=False)
+
+
+def test_utf8_bom_is_skipped_not_copied(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'\xef\xbb\xbf{"text": "a"}\n{"text": "b"}\n')
+    index = scan_jsonl(src, progress=False)
+    out = tmp_path / "out.jsonl"
+    write_reordered(index, np.array([1, 0]), out)
+    assert out.read_bytes() == b'{"text": "b"}\n{"text": "a"}\n'
+
+
+# --- The input must not change while a run uses it --------------------------------------------------------
+
+def _indexed(tmp_path, n=20):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(b'{"text": "record %03d"}\n' % i for i in range(n)))
+    return src, scan_jsonl(src, progress=False)
+
+
+def test_index_records_the_input_identity_and_record_hashes(tmp_path):
+    import os
+
+    src, index = _indexed(tmp_path)
+    st = os.stat(src)
+    assert (index.identity.size, index.identity.mtime_ns, index.identity.inode) == (st.st_size, st.st_mtime_ns,
+                                                                                    st.st_ino)
+    assert index.raw_hashes.dtype == np.uint64 and index.raw_hashes.shape == (20,)
+    assert np.unique(index.raw_hashes).size == 20
+
+
+@pytest.mark.parametrize("change", ["rewritten", "replaced", "appended"])
+def test_writer_refuses_an_input_changed_since_indexing(tmp_path, change):
+    import os
+
+    from diversity_order.records import check_unchanged
+
+    src, index = _indexed(tmp_path)
+    if change == "rewritten":
+        src.write_bytes(b'{"text": "something else entirely"}\n' * 30)
+    elif change == "replaced":  # a new file renamed over the old one: same size, another inode
+        other = tmp_path / "new.jsonl"
+        other.write_bytes(src.read_bytes().replace(b"record", b"RECORD"))
+        os.replace(other, src)
+    else:
+        with open(src, "ab") as handle:
+            handle.write(b'{"text": "appended"}\n')
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(UserError, match=r"in\.jsonl: the input changed since it was indexed"):
+        check_unchanged(index)
+    with pytest.raises(UserError, match=r"in\.jsonl: the input changed since it was indexed"):
+        write_reordered(index, np.arange(20)[::-1], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no output, no temp file
+
+
+def _packed_to_size(data, suffix, size=None):
+    """``data`` as the file ``suffix`` names, ``size`` bytes long (stored gzip blocks; zstd padded with a
+    skippable frame, 64 bytes by default), so an edit of the same length can keep the file's size."""
+    import gzip
+
+    import zstandard
+
+    if suffix == "":
+        packed = data
+    elif suffix == ".gz":
+        packed = gzip.compress(data, compresslevel=0, mtime=0)
+    else:
+        frame = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+        pad = 64 if size is None else size - len(frame) - 8
+        packed = frame + (0x184D2A50).to_bytes(4, "little") + pad.to_bytes(4, "little") + bytes(pad)
+    assert size is None or len(packed) == size
+    return packed
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz", ".zst"])
+def test_in_place_edit_keeping_size_and_mtime_is_caught_record_by_record(tmp_path, suffix):
+    import os
+
+    lines = [b'{"text": "record %03d"}' % i for i in range(20)]
+    src = tmp_path / f"in.jsonl{suffix}"
+    data = b"\n".join(lines) + b"\n"
+    src.write_bytes(_packed_to_size(data, suffix))
+    index = scan_jsonl(src, progress=False)
+    st = os.stat(src)
+    with open(src, "r+b") as handle:  # same inode, same size, and the mtime put back
+        handle.write(_packed_to_size(data.replace(b"record 007", b"RECORD 007"), suffix, st.st_size))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(UserError, match=r"in\.jsonl(\.gz|\.zst)?:8: this record changed since the input was indexed"):
+        write_reordered(index, np.arange(20)[::-1], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
+    with pytest.raises(UserError, match=r":8: this record changed"):
+        list(iter_text_batches(index))

@@ -56,7 +56,7 @@ def test_curate_stdlib_with_smollm2(tmp_path, smollm2, stdlib_subset):
     # Both plots are real PNGs of a sensible size.
     from PIL import Image
 
-    for name in ("ordering_comparison.png", "cluster_cloud.png"):
+    for name in ("stdlib_curated_ordering_comparison.png", "stdlib_curated_cluster_cloud.png"):
         with Image.open(tmp_path / name) as image:
             assert image.format == "PNG" and image.width > 800 and image.height > 500
 

@@ -1,6 +1,6 @@
 """The ordering registry and the strategy comparison: every ordering and token-share metric against a
-plain loop written from its docstring, score orderings on hand-worked cases, invariants on the
-adversarial synthetic corpora, and the comparison report."""
+plain loop written from its docstring, invariants on the adversarial synthetic corpora, and the
+comparison report. The score orderings' own cases are in test_score_orderings.py."""
 
 from dataclasses import replace
 
@@ -9,20 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diversity_order import diversity, strategies
-from diversity_order.ordering import (
-    BALANCED_COUNT_WEIGHT,
-    BALANCED_HORIZON,
+from diversity_order import diversity
+from diversity_order import ordering_report as strategies
+from diversity_order.orderings import (
     ORDERINGS,
     SCORE_ORDERINGS,
     WITHIN_CLUSTER_SORTS,
     OrderingOptions,
+    applicable_orderings,
     balanced_order,
     bin_packing_order,
     length_bins,
     round_robin_order,
     token_balanced_order,
 )
+from diversity_order.orderings.window_greedy import BALANCED_COUNT_WEIGHT, BALANCED_HORIZON
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus
 from reference_impl import (
     ref_balanced_order,
@@ -30,12 +31,10 @@ from reference_impl import (
     ref_boundary_shift,
     ref_coverage,
     ref_f3,
-    ref_folds,
     ref_global_token_shares,
     ref_pools,
     ref_random_pools,
     ref_round_robin_order,
-    ref_stable_and_transitions,
     ref_window_diversity,
     ref_window_share_deviation,
 )
@@ -323,147 +322,6 @@ def test_token_balanced_f3_on_a_larger_input_with_balance_groups():
     _check_token_balanced(labels, counts, k, OrderingOptions(seed=3, balance_groups=sources, balance_weight=2.0))
 
 
-# --- Score orderings: hand-worked cases --------------------------------------------------------------------
-
-# Position of the document with score rank r: scores are a shuffled permutation, so each expected list
-# (written in score ranks, worked by hand from the docstrings) also checks the map back to input positions.
-PLACE_9 = [4, 7, 0, 2, 8, 1, 6, 3, 5]
-PLACE_12 = [9, 2, 11, 5, 0, 7, 3, 10, 1, 8, 6, 4]
-
-
-def _score_order(name, place, **kwargs):
-    n = len(place)
-    scores = np.empty(n)
-    scores[place] = np.arange(n)
-    options = OrderingOptions(scores=scores, **kwargs)
-    order = ORDERINGS[name](np.zeros(n, dtype=np.int64), np.ones(n, dtype=np.int64), 1, options).tolist()
-    rank_of = {p: r for r, p in enumerate(place)}
-    return [rank_of[i] for i in order]
-
-
-def test_folding_and_zigzag_hand_worked():
-    # Ranks 0..8 dealt into L = 3 strided folds: {0,3,6}, {1,4,7}, {2,5,8}; zig-zag reverses the middle one.
-    assert _score_order("folding", PLACE_9, folds=3) == [0, 3, 6, 1, 4, 7, 2, 5, 8]
-    assert _score_order("zigzag", PLACE_9, folds=3) == [0, 3, 6, 7, 4, 1, 2, 5, 8]
-    assert _score_order("folding", PLACE_9, folds=2) == [0, 2, 4, 6, 8, 1, 3, 5, 7]
-    assert _score_order("zigzag", PLACE_9, folds=2) == [0, 2, 4, 6, 8, 7, 5, 3, 1]
-    assert _score_order("folding", PLACE_9, folds=1) == list(range(9))
-    assert _score_order("folding", PLACE_9, folds=20) == list(range(9))  # more folds than documents
-
-
-def test_sorted_hand_worked_and_ties_keep_input_order():
-    assert _score_order("sorted", PLACE_9) == list(range(9))
-    scores = np.array([2.0, 1.0, 2.0, 1.0, 0.0, -1.5])
-    order = ORDERINGS["sorted"](np.zeros(6, int), np.ones(6, int), 1, OrderingOptions(scores=scores))
-    assert order.tolist() == [5, 4, 1, 3, 0, 2]
-
-
-def test_segment_hand_worked():
-    # (30, 40, 30) % of 10: positions 0-2 hold ranks 0-2, 3-6 ranks 3-6, 7-9 ranks 7-9, each in some order.
-    place = [3, 8, 0, 6, 1, 9, 4, 7, 2, 5]
-    for seed in range(5):
-        ranks = _score_order("segment", place, segment_percentages=(30.0, 40.0, 30.0), seed=seed)
-        assert sorted(ranks[:3]) == [0, 1, 2]
-        assert sorted(ranks[3:7]) == [3, 4, 5, 6]
-        assert sorted(ranks[7:]) == [7, 8, 9]
-    # Percentages are relative: (1, 1) halves the list.
-    ranks = _score_order("segment", place, segment_percentages=(1.0, 1.0))
-    assert sorted(ranks[:5]) == [0, 1, 2, 3, 4]
-
-
-def test_segments_are_shuffled_inside():
-    n = 200
-    scores = np.arange(n, dtype=np.float64)
-    orders = {tuple(ORDERINGS["segment"](np.zeros(n, int), np.ones(n, int), 1,
-                                         OrderingOptions(scores=scores, seed=s)).tolist()) for s in range(3)}
-    assert len(orders) == 3
-    for order in orders:
-        assert list(order[:60]) != sorted(order[:60])
-        assert sorted(order[:60]) == list(range(60)) and sorted(order[60:140]) == list(range(60, 140))
-
-
-def test_stair_and_saw_hand_worked():
-    # n = 12, K = 3 sections [0,4) [4,8) [8,12); rho = 0.5 -> 2 documents on either side of the boundaries
-    # 4 and 8: regions [2,6) and [6,10). Stair deals each into 3 folds: 2,3,4,5 -> {2,5},{3},{4};
-    # saw deals into 2 folds and reverses the second: {2,4}, {5,3}.
-    assert _score_order("stair", PLACE_12, sections=3, transition_ratio=0.5, folds=3) == \
-        [0, 1, 2, 5, 3, 4, 6, 9, 7, 8, 10, 11]
-    assert _score_order("saw", PLACE_12, sections=3, transition_ratio=0.5, folds=2) == \
-        [0, 1, 2, 4, 5, 3, 6, 8, 9, 7, 10, 11]
-    # rho = 0: no transition regions, the plain curriculum.
-    assert _score_order("stair", PLACE_12, sections=3, transition_ratio=0.0) == list(range(12))
-    assert _score_order("saw", PLACE_12, sections=1, transition_ratio=0.5) == list(range(12))  # no boundary
-
-
-@pytest.mark.parametrize("name", ["stair", "saw"])
-def test_stair_and_saw_are_permutations_at_the_largest_transition_ratio(name):
-    # n=9, K=3: boundaries 3 and 6, round(0.5 * 3) = 2 would make [1,5) and [4,8) overlap; each region
-    # reaches halfway to the next boundary instead: [2,4) and [5,7).
-    ranks = _score_order(name, PLACE_9, sections=3, transition_ratio=0.5, folds=3)
-    assert sorted(ranks) == list(range(9))
-    assert ranks == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # two-document regions dealt into 3 folds keep their order
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.integers(0, 40), st.integers(1, 6), st.integers(1, 5), st.sampled_from([0.0, 0.1, 0.2, 0.25, 0.4, 0.5]),
-       st.lists(st.sampled_from([5.0, 10.0, 30.0, 40.0, 55.5]), min_size=1, max_size=4), st.integers(0, 2**31))
-def test_score_orderings_match_reference_loops(n, n_folds, n_sections, rho, percentages, seed):
-    rng = np.random.default_rng(seed)
-    scores = rng.integers(0, max(n // 2, 1), n).astype(np.float64)  # ties are common
-    options = OrderingOptions(scores=scores, folds=n_folds, sections=n_sections, transition_ratio=rho,
-                              segment_percentages=tuple(percentages), seed=seed)
-    labels, counts = np.zeros(n, np.int64), np.ones(n, np.int64)
-    by_score = sorted(range(n), key=lambda i: scores[i])
-
-    def run(name):
-        return ORDERINGS[name](labels, counts, 1, options).tolist()
-
-    assert run("sorted") == by_score
-    assert run("folding") == ref_folds(by_score, n_folds, zigzag=False)
-    assert run("zigzag") == ref_folds(by_score, n_folds, zigzag=True)
-    # Segments: the sorted list cut at round(n * cumulative share); each segment holds its documents.
-    segment, running, start = run("segment"), 0.0, 0
-    for share in percentages:
-        running += share
-        stop = round(running / sum(percentages) * n)
-        assert sorted(segment[start:stop]) == sorted(by_score[start:stop])
-        start = stop
-    assert start == n
-    assert run("stair") == ref_stable_and_transitions(by_score, n_sections, rho, n_folds, zigzag=False)
-    assert run("saw") == ref_stable_and_transitions(by_score, n_sections, rho, n_folds, zigzag=True)
-
-
-@pytest.mark.parametrize("name", SCORE_ORDERINGS)
-def test_jitter_shuffles_inside_blocks_only(name):
-    n = 103
-    scores = np.random.default_rng(1).random(n)
-    labels, counts = np.zeros(n, np.int64), np.ones(n, np.int64)
-
-    def run(window, seed=0):
-        options = OrderingOptions(scores=scores, jitter_window=window, seed=seed, transition_ratio=0.3)
-        return ORDERINGS[name](labels, counts, 1, options).tolist()
-
-    plain = run(0)
-    assert run(1) == plain
-    for window in (2, 5, 10):
-        jittered = run(window)
-        assert jittered != plain
-        for start in range(0, n, window):  # including the last, partial block
-            assert sorted(jittered[start:start + window]) == sorted(plain[start:start + window])
-        assert run(window) == jittered  # seeded
-    assert run(5, seed=1) != run(5, seed=2)
-    assert sorted(run(n * 2)) == list(range(n))  # one block larger than the input
-
-
-@pytest.mark.parametrize("name", SCORE_ORDERINGS)
-def test_score_orderings_need_one_score_per_document(name):
-    labels, counts = np.zeros(4, np.int64), np.ones(4, np.int64)
-    with pytest.raises(ValueError, match="scores"):
-        ORDERINGS[name](labels, counts, 1, OrderingOptions())
-    with pytest.raises(ValueError):
-        ORDERINGS[name](labels, counts, 1, OrderingOptions(scores=np.arange(3.0)))
-
-
 # --- Invariants on the adversarial synthetic corpora ---------------------------------------------------------
 
 N_DOCS = 4000
@@ -569,9 +427,9 @@ def small_corpus():
 
 
 def test_applicable_orderings():
-    assert strategies.applicable_orderings(True) == list(ORDERINGS)
-    assert strategies.applicable_orderings(False) == list(CLUSTER_ORDERINGS)
-    assert not set(SCORE_ORDERINGS) & set(strategies.applicable_orderings(False))
+    assert applicable_orderings(True) == list(ORDERINGS)
+    assert applicable_orderings(False) == list(CLUSTER_ORDERINGS)
+    assert not set(SCORE_ORDERINGS) & set(applicable_orderings(False))
 
 
 @pytest.mark.parametrize("have_scores", [False, True])
@@ -579,7 +437,7 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
     labels, counts, k, scores = small_corpus
     seq_lens = [4096, 16384]
     options = OrderingOptions(scores=scores if have_scores else None, jitter_window=3)
-    names = strategies.applicable_orderings(have_scores)
+    names = applicable_orderings(have_scores)
     rows, curves = strategies.compare_strategies(labels, counts, k, seq_lens, options, names)
     assert [(r["seq_len"], r["ordering"]) for r in rows] == [(s, n) for s in seq_lens for n in names]
     assert set(curves) == {(n, s) for s in seq_lens for n in names}

@@ -1,4 +1,4 @@
-"""Compare every applicable ordering on one dataset: the reference README's strategy table, for the user's data.
+"""Compare every applicable ordering on one dataset (``--compare-strategies``): a strategy table for the user's data.
 
 For each ``seq_len`` and each ordering: unique clusters per window (mean/min/std), token-share
 uniformity (mean/max over windows), epoch-boundary shift, coverage and the ordering's run time.
@@ -14,25 +14,22 @@ from pathlib import Path
 
 import numpy as np
 
-from . import diversity, ordering
-from .atomic import save_json
+from . import diversity
+from .atomic import atomic_open, save_json
+from .orderings import ORDERINGS, SPECS, OrderingOptions
 
 log = logging.getLogger(__name__)
 
-def applicable_orderings(have_scores: bool) -> list[str]:
-    """Every registered ordering, score-based ones only when there are scores."""
-    return list(ordering.ORDERINGS) if have_scores else list(ordering.CLUSTER_ORDERINGS)
-
 
 def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int, seq_lens: list[int],
-                       options: ordering.OrderingOptions, names: list[str]) -> tuple[list[dict], dict]:
+                       options: OrderingOptions, names: list[str]) -> tuple[list[dict], dict]:
     """Run each ordering at each ``seq_len``; return (table rows, {(name, seq_len): per-window diversity})."""
     rows: list[dict] = []
     curves: dict = {}
     computed: dict[str, tuple[np.ndarray, float]] = {}
     for seq_len in seq_lens:
         for name in names:
-            if name in computed and name not in ordering.SEQ_LEN_AWARE:  # computed once
+            if name in computed and not SPECS[name].seq_len_aware:  # computed once
                 order, seconds = computed[name]
             else:
                 warm = min(labels.size, 64)  # numba compiles on first call: keep that out of the timing
@@ -40,14 +37,15 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                                        scores=None if options.scores is None else options.scores[:warm],
                                        balance_groups=None if options.balance_groups is None
                                        else options.balance_groups[:warm])
-                ordering.ORDERINGS[name](labels[:warm], token_counts[:warm], n_clusters, warm_options)
+                ORDERINGS[name](labels[:warm], token_counts[:warm], n_clusters, warm_options)
                 started = time.perf_counter()
-                order = ordering.ORDERINGS[name](labels, token_counts, n_clusters, replace(options, seq_len=seq_len))
+                order = ORDERINGS[name](labels, token_counts, n_clusters, replace(options, seq_len=seq_len))
                 seconds = time.perf_counter() - started
                 computed[name] = (order, seconds)
-            curves[(name, seq_len)] = diversity.window_diversity(labels, token_counts, seq_len, order)
-            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters,
-                                                 curves[(name, seq_len)])
+            windows = diversity.window_counts(labels, token_counts, seq_len, order, options.packing)
+            curves[(name, seq_len)] = windows[0]
+            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters, windows,
+                                                 options.packing)
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
     return rows, curves
@@ -107,7 +105,6 @@ def report_paths(stem: Path) -> dict[str, Path]:
 def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, title: str, options: dict | None = None,
                  plot: bool = True) -> tuple[dict[str, Path], str]:
     """Write ``stem_strategies.md``, ``.json`` and (with ``plot``) ``.png``; return (the paths written, the table)."""
-    from .atomic import atomic_open
     from .plots import plot_strategy_curves
 
     paths = report_paths(stem)

@@ -2,8 +2,8 @@
 
 Each embedding set is clustered exactly as ``curate_dataset.py`` clusters (optional PCA, then
 ``kmeans_labels``); the two label sets are compared with the Adjusted Rand Index and the
-Normalized Mutual Information (scikit-learn), with the reference's verdict bands. Beyond the
-reference: every number can be saved as JSON, the normalised contingency table is drawn as a
+Normalized Mutual Information (scikit-learn), with the original toolkit's verdict bands. Beyond the
+original: every number can be saved as JSON, the normalised contingency table is drawn as a
 heat map (which shallow clusters split or merge in the deep space), and NaN rows, mismatched
 row counts and k > N are clear one-line errors or warnings instead of crashes.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .clustering import kmeans_labels, reduce_with_pca
+from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ SPLIT_SHARE = 0.2
 
 
 def verdict(ari: float) -> str:
-    """The reference's bands: > 0.7 high overlap, 0.3-0.7 moderate, < 0.3 very different."""
+    """The original toolkit's bands: > 0.7 high overlap, 0.3-0.7 moderate, < 0.3 very different."""
     if ari > ARI_HIGH:
         return "high overlap: deep embeddings add little beyond the shallow clusters"
     if ari >= ARI_LOW:
@@ -129,9 +130,13 @@ class CompareResult:
     table: np.ndarray
     report: dict = field(default_factory=dict)
 
+    def display_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """Row and column orders of the contingency table that show splits and merges as blocks."""
+        return block_order(self.table)
 
-def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = 30, pca_components: int = 0,
-            pca_deep_only: int | None = None, seed: int = 42) -> CompareResult:
+
+def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = DEFAULT_N_CLUSTERS, pca_components: int = 0,
+            pca_deep_only: int | None = None, seed: int = DEFAULT_SEED) -> CompareResult:
     """Cluster both sets and compare; ``report`` holds every number (JSON-ready)."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
@@ -219,65 +224,6 @@ def format_report(report: dict) -> str:
         parts = ", ".join(f"s{i} {v:.0%}" for i, v in m["from"].items())
         lines.append(f"  deep c{m['deep']} ({m['size']}) <- {parts}")
     return "\n".join(lines)
-
-
-def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, result: CompareResult,
-                           seed: int = 42, projector=None) -> None:
-    """Two scatters: the shallow space coloured by shallow clusters, the deep space by deep ones."""
-    from .plots import _pyplot, _save, cluster_colors, umap_projection
-
-    projector = projector or (lambda x: umap_projection(x, seed))
-    plt = _pyplot()
-    k = result.table.shape[0]
-    colors = cluster_colors(k)
-    fig, axes = plt.subplots(1, 2, figsize=(18, 8.5))
-    n = result.shallow_labels.size
-    point = float(np.clip(60000 / max(n, 1), 0.5, 20))
-    for ax, x, labels, name in ((axes[0], shallow, result.shallow_labels, "Shallow"),
-                                (axes[1], deep, result.deep_labels, "Deep")):
-        xy = projector(x)
-        ax.scatter(xy[:, 0], xy[:, 1], c=colors[labels], s=point, lw=0, alpha=0.8, rasterized=True)
-        ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters")
-        ax.set_xticks([])
-        ax.set_yticks([])
-    r = result.report
-    fig.suptitle(f"{n:,} documents, K = {k}: ARI {r['ari']:.3f}, NMI {r['nmi']:.3f} — {r['verdict']}")
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def plot_contingency(path: Path, result: CompareResult) -> None:
-    """Heat map of the row-normalised contingency table (share of each shallow cluster in each
-    deep cluster), rows and columns ordered so splits and merges are visible as blocks."""
-    from .plots import _pyplot, _save
-
-    plt = _pyplot()
-    table = result.table
-    rows, cols = block_order(table)
-    shares = (table / np.maximum(table.sum(1, keepdims=True), 1))[np.ix_(rows, cols)]
-    k_s, k_d = table.shape
-    size = float(np.clip(0.3 * max(k_s, k_d), 6, 24))
-    fig, ax = plt.subplots(figsize=(size + 2, size))
-    image = ax.imshow(shares, cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
-    sizes_s, sizes_d = table.sum(1), table.sum(0)
-    fontsize = 8 if max(k_s, k_d) <= 40 else 5
-    ax.set_yticks(np.arange(k_s), [f"s{i} ({sizes_s[i]})" for i in rows], fontsize=fontsize)
-    ax.set_xticks(np.arange(k_d), [f"d{j} ({sizes_d[j]})" for j in cols], fontsize=fontsize, rotation=90)
-    ax.set_ylabel("shallow cluster (documents)")
-    ax.set_xlabel("deep cluster (documents)")
-    if max(k_s, k_d) <= 30:
-        for (y, x), v in np.ndenumerate(shares):
-            if v >= 0.05:
-                ax.text(x, y, f"{v:.0%}"[:-1], ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
-    fig.colorbar(image, ax=ax, fraction=0.04, label="share of the shallow cluster's documents")
-    r = result.report
-    ax.set_title(f"Where each shallow cluster goes in the deep space (ARI {r['ari']:.3f}, NMI {r['nmi']:.3f}).\n"
-                 f"One row spread over several columns = a split; one column fed by several rows = a merge.",
-                 fontsize=10)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
 
 
 def contingency_plot_path(plot: Path) -> Path:

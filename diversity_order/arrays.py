@@ -1,0 +1,78 @@
+"""The ``.npy`` arrays users hand to the scripts (embeddings, token counts, labels, orders), checked.
+
+Each loader returns the array or raises a one-line ``UserError`` naming the flag and the file:
+a wrong shape or dtype is caught here rather than deep inside a kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+
+def load_npy(path: Path, flag: str) -> np.ndarray:
+    """A ``.npy`` file, memory-mapped, or a one-line error naming ``flag``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: file not found")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+    if not head.startswith(b"\x93NUMPY"):  # else numpy takes it for a pickle and advises allow_pickle
+        from .records import describe_start
+
+        raise UserError(f"{flag} {path}: not a .npy array: it looks like {describe_start(head)}; pass an array "
+                        f"saved with numpy.save")
+    try:
+        return np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{flag} {path}: not a readable .npy file ({exc})") from None
+
+
+def load_matrix(path: Path, flag: str) -> np.ndarray:
+    """An N x D float matrix from ``.npy`` (float32, memory-mapped), or a one-line error naming ``flag``."""
+    matrix = load_npy(path, flag)
+    if matrix.ndim != 2 or matrix.shape[1] < 1:
+        raise UserError(f"{flag} {path}: expected a 2-D N x D matrix, found shape {matrix.shape}")
+    if not np.issubdtype(matrix.dtype, np.floating):
+        raise UserError(f"{flag} {path}: expected floating-point values, found {matrix.dtype}")
+    return np.asarray(matrix, dtype=np.float32)
+
+
+def check_token_counts(counts: np.ndarray, what: str) -> np.ndarray:
+    """A 1-D array of non-negative integers, as int64."""
+    counts = np.asarray(counts)
+    if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer) or (counts.size and counts.min() < 0):
+        raise UserError(f"{what}: expected a 1-D array of non-negative integers, found shape {counts.shape} "
+                        f"({counts.dtype})")
+    return counts.astype(np.int64)
+
+
+def check_labels(labels: np.ndarray, n: int, what: str) -> np.ndarray:
+    """``n`` non-negative integer cluster ids, as int64."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.shape[0] != n:
+        raise UserError(f"{what}: {labels.shape} labels, but there are {n} documents")
+    if not np.issubdtype(labels.dtype, np.integer) or (n and labels.min() < 0):
+        raise UserError(f"{what}: expected non-negative integer cluster ids")
+    return labels.astype(np.int64)
+
+
+def check_order(order: np.ndarray, n: int, what: str) -> np.ndarray:
+    """A permutation of 0..n-1, as int64."""
+    order = np.asarray(order)
+    if order.ndim != 1 or order.shape[0] != n or not np.issubdtype(order.dtype, np.integer):
+        raise UserError(f"{what}: expected a permutation of {n} document indices, found shape {order.shape} "
+                        f"({order.dtype})")
+    seen = np.zeros(n, dtype=bool)
+    if n and (order.min() < 0 or order.max() >= n):
+        raise UserError(f"{what}: indices outside 0..{n - 1}")
+    seen[order] = True
+    if not seen.all():
+        raise UserError(f"{what}: not a permutation ({int((~seen).sum())} documents missing)")
+    return order.astype(np.int64)

@@ -1,0 +1,365 @@
+"""Arrow-backed inputs: Parquet files and Hugging Face ``datasets`` folders (``save_to_disk``).
+
+Both are tables read a piece at a time: a Parquet row group, or a record batch of the Arrow IPC
+stream files a ``save_to_disk`` folder holds (memory-mapped). Nothing reads a whole file into
+memory. Each record is a row, known by (file, row); its document comes out of the row's columns
+by the same rules as a JSONL record's (``fields.extract``: dotted paths, joined fields,
+conversations), and its fingerprint is the same as a JSONL record's with the same text, so the
+caches serve a corpus whatever format it arrives in.
+
+The curated output keeps the input's format and schema (``write_reordered``): rows are gathered
+in the curated order a bounded piece at a time (each piece reads only the row groups or batches
+that hold its rows) and written to a temp file renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import fields as fields_mod
+from .atomic import give_plain_permissions
+from .errors import UserError
+
+# Rows gathered per output piece (and at most about this many bytes): bounds the writer's memory.
+OUTPUT_PIECE_BYTES = 512 << 20
+DATASET_STATE = "state.json"
+DATASET_INFO = "dataset_info.json"
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise UserError("Parquet and datasets folders need pyarrow (pip install pyarrow)") from None
+    return pyarrow
+
+
+@dataclass
+class _Piece:
+    """A row group (Parquet) or a record batch (Arrow stream) of one file: rows [first, first + rows)."""
+
+    file: int
+    index: int
+    first: int
+    rows: int
+    nbytes: int
+
+
+@dataclass
+class ArrowTableSource:
+    """One or more Arrow-readable files of one schema, as one sequence of rows."""
+
+    files: list[Path]
+    kind: str  # "parquet" or "arrow" (a save_to_disk folder's IPC stream files)
+    text_fields: tuple[str, ...]
+    folder: Path | None = None  # the save_to_disk folder
+    pieces: list[_Piece] = field(default_factory=list)
+    fingerprints: np.ndarray | None = None
+    row_sizes: np.ndarray | None = None
+    stats: list = field(default_factory=list)  # (size, mtime_ns, inode) per file when indexed
+    _opened: dict = field(default_factory=dict, repr=False)  # file -> (memory map, record batches): Arrow streams
+    _schema_cache: object = field(default=None, repr=False)
+
+    @property
+    def name(self) -> Path:
+        return self.folder or self.files[0]
+
+    def __len__(self) -> int:
+        return int(self.fingerprints.shape[0])
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.row_sizes.sum())
+
+    def where(self, row: int) -> str:
+        piece = self.pieces[self._piece_of(np.asarray([row]))[0]]
+        return f"{self.files[piece.file]} row {row - self._file_first(piece.file)}"
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _file_first(self, file: int) -> int:
+        return next(p.first for p in self.pieces if p.file == file)
+
+    def _piece_of(self, rows: np.ndarray) -> np.ndarray:
+        starts = np.asarray([p.first for p in self.pieces], dtype=np.int64)
+        return np.searchsorted(starts, rows, side="right") - 1
+
+    def _read_piece(self, piece: _Piece, columns: list[str] | None = None):
+        pa = _pyarrow()
+        path = self.files[piece.file]
+        try:
+            if self.kind == "parquet":
+                return pa.parquet.ParquetFile(path).read_row_group(piece.index, columns=columns)
+            if piece.file not in self._opened:  # a stream has no index: map it once, keep its batches (zero-copy)
+                mapped = pa.memory_map(str(path))
+                self._opened[piece.file] = (mapped, list(pa.ipc.open_stream(mapped)))
+            table = pa.Table.from_batches([self._opened[piece.file][1][piece.index]])
+            return table.select(columns) if columns else table
+        except (OSError, pa.ArrowException) as exc:
+            raise UserError(f"{path}: cannot read {self._unit(piece)} ({str(exc).splitlines()[0]})") from None
+
+    def _unit(self, piece: _Piece) -> str:
+        return f"row group {piece.index}" if self.kind == "parquet" else f"record batch {piece.index}"
+
+    def _top_columns(self) -> list[str]:
+        return sorted({f.split(".")[0] for f in self.text_fields} & set(self._schema().names)) or \
+            [f.split(".")[0] for f in self.text_fields]
+
+    def _schema(self):
+        if self._schema_cache is None:
+            self._schema_cache = _file_schema(self.files[0], self.kind, _pyarrow())
+        return self._schema_cache
+
+    def _documents(self, piece: _Piece, local_rows: np.ndarray | None = None) -> list:
+        columns = [c for c in self._top_columns() if c in self._schema().names]
+        table = self._read_piece(piece, columns or None)
+        if local_rows is not None:
+            table = table.take(local_rows)
+        records = table.to_pylist()
+        first = piece.first
+        picked = range(len(records)) if local_rows is None else local_rows.tolist()
+        return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), _keys_text)
+                for record, i in zip(records, picked)]
+
+    def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
+                       max_batch_rows: int = 1 << 30) -> Iterator[tuple[np.ndarray, list]]:
+        """(rows, documents) for ``rows`` (default all), ascending, a piece (or part of one) at a time."""
+        rows = np.arange(len(self), dtype=np.int64) if rows is None else np.sort(np.asarray(rows, dtype=np.int64))
+        if rows.size == 0:
+            return
+        owner = self._piece_of(rows)
+        for p in np.unique(owner).tolist():
+            piece = self.pieces[p]
+            mine = rows[owner == p]
+            documents = self._documents(piece, mine - piece.first)
+            for lo in range(0, mine.size, max_batch_rows):
+                yield mine[lo: lo + max_batch_rows], documents[lo: lo + max_batch_rows]
+
+    def field_values(self, name: str) -> list:
+        """The value at dotted path ``name`` of every row (a sentinel where absent), in row order."""
+        top = name.split(".")[0]
+        if top not in self._schema().names:
+            return [fields_mod.MISSING] * len(self)
+        values: list = []
+        for piece in self.pieces:
+            for record in self._read_piece(piece, [top]).to_pylist():
+                values.append(fields_mod.lookup(record, name))
+        return values
+
+    # --- integrity ----------------------------------------------------------------------------
+
+    def check_unchanged(self) -> None:
+        for path, stat in zip(self.files, self.stats):
+            try:
+                now = path.stat()
+            except OSError:
+                now = None
+            if now is None or (now.st_size, now.st_mtime_ns, now.st_ino) != stat:
+                raise UserError(f"{path} changed while this run was going (it was indexed at the start); "
+                                "nothing was written: run again on the final file")
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def write_reordered(self, order: np.ndarray, output: Path, output_kind: str | None = None) -> int:
+        """Rows in ``order`` to ``output`` (a Parquet file, or a save_to_disk folder); returns bytes written."""
+        order = np.asarray(order, dtype=np.int64)
+        if order.shape[0] != len(self) or not np.array_equal(np.sort(order), np.arange(len(self))):
+            raise ValueError("order must be a permutation of the record positions")
+        self.check_unchanged()
+        kind = output_kind or self.kind
+        if kind == "parquet":
+            return self._write_parquet(order, Path(output))
+        if kind == "arrow":
+            return self._write_dataset_folder(order, Path(output))
+        raise ValueError(f"cannot write {kind} from a {self.kind} input")
+
+    def _ordered_pieces(self, order: np.ndarray) -> Iterator:
+        """Tables of rows in ``order``, a bounded piece at a time; each row checked against its fingerprint."""
+        pa = _pyarrow()
+        bounds = [0]
+        sizes = self.row_sizes[order]
+        total = 0
+        for i, size in enumerate(sizes.tolist()):
+            if total + size > OUTPUT_PIECE_BYTES and i > bounds[-1]:
+                bounds.append(i)
+                total = 0
+            total += size
+        bounds.append(order.size)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            wanted = order[lo:hi]
+            owner = self._piece_of(wanted)
+            parts, positions = [], []
+            for p in np.unique(owner).tolist():
+                piece = self.pieces[p]
+                at = np.flatnonzero(owner == p)
+                table = self._read_piece(piece).take(wanted[at] - piece.first)
+                self._verify(table, wanted[at])
+                parts.append(table)
+                positions.append(at)
+            gathered = pa.concat_tables(parts)
+            yield gathered.take(np.argsort(np.concatenate(positions), kind="stable"))
+
+    def _verify(self, table, rows: np.ndarray) -> None:
+        from .records import text_fingerprint
+
+        for record, row in zip(table.select(self._top_columns()).to_pylist(), rows.tolist()):
+            value = fields_mod.extract(record, self.text_fields, lambda row=row: self.where(row), _keys_text)
+            if text_fingerprint(fields_mod.fingerprint_text(value)) != int(self.fingerprints[row]):
+                raise UserError(f"{self.where(row)} changed while this run was going; nothing was written: run "
+                                "again on the final data")
+
+    def _write_parquet(self, order: np.ndarray, output: Path) -> int:
+        pa = _pyarrow()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        os.close(fd)
+        try:
+            writer = None
+            for table in self._ordered_pieces(order):
+                if writer is None:
+                    writer = pa.parquet.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+            if writer is not None:
+                writer.close()
+            give_plain_permissions(tmp)
+            os.replace(tmp, output)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return output.stat().st_size
+
+    def _write_dataset_folder(self, order: np.ndarray, output: Path) -> int:
+        """A folder ``datasets.load_from_disk`` opens: one Arrow stream file, the input's info, a new state."""
+        pa = _pyarrow()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+        data_name = "data-00000-of-00001.arrow"
+        try:
+            writer = None
+            with pa.OSFile(str(staging / data_name), "wb") as sink:
+                for table in self._ordered_pieces(order):
+                    if writer is None:
+                        writer = pa.ipc.new_stream(sink, table.schema)
+                    writer.write_table(table)
+                if writer is not None:
+                    writer.close()
+            if self.folder is not None and (self.folder / DATASET_INFO).is_file():
+                shutil.copyfile(self.folder / DATASET_INFO, staging / DATASET_INFO)
+            state = {"_data_files": [{"filename": data_name}], "_fingerprint": os.urandom(8).hex(),
+                     "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
+                     "_output_all_columns": False, "_split": None}
+            (staging / DATASET_STATE).write_text(json.dumps(state, indent=2))
+            for child in [staging, *staging.iterdir()]:
+                give_plain_permissions(child) if child.is_file() else os.chmod(child, 0o755)
+            _replace_folder(staging, output)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return sum(p.stat().st_size for p in output.iterdir())
+
+
+def _replace_folder(staging: Path, output: Path) -> None:
+    """Put ``staging`` at ``output``; an earlier folder there is moved aside first, then removed."""
+    old = None
+    if output.exists():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        os.replace(output, old)
+    os.replace(staging, output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _keys_text(record: dict) -> str:
+    return ", ".join(sorted(record)[:10]) or "none"
+
+
+# --- opening and indexing -------------------------------------------------------------------------
+
+
+def is_dataset_folder(path: Path) -> bool:
+    return path.is_dir() and (path / DATASET_STATE).is_file()
+
+
+def dataset_folder_files(folder: Path) -> list[Path]:
+    """The Arrow files of a ``save_to_disk`` folder, in order; a DatasetDict folder is refused with its splits."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits", [])
+        raise UserError(f"--input {folder} holds several splits ({', '.join(splits)}): pass one, e.g. "
+                        f"--input {folder / (splits[0] if splits else 'train')}")
+    try:
+        state = json.loads((folder / DATASET_STATE).read_text())
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"--input {folder}: not a readable datasets folder ({DATASET_STATE}: {exc})") from None
+    files = [folder / name for name in names]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise UserError(f"--input {folder}: {DATASET_STATE} lists {', '.join(missing)}, which is missing")
+    return files
+
+
+def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...], folder: Path | None = None,
+                      progress=None) -> ArrowTableSource:
+    """Index ``files``: their pieces, and each row's fingerprint and size (one streaming pass)."""
+    from .records import text_fingerprint
+
+    pa = _pyarrow()
+    source = ArrowTableSource(list(files), kind, tuple(text_fields), folder)
+    fingerprints, sizes = [], []
+    first = 0
+    schema = None
+    for number, path in enumerate(source.files):
+        stat = path.stat()
+        source.stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        for index, (rows, nbytes) in enumerate(_pieces_of(path, kind, pa)):
+            source.pieces.append(_Piece(number, index, first, rows, nbytes))
+            first += rows
+        file_schema = _file_schema(path, kind, pa)
+        if schema is None:
+            schema = file_schema
+        elif not file_schema.equals(schema):
+            raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s; give files of one schema")
+    missing = [f for f in text_fields if f.split(".")[0] not in schema.names and f not in schema.names]
+    if missing:
+        raise UserError(f"--input {source.name}: no column '{missing[0]}' (columns: {', '.join(schema.names[:10])}); "
+                        "choose the text field with --text-field")
+    for piece in source.pieces:
+        documents = source._documents(piece)
+        fingerprints.extend(text_fingerprint(fields_mod.fingerprint_text(d)) for d in documents)
+        sizes.extend(len(fields_mod.fingerprint_text(d).encode("utf-8", "surrogatepass")) + 16 for d in documents)
+        if progress is not None:
+            progress.update(piece.nbytes)
+    if not fingerprints:
+        raise UserError(f"--input {source.name}: no rows")
+    source.fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    source.row_sizes = np.asarray(sizes, dtype=np.int64)
+    return source
+
+
+def _file_schema(path: Path, kind: str, pa):
+    if kind == "parquet":
+        return pa.parquet.ParquetFile(path).schema_arrow
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_stream(source).schema
+
+
+def _pieces_of(path: Path, kind: str, pa) -> list[tuple[int, int]]:
+    """(rows, bytes) of each row group or record batch of ``path``."""
+    try:
+        if kind == "parquet":
+            meta = pa.parquet.ParquetFile(path).metadata
+            return [(meta.row_group(i).num_rows, meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
+        with pa.memory_map(str(path)) as source:
+            return [(b.num_rows, b.nbytes) for b in pa.ipc.open_stream(source)]
+    except (OSError, pa.ArrowException) as exc:
+        what = "a Parquet file" if kind == "parquet" else "an Arrow stream file"
+        raise UserError(f"{path}: not {what} that can be read ({str(exc).splitlines()[0]})") from None

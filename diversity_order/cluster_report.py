@@ -1,0 +1,196 @@
+"""What the clusters are: ``B_clusters.md`` and ``B_clusters.json``.
+
+K = 30 "topics" are only worth ordering by if they mean something. For each cluster: its size
+and share of the tokens, how tight it is (mean cosine of its documents to its centre), the
+tokens that most distinguish it from the rest of the corpus, and the opening of the documents
+nearest its centre.
+
+Distinguishing words are ranked by the weighted log-odds ratio with an informative Dirichlet
+prior (Monroe, Colaresi and Quinn, 2008): a token's z-score for "more frequent in this cluster
+than in the others", which neither lets rare tokens win on one occurrence nor lets common words
+win on volume. Counts come from a seeded sample of each cluster's documents, tokenized with the
+model's tokenizer (tokens merged by how they read; punctuation and digits left out), or split
+into words when the run has no tokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+
+import numpy as np
+
+from . import matrix
+from .records import RecordIndex, iter_text_batches
+
+log = logging.getLogger(__name__)
+
+SAMPLE_DOCS = 200  # documents per cluster whose tokens are counted
+SAMPLE_CHARS = 4_000  # of each, the opening (enough to say what it is about)
+TOP_TOKENS = 12
+EXAMPLES = 3
+OPENING_CHARS = 160
+PRIOR_STRENGTH = 1000.0  # pseudo-counts of the corpus-wide prior, spread by token frequency
+_WORD = re.compile(r"\w+")
+
+
+def _sample_rows(labels: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
+    """Up to SAMPLE_DOCS seeded random documents of each cluster (input rows, ascending)."""
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(labels.size)
+    by_cluster = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    starts = np.searchsorted(labels[by_cluster], np.arange(n_clusters + 1))
+    picked = [by_cluster[starts[k]: min(starts[k + 1], starts[k] + SAMPLE_DOCS)] for k in range(n_clusters)]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+
+
+def token_counts_per_cluster(index: RecordIndex, labels: np.ndarray, n_clusters: int, tokenizer,
+                             seed: int) -> list[Counter]:
+    """Counts of the words a sample of each cluster's documents holds.
+
+    With a tokenizer, tokens are counted and then merged by how they read (" self" and "self" are
+    one word here); tokens without a letter or shorter than two characters (punctuation,
+    indentation, digits) are left out: they rarely say what a topic is. Without one, words.
+    """
+    counters = [Counter() for _ in range(n_clusters)]
+    rows = _sample_rows(labels, n_clusters, seed)
+    for batch_rows, texts in iter_text_batches(index, rows):
+        texts = [text[:SAMPLE_CHARS] for text in texts]
+        if tokenizer is not None:
+            flat, lengths = tokenizer.encode_batch(texts)
+            pieces = [piece.tolist() for piece in np.split(flat, np.cumsum(lengths)[:-1])]
+        else:
+            pieces = [_WORD.findall(text.lower()) for text in texts]
+        for row, tokens in zip(batch_rows.tolist(), pieces):
+            counters[labels[row]].update(tokens)
+    if tokenizer is None:
+        return [Counter({w: n for w, n in c.items() if _readable(w)}) for c in counters]
+    seen = sorted(set().union(*counters))
+    surface = {t: text.strip() for t, text in zip(seen, tokenizer.token_texts(seen))}
+    merged = [Counter() for _ in range(n_clusters)]
+    for counter, words in zip(counters, merged):
+        for token, n in counter.items():
+            if _readable(surface[token]):
+                words[surface[token]] += n
+    return merged
+
+
+def _readable(word: str) -> bool:
+    return len(word) >= 2 and any(ch.isalpha() for ch in word)
+
+
+def distinguishing_tokens(counters: list[Counter], top: int = TOP_TOKENS) -> list[list[tuple[object, float]]]:
+    """Per cluster, the ``top`` tokens with the highest log-odds z-score against the other clusters."""
+    vocabulary = sorted(set().union(*counters))
+    if not vocabulary:
+        return [[] for _ in counters]
+    position = {token: i for i, token in enumerate(vocabulary)}
+    counts = np.zeros((len(counters), len(vocabulary)))
+    for k, counter in enumerate(counters):
+        for token, n in counter.items():
+            counts[k, position[token]] = n
+    total = counts.sum(0)
+    prior = PRIOR_STRENGTH * total / max(total.sum(), 1.0)
+    prior_sum = prior.sum()
+    out = []
+    for k in range(len(counters)):
+        own, rest = counts[k], total - counts[k]
+        n_own, n_rest = own.sum(), rest.sum()
+        if n_own == 0:
+            out.append([])
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            delta = (np.log((own + prior) / (n_own + prior_sum - own - prior))
+                     - np.log((rest + prior) / (n_rest + prior_sum - rest - prior)))
+            z = delta / np.sqrt(1.0 / (own + prior) + 1.0 / (rest + prior))
+        z = np.where(own > 0, np.nan_to_num(z, nan=-np.inf), -np.inf)
+        best = np.argsort(-z, kind="stable")[:top]
+        out.append([(vocabulary[i], round(float(z[i]), 2)) for i in best if np.isfinite(z[i])])
+    return out
+
+
+def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int, chunk: int = 65536):
+    """Per cluster: its cohesion (mean cosine of members to the normalised centre) and the rows nearest it."""
+    import torch
+
+    sums = torch.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=torch.float64)
+    for lo, hi, block in matrix.blocks(embeddings, chunk):  # index_add: O(rows x dim); np.add.at is ~100x slower
+        sums.index_add_(0, torch.from_numpy(labels[lo:hi]), torch.from_numpy(block.astype(np.float64)))
+    sums = sums.numpy()
+    norms = np.linalg.norm(sums, axis=1, keepdims=True)
+    centres = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
+    cosine = np.empty(labels.size)
+    for lo, hi, block in matrix.blocks(embeddings, chunk):
+        x = block.astype(np.float64)
+        lengths = np.linalg.norm(x, axis=1)
+        dots = (x * centres[labels[lo:hi]]).sum(1)
+        cosine[lo:hi] = np.divide(dots, lengths, out=np.zeros_like(dots), where=lengths > 0)
+    by_cluster = np.lexsort((-cosine, labels))
+    starts = np.searchsorted(labels[by_cluster], np.arange(n_clusters + 1))
+    cohesion = np.bincount(labels, weights=cosine, minlength=n_clusters) / np.maximum(
+        np.bincount(labels, minlength=n_clusters), 1)
+    nearest = [by_cluster[starts[k]: min(starts[k + 1], starts[k] + EXAMPLES)] for k in range(n_clusters)]
+    return cohesion, nearest
+
+
+def _openings(index: RecordIndex, rows: np.ndarray) -> dict[int, str]:
+    out = {}
+    for batch_rows, texts in iter_text_batches(index, np.sort(rows)):
+        for row, text in zip(batch_rows.tolist(), texts):
+            flat = " ".join(text.split())
+            out[row] = flat if len(flat) <= OPENING_CHARS else flat[: OPENING_CHARS - 1] + "…"
+    return out
+
+
+def describe_clusters(index: RecordIndex, labels: np.ndarray, token_counts: np.ndarray, embeddings: np.ndarray,
+                      n_clusters: int, tokenizer, seed: int) -> list[dict]:
+    """One dict per non-empty cluster, largest first (see the module doc)."""
+    sizes = np.bincount(labels, minlength=n_clusters)
+    tokens = np.bincount(labels, weights=token_counts.astype(np.float64), minlength=n_clusters)
+    counters = token_counts_per_cluster(index, labels, n_clusters, tokenizer, seed)
+    top = distinguishing_tokens(counters)
+    cohesion, nearest = centre_examples(embeddings, labels, n_clusters)
+    openings = _openings(index, np.concatenate(nearest) if nearest else np.zeros(0, np.int64))
+    total_tokens = max(tokens.sum(), 1.0)
+    clusters = []
+    for k in sorted(np.flatnonzero(sizes).tolist(), key=lambda k: (-sizes[k], k)):
+        clusters.append({
+            "cluster": k,
+            "documents": int(sizes[k]),
+            "tokens": int(tokens[k]),
+            "token_share": round(float(tokens[k] / total_tokens), 4),
+            "cohesion": round(float(cohesion[k]), 4),
+            "distinguishing_tokens": [{"token": t, "z": z} for t, z in top[k]],
+            "nearest_centre": [{"line": int(index.line_numbers[r]), "opening": openings[int(r)]}
+                               for r in nearest[k].tolist()],
+        })
+    return clusters
+
+
+def markdown(clusters: list[dict], title: str, n_clusters: int, tokenized: bool) -> str:
+    total_docs = sum(c["documents"] for c in clusters)
+    unit = "words (the model's tokens)" if tokenized else "words (no tokenizer in this run: split on spaces)"
+    lines = [f"# Clusters of {title}", "",
+             f"K = {n_clusters} ({len(clusters)} non-empty), {total_docs:,} documents. Cohesion: mean cosine of a "
+             f"cluster's documents to its centre (higher is tighter). Distinguishing {unit}: the most over-represented "
+             f"in a sample of up to {SAMPLE_DOCS} of the cluster's documents against the other clusters (log-odds "
+             "z-score). If these do not read like topics, the clusters are not topics: try another --n-clusters, "
+             "--calibrate-k, or deep embeddings.", "",
+             "| cluster | documents | token share | cohesion | distinguishing |", "|---:|---:|---:|---:|---|"]
+    for c in clusters:
+        words = ", ".join(f"`{_cell(t['token'])}`" for t in c["distinguishing_tokens"][:8])
+        lines.append(f"| c{c['cluster']} | {c['documents']:,} | {100 * c['token_share']:.1f}% | {c['cohesion']:.3f} "
+                     f"| {words} |")
+    for c in clusters:
+        lines += ["", f"## c{c['cluster']}: {c['documents']:,} documents, {100 * c['token_share']:.1f}% of the tokens",
+                  "", "Distinguishing: " + (", ".join(f"`{_cell(t['token'])}` ({t['z']:.1f})"
+                                                      for t in c["distinguishing_tokens"]) or "none"),
+                  "", "Nearest its centre:", ""]
+        lines += [f"- line {e['line']}: {_cell(e['opening'])}" for e in c["nearest_centre"]]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell or code span."""
+    return str(text).replace("|", "\\|").replace("`", "'").replace("\n", " ").strip() or "␣"

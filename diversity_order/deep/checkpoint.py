@@ -1,0 +1,188 @@
+"""Checkpoints of deep extraction: each rank's (or tensor-parallel group's) rows so far, saved so a
+killed run resumes where it stopped, plus the list of documents skipped for memory.
+
+Three files per share: ``.partial.json`` (the key: data, model, settings), ``.partial.npy`` (one
+row per document of the share, a plain .npy) and ``.partial.done.npy`` (which rows are valid).
+The rows file is created at its full size when the run starts (space reserved up front, so a
+full disk is reported before any work, not hours later), and each checkpoint writes into it only
+the rows finished since the previous one, syncs them, then replaces the done mask atomically. A
+row counts only once a mask names it, so a crash at any point leaves a consistent checkpoint; and
+a checkpoint costs the new rows, not the whole share (which grew with every checkpoint before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .. import distributed
+from ..atomic import remove_stale_temps, save_json, save_npy
+from ..errors import UserError
+
+log = logging.getLogger("diversity_order.deep")
+
+
+def partial_paths(output: Path, ctx: distributed.DistContext) -> tuple[Path, Path, Path]:
+    stem = f"{output.name}.rank{ctx.rank}.partial" if ctx.active else f"{output.name}.partial"
+    base = output.parent / stem
+    return Path(f"{base}.npy"), Path(f"{base}.done.npy"), Path(f"{base}.json")
+
+
+def skipped_path(output: Path) -> Path:
+    return output.parent / f"{output.name}.skipped.json"
+
+
+class Partial:
+    """This rank's rows, their vectors so far and the done mask, checkpointed incrementally."""
+
+    def __init__(self, output: Path, ctx: distributed.DistContext, rows: np.ndarray, dim: int, key: dict,
+                 writer: bool = True):
+        self.data_path, self.done_path, self.key_path = partial_paths(output, ctx)
+        self.rows = rows  # input rows, ascending
+        self.key = key
+        self.writer = writer  # False: a tensor-parallel helper rank, which touches no files
+        self.reports = ctx.is_main  # one line about free space, not one per rank
+        self.data = np.zeros((rows.size, dim), dtype=np.float32)
+        self.done = np.zeros(rows.size, dtype=bool)
+        self.saved = np.zeros(rows.size, dtype=bool)  # rows already in the checkpoint files
+        self.offset = 0  # where the rows start in data_path (after the .npy header)
+        self.writes = 0  # checkpoints written (tests count them)
+        if writer and not self._load():
+            self._create()
+
+    def _load(self) -> bool:
+        """Take up a checkpoint of this very work; False (and nothing kept) when there is none to trust."""
+        if not self.key_path.exists():
+            return False
+        try:
+            stored = json.loads(self.key_path.read_text())
+        except (OSError, ValueError):
+            stored = None
+        if stored != self.key:
+            log.warning("%s: checkpoint is for other data, model or settings; starting over", self.key_path.name)
+            return False
+        if not self.done_path.exists():
+            # The run before stopped before its first checkpoint: nothing was saved, nothing is lost.
+            log.info("%s: no rows checkpointed yet; starting from the beginning", self.key_path.name)
+            return False
+        try:
+            done = np.load(self.done_path)
+            data = np.load(self.data_path)
+            offset = _data_offset(self.data_path)
+        except (OSError, ValueError) as exc:  # missing or truncated: rows the mask names are lost
+            log.warning("%s: checkpoint damaged (%s); starting over", self.data_path.name, exc)
+            return False
+        if data.shape != self.data.shape or done.shape != self.done.shape or data.dtype != np.float32 or \
+                done.dtype != bool or np.isfortran(data):
+            log.warning("%s: checkpoint damaged (rows %s %s, done mask %s; expected %s); starting over",
+                        self.data_path.name, data.shape, data.dtype, done.shape, self.data.shape)
+            return False
+        self.data, self.done, self.saved, self.offset = data, done.copy(), done.copy(), offset
+        log.info("Resuming from %s: %d of %d rows already done", self.data_path.name, int(self.done.sum()),
+                 self.done.size)
+        return True
+
+    def _create(self) -> None:
+        """A fresh checkpoint: no mask (no row counts yet), the rows file at its full size."""
+        self.remove()
+        nbytes = self.data.nbytes
+        try:
+            with open(self.data_path, "wb") as handle:
+                np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(self.data))
+                self.offset = handle.tell()
+                handle.truncate(self.offset + nbytes)
+                _reserve(handle.fileno(), self.offset, nbytes)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.data_path.unlink()
+            raise UserError(f"cannot create the checkpoint {self.data_path} ({nbytes / 1e9:.2f} GB): "
+                            f"{exc.strerror or exc}; free space or choose another --output folder") from None
+        self._warn_if_output_will_not_fit()
+
+    def _warn_if_output_will_not_fit(self) -> None:
+        """Writing the output at the end needs room for all its rows: say so now, not after the run."""
+        records = self.key.get("records")
+        if not (self.reports and isinstance(records, int)):
+            return
+        needed = records * self.data.shape[1] * 4
+        free = shutil.disk_usage(self.data_path.parent).free
+        if free < needed:
+            log.warning("%s: %.2f GB free, but writing the output at the end needs %.2f GB; free space before "
+                        "then (the checkpoint keeps the rows: a rerun after a failed write only writes)",
+                        self.data_path.parent, free / 1e9, needed / 1e9)
+
+    def start(self) -> None:
+        if self.writer:
+            save_json(self.key_path, self.key)
+
+    def checkpoint(self) -> None:
+        """Save the rows finished since the last checkpoint, then the mask that makes them count."""
+        if not self.writer:
+            return
+        new = np.flatnonzero(self.done & ~self.saved)
+        if new.size == 0:
+            return
+        try:
+            with open(self.data_path, "r+b") as handle:
+                row_bytes = self.data.shape[1] * 4
+                for start, stop in _runs(new):
+                    handle.seek(self.offset + start * row_bytes)
+                    handle.write(self.data[start:stop].tobytes())
+                handle.flush()
+                os.fsync(handle.fileno())
+            # The rows before the mask: a crash in between leaves rows no mask names, never the reverse.
+            save_npy(self.done_path, self.done)
+        except OSError as exc:
+            saved = int(self.saved.sum())
+            raise UserError(f"cannot write the checkpoint {self.data_path.name} in {self.data_path.parent}: "
+                            f"{exc.strerror or exc}; the last checkpoint ({saved} of {self.done.size} rows) is "
+                            f"intact: free space or fix the folder, then rerun to resume") from None
+        self.saved[new] = True
+        self.writes += 1
+
+    def remove(self) -> None:
+        if not self.writer:
+            return
+        # The mask first: until the others are gone too, what is left is "no rows saved yet", never damage.
+        for path in (self.done_path, self.data_path, self.key_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            remove_stale_temps(path)  # debris of a checkpoint write a killed run never finished
+
+
+def _data_offset(path: Path) -> int:
+    with open(path, "rb") as handle:
+        version = np.lib.format.read_magic(handle)
+        if version not in ((1, 0), (2, 0)):  # np.save writes 1.0 (2.0 for huge headers) for float32 rows
+            raise ValueError(f".npy format version {version}")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read(handle)
+        return handle.tell()
+
+
+def _reserve(fd: int, offset: int, nbytes: int) -> None:
+    """Allocate the rows' disk space now: a full disk fails here, at the start, not at a later checkpoint."""
+    if nbytes == 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, offset, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        # The filesystem cannot reserve space (EOPNOTSUPP, EINVAL): the rows take their space as they come.
+
+
+def _runs(positions: np.ndarray):
+    """(start, stop) of each run of consecutive ``positions`` (sorted)."""
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [positions.size]])
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        yield int(positions[a]), int(positions[b - 1]) + 1

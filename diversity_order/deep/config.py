@@ -1,0 +1,115 @@
+"""Deep extraction's settings (``DeepConfig``), its result, and the checks made before any work."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import distributed
+from ..errors import UserError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+CPU_TOKEN_BUDGET = 16384  # tokens per forward pass on CPU (documents x longest length)
+GPU_MEMORY_FRACTION = 0.7
+OOM_SHRINK = 0.6
+SUCCESS_GROWTH = 1.1
+TOKENIZE_CHUNK_DOCS = 4096  # documents read and tokenized together, in processing order
+
+@dataclass
+class DeepConfig:
+    input: Path
+    output: Path
+    model_dir: Path
+    batch_size: int = 64
+    device: str = "auto"
+    gpu: int = 0
+    dtype: str = "auto"
+    tp: int = 1
+    max_tokens: int | None = None
+    max_seq_len: int | None = None
+    reverse: bool = False
+    text_field: str = "text"
+    limit: int | None = None
+    token_budget: int | None = None  # None: from free GPU memory, or CPU_TOKEN_BUDGET on CPU
+    checkpoint_docs: int = 5000
+    checkpoint_seconds: float = 600.0
+    attn_implementation: str | None = None  # e.g. "sdpa", "eager", "flash_attention_2"; None: the model's default
+    progress: bool = True
+
+
+@dataclass
+class DeepResult:
+    output: Path
+    docs: int = 0  # documents computed in this run
+    tokens: int = 0
+    seconds: float = 0.0
+    skipped: list = field(default_factory=list)  # (input row, token count)
+    nothing_to_do: bool = False
+
+
+
+def _check_output_writable(output: Path) -> None:
+    if output.is_dir():
+        raise UserError(f"--output {output}: is a folder; give a .npy file path")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"--output {output}: folder not writable ({exc.strerror or exc})") from None
+
+
+def check_config(config: DeepConfig) -> None:
+    if not Path(config.model_dir).is_dir():
+        raise UserError(f"--model-dir {config.model_dir}: folder not found")
+    if not (Path(config.model_dir) / "config.json").is_file():
+        raise UserError(f"--model-dir {config.model_dir}: no config.json, not a Hugging Face model folder")
+    if config.batch_size < 1:
+        raise UserError(f"--batch-size {config.batch_size}: must be at least 1")
+    for name in ("max_tokens", "max_seq_len", "limit", "token_budget"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if config.checkpoint_docs < 1:
+        raise UserError(f"--checkpoint-docs {config.checkpoint_docs}: must be at least 1")
+    if not config.checkpoint_seconds > 0:  # also NaN; inf means by documents only
+        raise UserError(f"--checkpoint-seconds {config.checkpoint_seconds}: must be more than 0")
+    if config.dtype not in DTYPES:
+        raise UserError(f"--dtype {config.dtype}: expected one of {', '.join(DTYPES)}")
+    if config.tp < 1:
+        raise UserError(f"--tp {config.tp}: must be at least 1")
+    if config.tp > 1:
+        _check_heads_divisible(Path(config.model_dir), config.tp)
+        if not distributed.launched_by_torchrun():
+            raise UserError(f"--tp {config.tp} needs torchrun --nproc_per_node={config.tp} (or a multiple of "
+                            f"{config.tp} for data parallel x tensor parallel; WORLD_SIZE is not set)")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world % config.tp:
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            lower = per_node // config.tp * config.tp
+            fits = " or ".join(f"--nproc_per_node={k}" for k in (lower, lower + config.tp) if k >= config.tp)
+            raise UserError(f"--tp {config.tp} under torchrun with {world} processes: the process count must be a "
+                            f"multiple of --tp (data-parallel groups of {config.tp} tensor-parallel ranks); "
+                            f"use {fits}")
+    _check_output_writable(Path(config.output))
+
+
+def _check_heads_divisible(model_dir: Path, tp: int) -> None:
+    """Tensor parallel splits attention heads across ranks: --tp must divide every head count."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    config = config.get("text_config", config) if "num_attention_heads" not in config else config
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads", heads)
+    counts = {n for n in (heads, kv_heads) if isinstance(n, int)}
+    if counts and any(n % tp for n in counts):
+        fits = [d for d in range(2, math.gcd(*counts) + 1) if math.gcd(*counts) % d == 0]
+        hint = f"e.g. --tp {fits[0]}" if fits else "this model cannot be split by heads"
+        raise UserError(f"--tp {tp}: the model has {heads} attention heads and {kv_heads} key/value heads; "
+                        f"tensor parallel needs a --tp that divides both ({hint})")
+
+

@@ -1,0 +1,187 @@
+"""Token counts and shallow embeddings of every record: reused from the caches where a record's
+text is unchanged, computed for the rest (shared across torchrun ranks).
+
+Each record is tokenized once for both its count and its vector. The model's parts (tokenizer,
+embedding table) are loaded only when something has to be computed, so a fully cached run needs
+neither.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from . import caches, distributed, embed
+from .arrays import load_matrix
+from .errors import UserError
+from .model_folder import check_model_dir
+from .records import RecordIndex
+
+log = logging.getLogger(__name__)
+
+SHALLOW_METHOD = "base_model_embed_tokens_mean_pool"
+EXTERNAL_METHOD = "external_precomputed"
+
+
+class ModelParts:
+    """Tokenizer and embedding table of ``model_dir``, loaded on first use."""
+
+    def __init__(self, model_dir: Path | None, device):
+        self.model_dir = model_dir
+        self.device = device
+        self._tokenizer = None
+        self._table = None
+
+    def require_dir(self, why: str) -> Path:
+        if self.model_dir is None:
+            raise UserError(f"--model-dir is required {why}")
+        return check_model_dir(self.model_dir)
+
+    def tokenizer(self, why: str):
+        if self._tokenizer is None:
+            from .tokenizer import DocumentTokenizer
+
+            self._tokenizer = DocumentTokenizer(self.require_dir(why))
+        return self._tokenizer
+
+    def table(self):
+        if self._table is None:
+            import torch
+
+            from .embedding_table import load_embedding_table
+
+            self._table = load_embedding_table(self.require_dir("to embed the documents (or pass --load-embeddings FILE)"),
+                                               device=self.device, dtype=torch.float32)
+        return self._table
+
+
+def load_external_embeddings(path: Path, n_records: int) -> np.ndarray:
+    """A precomputed N x D float matrix; NaN rows become zero vectors (warned)."""
+    matrix = load_matrix(path, "--load-embeddings")
+    if matrix.shape[0] != n_records:
+        raise UserError(f"--load-embeddings {path}: {matrix.shape[0]} rows, but the input has {n_records} records")
+    embeddings = np.array(matrix, dtype=np.float32)  # a writable copy: NaN rows are zeroed below
+    bad = ~np.isfinite(embeddings).all(axis=1)
+    if bad.any():
+        log.warning("%d row(s) of %s are NaN/inf (e.g. documents skipped by deep extraction); "
+                    "they become zero vectors", int(bad.sum()), path.name)
+        embeddings[bad] = 0.0
+    return embeddings
+
+
+def token_count_key(tokenizer_fp: str, text_field: str) -> dict:
+    return {"kind": "token_counts", "tokenizer": tokenizer_fp, "text_field": text_field}
+
+
+def embedding_key(tokenizer_fp: str, table, text_field: str) -> dict:
+    return {"kind": SHALLOW_METHOD, "tokenizer": tokenizer_fp, "table": table.fingerprint,
+            "tensor": table.tensor_name, "dim": table.dim, "text_field": text_field}
+
+
+def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table,
+                   batch_docs: int, progress: bool, out: np.ndarray | None = None):
+    """Tokenize (and embed, with a table) ``rows``; under torchrun each rank takes a share by
+    bytes and rank 0 gets everything back in row order. Other ranks get (None, None).
+
+    In a single process the vectors are written straight into ``out[rows]``."""
+    share = distributed.my_share(ctx, rows, index.ends[rows] - index.starts[rows])
+    if ctx.active:
+        log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
+    vectors, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
+                                                   progress=progress and ctx.is_main,
+                                                   out=None if ctx.active else out)
+    if table is not None:
+        log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s%s)", stats.documents,
+                 f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9),
+                 " on this rank" if ctx.active else "")
+    if not ctx.active:
+        return vectors, counts
+    device = table.device if table is not None and table.device.type == "cuda" else None
+    all_counts = distributed.gather_to_main(ctx, counts, device)
+    all_vectors = distributed.gather_to_main(ctx, vectors, device) if table is not None else None
+    if not ctx.is_main:
+        return None, None
+    return (np.concatenate(all_vectors) if all_vectors is not None else None), np.concatenate(all_counts)
+
+
+def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, text_field: str, need_embeddings: bool,
+                          batch_docs: int, progress: bool, ctx: distributed.DistContext | None = None
+                          ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Token counts (always) and shallow embeddings (when asked), reusing valid cached rows.
+
+    ``paths["token_counts"]`` and ``paths["embeddings"]`` are the caches. Under torchrun, only
+    rank 0 gets the arrays (and writes the caches); other ranks get None.
+    """
+    ctx = ctx or distributed.DistContext()
+    fps = index.fingerprints
+    have_model = model.model_dir is not None
+    why_tokenizer = "to count tokens: the token-count cache does not cover every record"
+    tokenizer = model.tokenizer(why_tokenizer) if (have_model or need_embeddings) else None
+    count_key = token_count_key(tokenizer.fingerprint if tokenizer else "", text_field)
+    count_places = token_count_places(paths)
+    counts_found = caches.lookup(count_places[0], count_key, fps, accept_any_key=tokenizer is None, dtype=np.int64,
+                                 row_shape=(), alternatives=tuple(count_places[1:]))
+    log.info("Token counts: %s", counts_found.reason)
+    count_rows = counts_found.missing_rows
+    if count_rows.size and tokenizer is None:
+        raise UserError(f"--model-dir is required to count tokens: {count_rows.size} of {len(index)} records "
+                        f"have no cached count in {paths['token_counts']} (a folder with the tokenizer is enough)")
+
+    embed_rows = np.zeros(0, dtype=np.int64)
+    emb_found = None
+    if need_embeddings:
+        emb_key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
+        emb_found = caches.lookup(paths["embeddings"], emb_key, fps, dtype=np.float32, row_shape=(model.table().dim,))
+        log.info("Embeddings: %s", emb_found.reason)
+        embed_rows = emb_found.missing_rows
+
+    counts = counts_found.data if counts_found.data is not None else np.zeros(len(index), dtype=np.int64)
+    counts = counts.astype(np.int64)
+    embeddings = None
+    if need_embeddings:
+        embeddings = emb_found.data if emb_found.data is not None else np.zeros((len(index), model.table().dim), np.float32)
+    if embed_rows.size:
+        log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
+                 embed_rows.size, len(index))
+        vectors, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
+                                             progress, out=embeddings)
+        count_rows = np.setdiff1d(count_rows, embed_rows)
+        if ctx.is_main:
+            if vectors is not embeddings:
+                embeddings[embed_rows] = vectors
+            counts[embed_rows] = new_counts
+    if count_rows.size:
+        log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
+        _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress)
+        if ctx.is_main:
+            counts[count_rows] = new_counts
+    if not ctx.is_main:
+        return None, None
+    # Stored whenever the files are not exactly the current records in order (new, edited, moved
+    # or removed records), so the caches always line up with the input for the other scripts.
+    if not counts_found.in_order:
+        # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
+        store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps, counts)
+    if need_embeddings and not emb_found.in_order:
+        caches.store(paths["embeddings"], emb_key, fps, embeddings)
+    return counts, embeddings
+
+
+def token_count_places(paths: dict) -> list[Path]:
+    """Where token counts are cached: beside the input, else (input folder not writable) beside the output."""
+    primary = Path(paths["token_counts"])
+    fallback = Path(paths["embeddings"]).parent / primary.name
+    return [primary] if fallback.absolute() == primary.absolute() else [primary, fallback]
+
+
+def store_token_counts(places: list[Path], key: dict, fps: np.ndarray, counts: np.ndarray) -> None:
+    problem = caches.try_store(places[0], key, fps, counts)
+    if problem is None:
+        return
+    if len(places) == 1:
+        log.warning("Cache %s not written (%s); the run goes on without it", places[0], problem)
+        return
+    log.warning("Token counts cannot be cached beside the input (%s); cached in %s instead", problem, places[1])
+    caches.store(places[1], key, fps, counts)

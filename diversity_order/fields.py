@@ -1,0 +1,100 @@
+"""Which part of a record is the document: ``--text-field`` as a dotted path, several fields joined,
+or a conversation rendered with the tokenizer's own chat template.
+
+- ``--text-field meta.body`` reads ``record["meta"]["body"]`` (a key that itself holds the dots,
+  ``record["meta.body"]``, wins if present);
+- ``--text-field prompt --text-field completion`` joins the fields' texts with ``JOIN``;
+- a field that holds a conversation, a list of ``{"role": ..., "content": ...}`` messages (the
+  ``messages`` of chat fine-tuning sets), is rendered with the tokenizer's chat template, which is
+  what a chat trainer tokenizes; the counts and embeddings are of those tokens.
+
+A record's fingerprint (what the caches are keyed by) covers the extracted value itself (a
+conversation in canonical JSON), so editing any selected field invalidates just that record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .errors import UserError
+
+JOIN = "\n"
+MISSING = object()  # a field a record does not have
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A list of chat messages, kept as canonical JSON (hashable, one fingerprint per content)."""
+
+    messages_json: str
+
+    @property
+    def messages(self) -> list[dict]:
+        return json.loads(self.messages_json)
+
+
+def lookup(record: dict, path: str):
+    """The value at dotted ``path`` (an exact key first), or a sentinel when absent."""
+    if path in record:
+        return record[path]
+    value = record
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def _conversation(value: list, where: str, field: str) -> Conversation:
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or "content" not in message or "role" not in message:
+            raise UserError(f"{where}: field '{field}' message {i} is not a {{\"role\": ..., \"content\": ...}} object")
+        if not isinstance(message["role"], str) or not isinstance(message["content"], str):
+            kind = _json_type(message["content"] if isinstance(message["role"], str) else message["role"])
+            what = "content" if isinstance(message["role"], str) else "role"
+            raise UserError(f"{where}: field '{field}' message {i} has a {what} that is a JSON {kind}, expected a string")
+    if not value:
+        raise UserError(f"{where}: field '{field}' is an empty conversation")
+    return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+
+
+def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Conversation:
+    """The document of ``record``: one field's text or conversation, or several fields' texts joined.
+
+    ``where()`` names the record in errors (``file:line``), called only on an error;
+    ``keys_text(record)`` lists its keys.
+    """
+    parts = []
+    for field in fields:
+        value = lookup(record, field)
+        if value is MISSING:
+            raise UserError(f"{where()}: no field '{field}' (this record has keys: {keys_text(record)}); choose the "
+                            "text field with --text-field (a dotted path such as meta.body reads nested objects)")
+        if isinstance(value, str):
+            parts.append(value)
+        elif isinstance(value, list) and len(fields) == 1:
+            return _conversation(value, where(), field)
+        elif isinstance(value, list):
+            raise UserError(f"{where()}: field '{field}' is a conversation; a conversation must be the only --text-field")
+        else:
+            raise UserError(f"{where()}: field '{field}' is a JSON {_json_type(value)}, expected a string "
+                            "(or a conversation: a list of role/content messages)")
+    return parts[0] if len(parts) == 1 else JOIN.join(parts)
+
+
+def fingerprint_text(value: str | Conversation) -> str:
+    """The text a fingerprint covers: the document itself, or the conversation's canonical JSON."""
+    return value.messages_json if isinstance(value, Conversation) else value
+
+
+def render(value: str | Conversation, tokenizer) -> str:
+    """The text the trainer tokenizes: the document, or the conversation through the chat template."""
+    if isinstance(value, Conversation):
+        return tokenizer.render_chat(value.messages)
+    return value
+
+
+def _json_type(value) -> str:
+    return {dict: "object", list: "array", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
+        type(value), type(value).__name__)

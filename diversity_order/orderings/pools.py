@@ -1,0 +1,59 @@
+"""Cluster pools: each cluster's documents, in the order an ordering draws them.
+
+Cluster orderings take documents from per-cluster pools; ``--within-cluster-sort`` decides the
+order inside each pool (input order by default).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..defaults import DEFAULT_SEED
+from .options import WITHIN_CLUSTER_SORTS, OrderingOptions
+
+
+def cluster_pools(
+    labels: np.ndarray, token_counts: np.ndarray, n_clusters: int, within_cluster_sort: str = "original",
+    seed: int = DEFAULT_SEED,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each cluster's documents in pool order, concatenated: (members, pool_starts).
+
+    Cluster k's pool is ``members[pool_starts[k]:pool_starts[k + 1]]``.
+    - original: input order;
+    - length-asc: stable sort by token count (ties keep input order);
+    - length-desc: the length-asc pool reversed;
+    - length-riffle: from the length-asc pool, shortest, longest, 2nd shortest, 2nd longest, ...
+    - random: a seeded shuffle of each pool (so no pool carries the input's head-to-tail drift).
+    """
+    if within_cluster_sort not in WITHIN_CLUSTER_SORTS:
+        raise ValueError(f"within_cluster_sort must be one of {', '.join(WITHIN_CLUSTER_SORTS)}")
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.int64)
+    sizes = np.bincount(labels, minlength=n_clusters)
+    pool_starts = np.zeros(n_clusters + 1, dtype=np.int64)
+    np.cumsum(sizes, out=pool_starts[1:])
+    if within_cluster_sort == "original":
+        members = np.argsort(labels, kind="stable")
+        return members.astype(np.int64), pool_starts
+    if within_cluster_sort == "random":
+        shuffled = np.random.default_rng(seed).permutation(labels.size)
+        return shuffled[np.argsort(labels[shuffled], kind="stable")].astype(np.int64), pool_starts
+    # lexsort is stable and sorts by its last key first: cluster, then token count, then position.
+    ascending = np.lexsort((counts, labels)).astype(np.int64)
+    if within_cluster_sort == "length-asc":
+        return ascending, pool_starts
+    pool_of = labels[ascending]
+    offset_in_pool = np.arange(labels.size, dtype=np.int64) - pool_starts[pool_of]
+    pool_size = sizes[pool_of]
+    if within_cluster_sort == "length-desc":
+        source = pool_size - 1 - offset_in_pool
+    else:  # length-riffle: even slots from the front, odd slots from the back
+        half = offset_in_pool // 2
+        source = np.where(offset_in_pool % 2 == 0, half, pool_size - 1 - half)
+    return ascending[pool_starts[pool_of] + source], pool_starts
+
+
+def pools_for(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+              options: OrderingOptions) -> tuple[np.ndarray, np.ndarray]:
+    """``cluster_pools`` in the order ``options.within_cluster_sort`` asks for."""
+    return cluster_pools(labels, token_counts, n_clusters, options.within_cluster_sort, options.seed)

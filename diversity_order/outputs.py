@@ -1,0 +1,99 @@
+"""Where a curate run writes, and the checks made before any long work.
+
+For ``--output B.jsonl`` every file is named after ``B`` (``B_meta.json``, ``B_order.npy``,
+``B_ordering_comparison.png``, ...), so two runs into one folder never overwrite each other's
+files; the token-count cache is named after the input and kept beside it. A run refuses, before
+it loads a model, an output that is a folder, an unwritable folder, and any output that is one of
+the files it reads (the input, ``--load-embeddings``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import UserError
+from .records import COMPRESSED_SUFFIXES
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+STATS_ONLY_TAG = "_stats-only"
+# The files that describe one curated order; a --stats-only trial run beside a real run's output
+# writes its own (see curate.write_outputs).
+DESCRIBING_ORDER = ("meta", "labels", "order", "ordering_plot", "cloud_plot", "clusters_md", "clusters_json")
+
+
+def output_stem(output: Path) -> Path:
+    """``dir/name.jsonl[.gz|.zst]`` -> ``dir/name``: the prefix of the files written beside it."""
+    name = output.name
+    for compressed in ("", *COMPRESSED_SUFFIXES):
+        for suffix in JSONL_SUFFIXES:
+            if name.endswith(suffix + compressed):
+                return output.with_name(name[: -len(suffix + compressed)])
+    return output
+
+
+def output_paths(input_path: Path, output: Path) -> dict[str, Path]:
+    """Every file a curate run may write, by role."""
+    out_stem, in_stem = output_stem(output), output_stem(input_path)
+    return {
+        "embeddings": Path(f"{out_stem}_embeddings.npy"),
+        "token_counts": Path(f"{in_stem}_token_counts.npy"),
+        "meta": Path(f"{out_stem}_meta.json"),
+        "labels": Path(f"{out_stem}_labels.npy"),
+        "order": Path(f"{out_stem}_order.npy"),
+        "umap": Path(f"{out_stem}_umap2d.npy"),
+        "calibration": Path(f"{out_stem}_calibration.json"),
+        "ordering_plot": Path(f"{out_stem}_ordering_comparison.png"),
+        "cloud_plot": Path(f"{out_stem}_cluster_cloud.png"),
+        "clusters_md": Path(f"{out_stem}_clusters.md"),
+        "clusters_json": Path(f"{out_stem}_clusters.json"),
+    }
+
+
+def stats_only_paths(paths: dict[str, Path], output: Path) -> dict[str, Path]:
+    """The paths of a --stats-only run that must not replace the files describing ``output``'s order."""
+    stem = output_stem(output)
+    tagged = Path(f"{stem}{STATS_ONLY_TAG}")
+    return {**paths, **{role: Path(str(paths[role]).replace(str(stem), str(tagged), 1)) for role in DESCRIBING_ORDER}}
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path | None]) -> None:
+    """Refuse, before any long work, outputs that cannot be written or would destroy an input.
+
+    ``written``: role -> path this run writes; ``read``: flag -> file it reads (None: not given).
+    """
+    if output.is_dir():
+        raise UserError(f"--output {output}: is a folder; give the path of the curated file to write, "
+                        f"e.g. {output / 'curated.jsonl'}")
+    for flag, source in read.items():
+        if source is None:
+            continue
+        what = "the input file" if flag == "--input" else f"the {flag} file"
+        for role, target in {"output": output, **written}.items():
+            if not _same_file(source, target):
+                continue
+            if role == "output":
+                raise UserError(f"--output {output} is {what}; choose another output path")
+            raise UserError(f"{flag} {source} is also where this run would write its {role.replace('_', ' ')} "
+                            f"({target}); choose another --output")
+    check_writable_folder(output.parent, "--output")
+
+
+def check_writable_folder(folder: Path, flag: str) -> None:
+    """Create ``folder`` if needed and make sure a file can be created in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot write in {folder} ({exc.strerror or exc})") from None

@@ -1,0 +1,178 @@
+"""Run-time helpers the pipelines share: device and process-group start-up, stage timing, progress.
+
+Progress: a tqdm bar when stderr is a terminal; otherwise (log files, nohup, Slurm) one log line
+every ``progress_log_seconds()`` with the count, rate and ETA, so a long job logged to a file
+still shows it is alive. The interval comes from ``DIVERSITY_ORDER_PROGRESS_SECONDS`` (default
+30), which tests set low to exercise that path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+from . import distributed
+from .errors import UserError
+
+log = logging.getLogger("diversity_order")
+
+PROGRESS_SECONDS_ENV = "DIVERSITY_ORDER_PROGRESS_SECONDS"
+DEFAULT_PROGRESS_SECONDS = 30.0
+
+
+def progress_log_seconds() -> float:
+    """Seconds between progress lines when no bar is drawn."""
+    try:
+        return max(0.0, float(os.environ.get(PROGRESS_SECONDS_ENV, DEFAULT_PROGRESS_SECONDS)))
+    except ValueError:
+        return DEFAULT_PROGRESS_SECONDS
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Progress of one long loop: a bar in a terminal, periodic log lines elsewhere.
+
+    ``bar=False`` (``--no-progress``) draws no bar; the log lines still come (``silent`` stops
+    both): the first at the
+    first update, then one every ``progress_log_seconds()``. With ``total_work`` (e.g. tokens,
+    when items differ in size) rates and the ETA are also given in work units, and the ETA
+    comes from the work rate. Each line ends with the peak memory, or ``note()`` when given.
+    """
+
+    def __init__(self, total: int | None, desc: str, unit: str = "documents", rate_unit: str = "docs",
+                 bar: bool = True, total_work: int | None = None, work_unit: str = "tokens", note=None,
+                 silent: bool = False, scale: int = 1):
+        self.total, self.desc, self.unit, self.rate_unit = total, desc, unit, rate_unit
+        self.scale = scale  # counts are shown divided by this (e.g. bytes as MB)
+        self.total_work, self.work_unit = total_work, work_unit
+        self.done = self.work = 0
+        self.note = note
+        self.started = time.monotonic()
+        self.last_line = None
+        self.interval = progress_log_seconds()
+        self.silent = silent  # e.g. torchrun ranks other than 0: no bar, no lines
+        self._bar = None
+        if bar and not silent and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            bytes_like = scale > 1
+            self._bar = tqdm(total=total, desc=desc, unit="B" if bytes_like else rate_unit.rstrip("s") or "it",
+                             unit_scale=bytes_like, unit_divisor=1024 if bytes_like else 1000, leave=False)
+
+    def update(self, n: int, work: int = 0) -> None:
+        self.done += n
+        self.work += work
+        if self._bar is not None:
+            self._bar.update(n)
+            extra = [f"{self.work:,} {self.work_unit}"] if self.work else []
+            self._bar.set_postfix_str(", ".join(extra + ([self.note()] if self.note else [])), refresh=False)
+        elif not self.silent and (self.last_line is None or time.monotonic() - self.last_line >= self.interval):
+            self.last_line = time.monotonic()
+            log.info("%s", self.line())
+
+    def line(self) -> str:
+        """``desc: done of total unit (pct), rate, [work rate,] ETA[; note]``."""
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        done, total = self.done / self.scale, (self.total or 0) / self.scale
+        parts = [f"{self.desc}: {done:,.0f}" + (f" of {total:,.0f}" if self.total else "") + f" {self.unit}"
+                 + (f" ({100 * self.done / self.total:.0f}%)" if self.total else ""),
+                 f"{done / elapsed:,.1f} {self.rate_unit}/s"]
+        if self.work:
+            parts.append(f"{self.work / elapsed:,.0f} {self.work_unit}/s")
+        remaining, rate = None, None
+        if self.total_work:
+            remaining, rate = self.total_work - self.work, self.work / elapsed
+        elif self.total:
+            remaining, rate = self.total - self.done, self.done / elapsed
+        if remaining is not None:
+            parts.append(f"ETA {_clock(remaining / rate)}" if rate > 0 else "ETA ?")
+        return ", ".join(parts) + ", " + (self.note() if self.note else memory_text())
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+def memory_text(device=None) -> str:
+    """Peak memory so far: the GPU's on a CUDA device, else this process's resident set."""
+    if device is not None and getattr(device, "type", "") == "cuda":
+        import torch
+
+        return f"peak GPU {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+    return f"peak RSS {peak_rss_mb() / 1024:.1f} GiB"
+
+
+class StageTimer:
+    """Times named stages, logs each one's wall time and keeps them for the metadata."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}  # this process's CPU time: comparable on a busy machine
+        self.peak_rss_mb: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        log.info("%s ...", name)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        yield
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
+        self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0) + cpu, 3)
+        self.peak_rss_mb[name] = peak_rss_mb()
+        log.info("%s done in %.1f s (%.1f CPU-s; peak memory so far %.0f MB)", name, elapsed, cpu,
+                 self.peak_rss_mb[name])
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux reports KB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
+
+
+def resolve_device(device: str, gpu: int):
+    """'auto' -> cuda:GPU when CUDA is available, else cpu; 'cuda' uses --gpu's index."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = f"cuda:{gpu}"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"--gpu {index}: only {torch.cuda.device_count()} GPU(s) visible")
+    elif device != "cpu":
+        raise UserError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+    return torch.device(device)
+
+
+def start(device: str, gpu: int):
+    """The device this process computes on, and its torchrun context (trivial without torchrun).
+
+    Under torchrun every process joins the process group (NCCL on GPUs, gloo on CPUs) and takes
+    its local GPU.
+    """
+    resolved = resolve_device(device, gpu)
+    ctx = distributed.init_from_env(resolved.type == "cuda")
+    if ctx.active and resolved.type == "cuda":
+        resolved = resolve_device(f"cuda:{ctx.local_rank}", ctx.local_rank)
+    return resolved, ctx

@@ -1,0 +1,40 @@
+"""Checked .npy inputs: a file that is not a .npy array says what it looks like."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from diversity_order.arrays import load_npy
+from diversity_order.errors import UserError
+
+
+def test_a_real_npy_loads(tmp_path):
+    path = tmp_path / "a.npy"
+    np.save(path, np.arange(6, dtype=np.int64).reshape(2, 3))
+    assert load_npy(path, "--labels").tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize("content,looks", [
+    (b'{"text": "a record"}\n{"text": "another"}\n', "JSONL text"),
+    (b"text,label\nhello,1\n", "text"),
+    (gzip.compress(b"whatever"), "gzip data"),
+    (b"PK\x03\x04rest of a zip", "a zip archive"),
+    (b"\x80\x04\x95pickle bytes", "a Python pickle"),
+])
+def test_not_an_npy_file_says_what_it_looks_like(tmp_path, content, looks):
+    path = tmp_path / "embeddings.npy"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as caught:
+        load_npy(path, "--load-embeddings")
+    message = str(caught.value)
+    assert message.startswith(f"--load-embeddings {path}: not a .npy array") and looks in message
+    assert "allow_pickle" not in message and "\n" not in message
+
+
+def test_a_truncated_npy_is_named(tmp_path):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((100, 8), dtype=np.float32))
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(UserError, match=r"--labels .*a\.npy: not a readable \.npy file"):
+        load_npy(path, "--labels")

@@ -1,0 +1,109 @@
+"""Parquet files and datasets folders: the same documents and fingerprints as JSONL, outputs in the
+input's format and schema, rows in the curated order, and clear errors."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import topical_records, write_jsonl
+from diversity_order import fields
+from diversity_order.arrow_sources import dataset_folder_files, open_arrow_source
+from diversity_order.errors import UserError
+from diversity_order.records import scan_jsonl, text_fingerprint
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _records():
+    records = topical_records(per_topic=12)
+    for i, r in enumerate(records):
+        r["meta"] = {"body": r["text"].upper(), "n": i}
+        r["messages"] = [{"role": "user", "content": f"tell me about {r['topic']}"},
+                         {"role": "assistant", "content": r["text"]}]
+    return records
+
+
+@pytest.fixture()
+def parquet_file(tmp_path):
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(_records()), path, row_group_size=17)
+    return path
+
+
+def test_parquet_documents_and_fingerprints_equal_jsonl(tmp_path, parquet_file):
+    records = _records()
+    source = open_arrow_source([parquet_file], "parquet", ("text",))
+    jsonl = scan_jsonl(write_jsonl(tmp_path / "same.jsonl", records), "text", progress=False)
+    assert len(source) == len(records) and len(source.pieces) == -(-len(records) // 17)
+    np.testing.assert_array_equal(source.fingerprints, jsonl.fingerprints)
+    rows = np.array([0, 16, 17, 18, 50, len(records) - 1])
+    got = [d for _, batch in source.iter_documents(rows, max_batch_rows=4) for d in batch]
+    assert got == [records[i]["text"] for i in rows]
+    assert source.where(20) == f"{parquet_file} row 20"
+
+
+def test_parquet_output_keeps_schema_and_follows_the_order(tmp_path, parquet_file):
+    source = open_arrow_source([parquet_file], "parquet", ("text",))
+    order = np.random.default_rng(0).permutation(len(source))
+    out = tmp_path / "out" / "curated.parquet"
+    source.write_reordered(order, out)
+    table = pq.read_table(out)
+    assert table.schema.equals(pq.read_schema(parquet_file))
+    original = pq.read_table(parquet_file).to_pylist()
+    assert table.to_pylist() == [original[i] for i in order]
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_dotted_joined_and_conversation_fields(parquet_file):
+    records = _records()
+    nested = open_arrow_source([parquet_file], "parquet", ("meta.body",))
+    assert [d for _, b in nested.iter_documents(np.array([3])) for d in b] == [records[3]["meta"]["body"]]
+    joined = open_arrow_source([parquet_file], "parquet", ("topic", "text"))
+    assert next(joined.iter_documents(np.array([5])))[1] == [records[5]["topic"] + fields.JOIN + records[5]["text"]]
+    chats = open_arrow_source([parquet_file], "parquet", ("messages",))
+    document = next(chats.iter_documents(np.array([7])))[1][0]
+    assert isinstance(document, fields.Conversation) and document.messages == records[7]["messages"]
+    expected = fields.extract(json.loads(json.dumps(records[7])), ("messages",), lambda: "", str)
+    assert chats.fingerprints[7] == text_fingerprint(fields.fingerprint_text(expected))
+
+
+def test_datasets_folder_in_and_out(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    records = _records()
+    folder = tmp_path / "ds"
+    datasets.Dataset.from_list(records).save_to_disk(str(folder))
+    source = open_arrow_source(dataset_folder_files(folder), "arrow", ("text",), folder=folder)
+    assert len(source) == len(records)
+    order = np.random.default_rng(1).permutation(len(records))
+    out = tmp_path / "curated_ds"
+    source.write_reordered(order, out)
+    loaded = datasets.load_from_disk(str(out))
+    assert loaded.to_list() == [records[i] for i in order]
+    assert loaded.features == datasets.load_from_disk(str(folder)).features
+
+
+def test_clear_errors(tmp_path, parquet_file):
+    with pytest.raises(UserError, match="no column 'body'"):
+        open_arrow_source([parquet_file], "parquet", ("body",))
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(parquet_file.read_bytes()[:200])
+    with pytest.raises(UserError, match="not a Parquet file that can be read"):
+        open_arrow_source([broken], "parquet", ("text",))
+    bad_chat = tmp_path / "bad_chat.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": "hi"}]},
+                                         {"messages": [{"role": "user", "content": None}]}]), bad_chat)
+    with pytest.raises(UserError, match="row 1: field 'messages' message 0 has a content that is a JSON null"):
+        open_arrow_source([bad_chat], "parquet", ("messages",))
+
+
+def test_a_file_changed_after_indexing_is_refused(tmp_path, parquet_file):
+    source = open_arrow_source([parquet_file], "parquet", ("text",))
+    table = pq.read_table(parquet_file)
+    pq.write_table(table.slice(0, len(source) - 1), parquet_file)
+    os.utime(parquet_file, ns=(1, 1))
+    with pytest.raises(UserError, match="changed while this run was going"):
+        source.write_reordered(np.arange(len(source)), tmp_path / "o.parquet")
+    assert not (tmp_path / "o.parquet").exists()

@@ -1,0 +1,340 @@
+"""Row caches as units: manifests, dtype/shape, the registry, failed writes, stale temp files."""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diversity_order import atomic, caches
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = {"model": "m", "text_field": "text"}
+
+
+@pytest.fixture(autouse=True)
+def registry(tmp_path_factory, monkeypatch):
+    """Every test here gets its own registry (read from the environment at each call)."""
+    folder = tmp_path_factory.mktemp("registry")
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(folder))
+    return folder
+
+
+def truth(fps: np.ndarray) -> np.ndarray:
+    """The 'vector' of a record: derived from its fingerprint, so a misplaced row is visible."""
+    fps = np.asarray(fps, dtype=np.float64)
+    return np.stack([fps, -fps, fps * 0.5], axis=1).astype(np.float32)
+
+
+def assert_rows_belong_to_their_records(found: caches.CacheLookup, fps: np.ndarray) -> None:
+    if found.data is not None and found.hit.any():
+        np.testing.assert_array_equal(found.data[found.hit], truth(fps[found.hit]))
+
+
+# ---- a set is written and validated as one unit --------------------------------------------------
+
+WRITER = textwrap.dedent("""
+    import contextlib, sys, time
+    from pathlib import Path
+    import numpy as np
+    import diversity_order.atomic as atomic
+    from diversity_order import caches
+
+    path, order, pause_after, ready, go = sys.argv[1:6]
+    real = atomic.atomic_open
+
+    @contextlib.contextmanager
+    def pausing_open(target, mode="wb"):
+        with real(target, mode) as handle:
+            yield handle
+        if Path(target).name == pause_after:  # this file is in place: let the other writer run
+            Path(ready).touch()
+            deadline = time.time() + 120
+            while not Path(go).exists() and time.time() < deadline:
+                time.sleep(0.01)
+
+    atomic.atomic_open = pausing_open
+    fps = np.arange(1, 41, dtype=np.uint64)
+    if order == "reversed":
+        fps = fps[::-1].copy()
+    data = np.stack([fps.astype(np.float64), -fps.astype(np.float64), fps * 0.5], axis=1).astype(np.float32)
+    caches.store(Path(path), {"model": "m", "text_field": "text"}, fps, data)
+""")
+
+
+def _writer(path, order, pause_after, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ready, go = tmp_path / f"{order}.ready", tmp_path / f"{order}.go"
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), order, pause_after, str(ready), str(go)],
+                            env=env, cwd=ROOT), ready, go
+
+
+@pytest.mark.parametrize("pause_after", ["c.npy", "c.fingerprints.npy"])
+def test_two_processes_writing_one_cache_interleaved_never_mix_their_rows(tmp_path, pause_after, caplog):
+    # Run A (records 1..40) writes part of the set, run B (the same records reversed) writes all
+    # of it, then A finishes: the files on disk now come from both runs.
+    path = tmp_path / "c.npy"
+    a, a_ready, a_go = _writer(path, "forward", pause_after, tmp_path)
+    deadline = time.time() + 120
+    while not a_ready.exists():
+        assert a.poll() is None and time.time() < deadline, "writer A never reached its pause"
+        time.sleep(0.01)
+    b, _, _ = _writer(path, "reversed", "-", tmp_path)
+    assert b.wait(120) == 0
+    a_go.touch()
+    assert a.wait(120) == 0
+
+    fps = np.arange(1, 41, dtype=np.uint64)
+    caplog.set_level(logging.INFO)
+    for current in (fps, fps[::-1].copy()):
+        found = caches.lookup(path, KEY, current)
+        assert_rows_belong_to_their_records(found, current)  # never B's vectors under A's fingerprints
+    # A's manifest went last, B's data file is in place: the set is rejected, with a reason.
+    assert not found.hit.any()
+    assert "is not the file c.cache.json was written with" in found.reason
+
+
+def test_files_swapped_between_two_sets_are_rejected(tmp_path):
+    one, two = tmp_path / "one.npy", tmp_path / "two.npy"
+    fps_one = np.arange(1, 21, dtype=np.uint64)
+    fps_two = fps_one[::-1].copy()  # the same records in another order: same row count, same key
+    caches.store(one, KEY, fps_one, truth(fps_one))
+    caches.store(two, KEY, fps_two, truth(fps_two))
+    for name in ("npy", "fingerprints.npy"):
+        a, b = tmp_path / f"one.{name}", tmp_path / f"two.{name}"
+        a.rename(tmp_path / "swap")
+        b.rename(a)
+        (tmp_path / "swap").rename(b)
+        for path, fps in ((one, fps_one), (two, fps_two)):
+            found = caches.lookup(path, KEY, fps)
+            assert_rows_belong_to_their_records(found, fps)
+            assert not found.hit.any() and "is not the file" in found.reason
+        a.rename(tmp_path / "swap")  # swap back: both sets are whole again
+        b.rename(a)
+        (tmp_path / "swap").rename(b)
+    assert caches.lookup(one, KEY, fps_one).in_order
+
+
+def test_matching_identities_read_no_data_and_a_copy_is_verified_once(tmp_path, monkeypatch):
+    path = tmp_path / "a" / "x.npy"
+    fps = np.arange(1, 11, dtype=np.uint64)
+    caches.store(path, KEY, fps, truth(fps))
+    digests = []
+    real = caches._digest_fd
+    monkeypatch.setattr(caches, "_digest_fd", lambda fd, size: digests.append(size) or real(fd, size))
+
+    assert caches.lookup(path, KEY, fps, dtype=np.float32, row_shape=(3,)).in_order
+    assert digests == []  # identities match: nothing digested
+
+    copy = tmp_path / "b"
+    shutil.copytree(path.parent, copy)  # new inodes (and the manifest still names the old ones)
+    found = caches.lookup(copy / "x.npy", KEY, fps, dtype=np.float32, row_shape=(3,))
+    assert found.in_order and len(digests) == 2  # data and fingerprints verified ...
+    caches.lookup(copy / "x.npy", KEY, fps, dtype=np.float32, row_shape=(3,))
+    assert len(digests) == 2  # ... once: the manifest was refreshed
+
+    os.utime(path)  # touched, content unchanged
+    assert caches.lookup(path, KEY, fps, dtype=np.float32, row_shape=(3,)).in_order
+    assert len(digests) == 3
+
+
+def test_an_edited_data_file_is_rejected(tmp_path):
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 11, dtype=np.uint64)
+    caches.store(path, KEY, fps, truth(fps))
+    np.save(path, truth(fps) + 1)  # same shape and dtype, other content
+    found = caches.lookup(path, KEY, fps)
+    assert not found.hit.any() and "is not the file" in found.reason
+
+
+# ---- dtype and shape are part of the key ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("stored, dtype, row_shape", [
+    (np.zeros((6, 32), np.int64), np.float32, (32,)),  # int64 zeros as embeddings
+    (np.ones((6, 10), np.float32), np.float32, (32,)),  # N x 10 floats as 32-wide embeddings
+    (np.ones(6, np.float64), np.int64, ()),  # token counts saved as float
+    (np.ones((6, 1), np.int64), np.int64, ()),  # token counts saved 2-D
+    (np.ones((6, 3), np.int64), np.int64, (2,)),  # deep token-cache rows are (kept, full)
+])
+def test_cache_of_another_dtype_or_shape_is_rejected(tmp_path, stored, dtype, row_shape):
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 7, dtype=np.uint64)
+    caches.store(path, KEY, fps, stored)
+    found = caches.lookup(path, KEY, fps, dtype=dtype, row_shape=row_shape)
+    assert found.data is None and not found.hit.any()
+    assert f"holds {stored.dtype} rows" in found.reason and "expected" in found.reason
+    # Named correctly, the same set is reused.
+    assert caches.lookup(path, KEY, fps, dtype=stored.dtype, row_shape=stored.shape[1:]).in_order
+
+
+# ---- the set follows the input order -------------------------------------------------------------
+
+
+def test_in_order_only_when_the_set_is_exactly_the_current_records(tmp_path):
+    path = tmp_path / "x.npy"
+    fps = np.array([5, 6, 7, 7, 8], dtype=np.uint64)  # a duplicated text is still "in order"
+    caches.store(path, KEY, fps, truth(fps))
+    assert caches.lookup(path, KEY, fps).in_order
+    for changed in (fps[[1, 0, 2, 3, 4]], fps[:4], np.append(fps, 9).astype(np.uint64)):
+        found = caches.lookup(path, KEY, changed)
+        assert not found.in_order
+        assert_rows_belong_to_their_records(found, changed)
+
+
+# ---- the registry: sets found by content ---------------------------------------------------------
+
+
+def test_missing_rows_come_from_the_registered_set_with_most_of_them(tmp_path, registry, caplog):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    caches.store(tmp_path / "few.npy", KEY, fps[:5], truth(fps[:5]))
+    caches.store(tmp_path / "many.npy", KEY, fps[:25], truth(fps[:25]))
+    caches.store(tmp_path / "other_key.npy", {"model": "x", "text_field": "text"}, fps, truth(fps))
+    assert (registry / "registry.jsonl").exists()
+
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.hit.sum() == 25 and "many.npy" in found.reason
+    assert not found.in_order  # rows from elsewhere: the caller stores the new set
+    assert_rows_belong_to_their_records(found, fps)
+
+    # A changed set is skipped (its digest fails), a deleted one too.
+    np.save(tmp_path / "many.npy", truth(fps[:25]) * 2)
+    caplog.set_level(logging.INFO)
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.hit.sum() == 5 and "few.npy" in found.reason and "many.npy skipped" in caplog.text
+    assert_rows_belong_to_their_records(found, fps)
+    for path in tmp_path.glob("few*"):
+        path.unlink()
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.data is None and not found.hit.any()
+
+
+def test_registry_location_is_read_at_each_call(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(tmp_path / "r1"))
+    assert caches.registry_dir() == tmp_path / "r1"
+    monkeypatch.delenv("DIVERSITY_ORDER_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert caches.registry_dir() == tmp_path / "xdg" / "diversity-order"
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+    assert caches.registry_dir() is None
+    fps = np.arange(1, 4, dtype=np.uint64)
+    assert caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))  # registry off: stored all the same
+
+
+def test_registry_keeps_one_line_per_existing_set(tmp_path, registry, monkeypatch):
+    monkeypatch.setattr(caches, "REGISTRY_COMPACT_LINES", 5)
+    fps = np.arange(1, 4, dtype=np.uint64)
+    for _ in range(8):  # the same set stored again and again, and one that is deleted
+        caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))
+    caches.store(tmp_path / "gone.npy", KEY, fps, truth(fps))
+    (tmp_path / "gone.cache.json").unlink()
+    assert [f.data for f in caches.registered_sets(KEY)] == [(tmp_path / "x.npy").absolute()]
+    assert len((registry / "registry.jsonl").read_text().splitlines()) == 1  # compacted
+
+
+# ---- writes that fail ----------------------------------------------------------------------------
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 4, dtype=np.uint64)
+    real = atomic.atomic_open
+
+    def refused(target, mode="wb"):
+        if Path(target).parent == tmp_path:
+            raise PermissionError(1, "Operation not permitted", str(target))
+        return real(target, mode)
+
+    monkeypatch.setattr(atomic, "atomic_open", refused)
+    caplog.set_level(logging.WARNING)
+    assert caches.store(path, KEY, fps, truth(fps)) is False
+    assert "not written (Operation not permitted" in caplog.text
+    from diversity_order.errors import UserError
+
+    with pytest.raises(UserError, match="cannot write"):  # a product, not a cache: a one-line error
+        caches.store(path, KEY, fps, truth(fps), required=True)
+
+
+def test_an_unwritable_registry_is_one_warning(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(blocker / "registry"))
+    monkeypatch.setattr(caches, "_registry_warned", False)
+    caplog.set_level(logging.WARNING)
+    fps = np.arange(1, 4, dtype=np.uint64)
+    assert caches.store(tmp_path / "x.npy", KEY, fps, truth(fps))
+    assert caches.store(tmp_path / "y.npy", KEY, fps, truth(fps))
+    assert caplog.text.count("Cache registry") == 1
+
+
+# ---- temp files of dead writers ------------------------------------------------------------------
+
+
+def test_stale_temps_of_dead_processes_are_removed_never_a_live_ones(tmp_path):
+    target = tmp_path / "x_embeddings.npy"
+    host = atomic._HOST
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        temps = {
+            "dead": tmp_path / f".x_embeddings.npy.{host}.{dead.pid}.abcd1234.tmp",
+            "live": tmp_path / f".x_embeddings.npy.{host}.{live.pid}.abcd1234.tmp",
+            "mine": tmp_path / f".x_embeddings.npy.{host}.{os.getpid()}.abcd1234.tmp",
+            "other_host": tmp_path / f".x_embeddings.npy.elsewhere.example.{dead.pid}.abcd1234.tmp",
+            "older_version": tmp_path / ".x_embeddings.npy.k2j3h4g5.tmp",
+            "other_file": tmp_path / f".x_embeddings.npy.fingerprints.npy.{host}.{dead.pid}.abcd1234.tmp",
+        }
+        for temp in temps.values():
+            temp.write_bytes(b"half")
+        atomic.note_target(target)
+        removed = atomic.sweep_stale_temps()
+        assert sorted(removed) == sorted([temps["dead"], temps["older_version"]])
+        assert all(temps[k].exists() for k in ("live", "mine", "other_host", "other_file"))
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_temp_names_carry_host_and_pid(tmp_path):
+    target = tmp_path / "x.npy"
+    seen = []
+    with atomic.atomic_open(target) as handle:
+        seen = [p.name for p in tmp_path.iterdir()]
+        handle.write(b"x")
+    assert len(seen) == 1 and seen[0].startswith(f".x.npy.{atomic._HOST}.{os.getpid()}.") and seen[0].endswith(".tmp")
+    assert atomic._temp_owner(target, tmp_path / seen[0]) == (atomic._HOST, os.getpid())
+
+
+def test_manifest_lists_each_file_with_identity_and_digest(tmp_path):
+    fps = np.arange(1, 4, dtype=np.uint64)
+    files = caches.files_for(tmp_path / "x.npy", extras=("ids",))
+    caches.store(files, KEY, fps, truth(fps), extras={"ids": np.arange(7, dtype=np.int32)})
+    manifest = json.loads(files.marker.read_text())
+    assert set(manifest["files"]) == {"data", "fingerprints", "extra:ids"}
+    for role, path in (("data", files.data), ("fingerprints", files.fingerprints), ("extra:ids", files.extras["ids"])):
+        entry, stat = manifest["files"][role], path.stat()
+        assert (entry["size"], entry["mtime_ns"], entry["inode"]) == (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        assert len(entry["blake2b"]) == 64
+    assert manifest["rows"] == 3 and manifest["dtype"] == "float32" and manifest["shape"] == [3, 3]
+    np.testing.assert_array_equal(np.load(files.data), truth(fps))  # still a plain .npy
+
+
+def test_a_set_written_before_manifests_is_reused_and_rewritten(tmp_path):
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 6, dtype=np.uint64)
+    np.save(path, truth(fps))
+    np.save(tmp_path / "x.fingerprints.npy", fps)
+    (tmp_path / "x.cache.json").write_text(json.dumps({"key": KEY, "rows": 5, "dtype": "float32", "shape": [5, 3]}))
+    found = caches.lookup(path, KEY, fps, dtype=np.float32, row_shape=(3,))
+    assert found.hit.all() and not found.in_order and "without a manifest" in found.reason
+    assert_rows_belong_to_their_records(found, fps)
+    caches.store(path, KEY, fps, found.data)  # what the callers do when not in_order
+    assert caches.lookup(path, KEY, fps, dtype=np.float32, row_shape=(3,)).in_order

@@ -1,0 +1,211 @@
+"""Real runs never crash and never lose data: logs to files, output locations, flag bounds, --stats-only
+trials, per-run file names, degenerate settings, Ctrl-C, and the cluster report."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import curate_dataset
+from conftest import topical_records, write_jsonl
+from diversity_order.cli import run_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def curate(*args):
+    return run_main(curate_dataset.main, [str(a) for a in args] + ["--no-progress"])
+
+
+def run_error(capsys, *args):
+    code = curate(*args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_whole_run_with_stderr_to_a_file_logs_progress(tmp_path, tiny_model_dir, topical_jsonl):
+    """nohup / Slurm / `> log 2>&1`: no bar, progress lines instead, and the run finishes."""
+    log_file = tmp_path / "run.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVERSITY_ORDER_PROGRESS_SECONDS": "0"}
+    with open(log_file, "w") as stderr:
+        proc = subprocess.run([sys.executable, str(ROOT / "curate_dataset.py"), "--input", str(topical_jsonl),
+                               "--output", str(tmp_path / "out.jsonl"), "--model-dir", str(tiny_model_dir),
+                               "--n-clusters", "6", "--embed-batch-size", "16", "--no-plot"],
+                              stderr=stderr, stdout=subprocess.DEVNULL, env=env, timeout=300)
+    text = log_file.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if "Embedding: " in line and " documents (" in line]
+    assert len(lines) >= 2 and "ETA" in lines[0] and "tokens/s" in lines[0] and "peak RSS" in lines[0]
+    assert "240 of 240 documents (100%)" in lines[-1]
+    assert "\r" not in text  # no tqdm bar drawn into the file
+
+
+def test_output_locations_are_checked_before_any_work(tmp_path, tiny_model_dir, topical_jsonl, capsys):
+    base = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--no-plot"]
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    assert "is a folder" in run_error(capsys, *base, "--output", folder)
+    deep = tmp_path / "deep.npy"
+    np.save(deep, np.ones((240, 8), np.float32))
+    before = deep.read_bytes()
+    err = run_error(capsys, "--input", topical_jsonl, "--output", deep, "--load-embeddings", deep,
+                    "--model-dir", tiny_model_dir)
+    assert "is the --load-embeddings file" in err
+    assert deep.read_bytes() == before  # the embeddings were not overwritten with JSONL
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_output_folder_is_one_line(tmp_path, tiny_model_dir, topical_jsonl, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert "cannot write in" in run_error(capsys, "--input", topical_jsonl, "--output", locked / "o.jsonl",
+                                              "--model-dir", tiny_model_dir)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_read_only_output_folder_simulated(tmp_path, tiny_model_dir, topical_jsonl, capsys, monkeypatch):
+    # The machine's tests may run as root, which ignores folder permissions: simulate the refusal.
+    import tempfile
+
+    real = tempfile.NamedTemporaryFile
+
+    def refuse(*args, **kwargs):
+        if str(kwargs.get("dir", "")).endswith("locked"):
+            raise PermissionError(13, "Permission denied")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+    (tmp_path / "locked").mkdir()
+    err = run_error(capsys, "--input", topical_jsonl, "--output", tmp_path / "locked" / "o.jsonl",
+                    "--model-dir", tiny_model_dir)
+    assert "cannot write in" in err and "Permission denied" in err
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--seed", -1, "--seed -1: must be within 0..4,294,967,295"),
+    ("--seed", 4294967296, "--seed 4294967296"),
+    ("--seq-len", 10**30, "--seq-len 1000000000000000000000000000000: must be"),
+    ("--jitter-window", 10**30, "--jitter-window 1000000000000000000000000000000"),
+    ("--n-clusters", 0, "--n-clusters 0"),
+    ("--embed-batch-size", 10**30, "--embed-batch-size"),
+])
+def test_out_of_range_flags_are_one_line(tmp_path, tiny_model_dir, topical_jsonl, capsys, flag, value, expected):
+    err = run_error(capsys, "--input", topical_jsonl, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir,
+                    flag, value)
+    assert expected in err
+
+
+def test_gguf_file_as_model_dir_says_what_it_is(tmp_path, topical_jsonl, capsys):
+    gguf = tmp_path / "model.Q4.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    err = run_error(capsys, "--input", topical_jsonl, "--output", tmp_path / "o.jsonl", "--model-dir", gguf)
+    assert "is a GGUF file" in err and "python -m diversity_order.demo_data model OUT_DIR --gguf" in err
+
+
+def test_stats_only_trial_keeps_the_real_runs_files(tmp_path, tiny_model_dir, topical_jsonl, caplog):
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "cur.jsonl"
+    common = ["--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+              "--seq-len", 2000, "--no-plot"]
+    assert curate(*common) == 0
+    real = {name: (tmp_path / name).read_bytes() for name in ("cur_meta.json", "cur_order.npy", "cur_labels.npy")}
+    # A trial with the same settings, then with another ordering: neither touches the real run's files,
+    # neither warns, and each trial's own files go beside them.
+    for ordering in ("stratified", "random"):
+        caplog.clear()
+        assert curate(*common, "--stats-only", "--ordering", ordering) == 0
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        for name, content in real.items():
+            assert (tmp_path / name).read_bytes() == content, name
+        trial = json.loads((tmp_path / "cur_stats-only_meta.json").read_text())
+        assert trial["stats_only"] and trial["ordering"] == ("stratified_greedy" if ordering == "stratified" else ordering)
+        same = np.array_equal(np.load(tmp_path / "cur_stats-only_order.npy"), np.load(tmp_path / "cur_order.npy"))
+        assert same == (ordering == "stratified")
+        assert ("this same order" in caplog.text) == same
+
+
+def test_two_runs_into_one_folder_keep_their_own_plots(tmp_path, tiny_model_dir, topical_jsonl):
+    common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000]
+    assert curate(*common, "--output", tmp_path / "a.jsonl") == 0
+    assert curate(*common, "--output", tmp_path / "b.jsonl", "--ordering", "random") == 0
+    for stem in ("a", "b"):
+        for plot in ("ordering_comparison", "cluster_cloud"):
+            assert (tmp_path / f"{stem}_{plot}.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "a_ordering_comparison.png").read_bytes() != (tmp_path / "b_ordering_comparison.png").read_bytes()
+
+
+def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, topical_jsonl, caplog):
+    caplog.set_level(logging.INFO)
+    common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--no-plot"]
+    assert curate(*common, "--output", tmp_path / "one.jsonl", "--n-clusters", 1) == 0
+    assert "Every document is in one cluster" in caplog.text
+    caplog.clear()
+    assert curate(*common, "--output", tmp_path / "w.jsonl", "--n-clusters", 6, "--seq-len", 10**9) == 0
+    assert "fit in one" in caplog.text
+    caplog.clear()
+    assert curate(*common, "--output", tmp_path / "s.jsonl", "--n-clusters", 6, "--seq-len", 10) == 0
+    assert "hold a single document" in caplog.text
+
+
+def test_calibration_logs_each_k_as_it_completes(tmp_path, tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO)
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=4))
+    assert curate("--input", src, "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+                  "--calibrate-k", "--calibrate-k-samples", 0) == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("k = ")]
+    assert len(lines) == 4 and lines[0].endswith("(1 of 4)") and "silhouette" in lines[0]
+
+
+def test_cluster_report_says_what_each_cluster_is(tmp_path, tiny_model_dir, topical_jsonl):
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--no-plot") == 0
+    report = json.loads((tmp_path / "cur_clusters.json").read_text())
+    labels = np.load(tmp_path / "cur_labels.npy")
+    lines = topical_jsonl.read_text().splitlines()
+    assert sum(c["documents"] for c in report["clusters"]) == 240
+    assert [c["documents"] for c in report["clusters"]] == sorted((c["documents"] for c in report["clusters"]),
+                                                                    reverse=True)
+    for cluster in report["clusters"]:
+        assert cluster["distinguishing_tokens"] and 0 < cluster["cohesion"] <= 1
+        for example in cluster["nearest_centre"]:
+            record = json.loads(lines[example["line"] - 1])
+            assert " ".join(record["text"].split()).startswith(example["opening"].rstrip("…"))
+            assert labels[example["line"] - 1] == cluster["cluster"]  # one record per line here
+    # The topical corpus has one topic word list per source: a cluster's top tokens come from its topic.
+    text = (tmp_path / "cur_clusters.md").read_text()
+    assert text.count("\n## c") == len(report["clusters"])
+
+
+def _sigint_after(delay: float, args: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.3, 0.6, 1.0])
+def test_ctrl_c_at_any_moment_is_one_line(tmp_path, tiny_model_dir, topical_jsonl, delay):
+    """Ctrl-C while Python is still importing torch/numba, or later, never prints a traceback."""
+    result = _sigint_after(delay, ["curate_dataset.py", "--input", str(topical_jsonl), "--output",
+                                   str(tmp_path / "o.jsonl"), "--model-dir", str(tiny_model_dir), "--no-plot"])
+    err = result.stderr.decode()
+    assert "Traceback" not in err, err
+    assert result.returncode in (130, -signal.SIGINT), err
+    assert len([line for line in err.splitlines() if line.startswith("interrupted")]) <= 1
