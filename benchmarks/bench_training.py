@@ -18,7 +18,7 @@ The cluster labels the orderings need come from the real pipeline: curate_datase
 on the input as a subprocess (``--stats-only --no-plot``) and its ``*_labels.npy`` is cached in
 ``--work``; or pass ``--labels``.
 
-Sizes (what a 2-core CPU trains on all four orders in ~13 minutes; see benchmarks/TRAINING_EFFECT.md):
+Sizes (what a 2-core CPU trains on all four orders in ~13 minutes; see BENCHMARKS.md, "Training effect"):
 - the training documents are ``--train-tokens`` tokens of the input taken as ``--blocks`` contiguous
   runs of records spread evenly over the file, so the subset keeps both the input's head-to-tail
   drift and its local topical runs; held-out documents are a seeded random sample of the rest;
@@ -47,12 +47,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The one import of the ordering registry (after the package refactor: diversity_order.orderings).
-from diversity_order.ordering import ORDERINGS, OrderingOptions  # noqa: E402
+# The one import of the ordering registry.
+from diversity_order.orderings import CLUSTER_ORDERINGS, ORDERINGS, SPECS, OrderingOptions  # noqa: E402
 
+# The issue's four: the input order, a shuffle, the original toolkit's greedy, and the best-scoring
+# ordering of the quality comparison that main's registry offers (balanced).
 DEFAULT_ORDERS = ["original", "random", "stratified", "balanced"]
-ORDER_COLOURS = {"original": "#d62728", "random": "#7f7f7f", "stratified": "#1f77b4", "balanced": "#2ca02c",
-                 "token-balanced": "#9467bd", "bin-packing": "#8c564b", "round-robin": "#e377c2"}
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -252,6 +252,7 @@ def train_one_order(windows: np.ndarray, heldout: np.ndarray, vocab_size: int, a
     import torch
     import torch.nn.functional as F
 
+    torch.set_num_threads(args.threads)  # in a worker process too
     model = build_model(vocab_size, args)
     init_checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -302,6 +303,33 @@ def train_one_order(windows: np.ndarray, heldout: np.ndarray, vocab_size: int, a
             "cpu_s": round(time.process_time() - cpu_started, 1)}
 
 
+class _InProcess:
+    """The one-job stand-in for a process pool: runs each submitted call at once."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, function, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(function(*args))
+        return future
+
+
+def trainers(jobs: int):
+    """Where the orders train: ``jobs`` spawned processes (fresh interpreters: no forked torch threads)."""
+    if jobs <= 1:
+        return _InProcess()
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
 # ------------------------------------------------------------------------------------ statistics
 
 def boundary_stats(losses: np.ndarray, grad_norms: np.ndarray, steps_per_epoch: int, k: int) -> dict:
@@ -311,6 +339,37 @@ def boundary_stats(losses: np.ndarray, grad_norms: np.ndarray, steps_per_epoch: 
             "loss_jump": float(losses[after].mean() - losses[before].mean()),
             "grad_norm_before": float(grad_norms[before].mean()), "grad_norm_after": float(grad_norms[after].mean()),
             "grad_norm_ratio": float(grad_norms[after].mean() / grad_norms[before].mean())}
+
+
+def jumps_everywhere(losses: np.ndarray, grad_norms: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The boundary statistics at every step t with k steps on either side: (loss jump, grad-norm ratio) per t.
+
+    Entry ``t - k`` compares steps t..t+k-1 with t-k..t-1, as ``boundary_stats`` does at t = steps_per_epoch.
+    """
+    def window_means(values):
+        sums = np.cumsum(np.insert(values, 0, 0.0))
+        means = (sums[k:] - sums[:-k]) / k  # means[i] = mean of values[i:i+k]
+        return means[:-k], means[k:]  # (the k before t, the k from t) for t = k .. n-k
+
+    loss_before, loss_after = window_means(np.asarray(losses, dtype=float))
+    norm_before, norm_after = window_means(np.asarray(grad_norms, dtype=float))
+    return loss_after - loss_before, norm_after / norm_before
+
+
+def boundary_rank(losses: np.ndarray, grad_norms: np.ndarray, steps_per_epoch: int, k: int,
+                  skip: int = 0) -> dict:
+    """How unusual the boundary is within its own run: the share of other steps whose statistic is smaller.
+
+    The same k-after vs k-before comparison at every other step from ``skip`` on (leaving out the
+    steps within k of the boundary, which share its windows): 0.5 is a boundary like any other
+    moment of the run, 1.0 the largest jump (or grad-norm rise) in the run.
+    """
+    jumps, ratios = jumps_everywhere(losses, grad_norms, k)
+    steps = np.arange(k, k + jumps.size)
+    others = (steps >= max(skip, k)) & (np.abs(steps - steps_per_epoch) >= k)
+    at = steps_per_epoch - k
+    return {"loss_jump_rank": float(np.mean(jumps[others] < jumps[at])),
+            "grad_norm_ratio_rank": float(np.mean(ratios[others] < ratios[at]))}
 
 
 def loss_spread(losses: np.ndarray, half_window: int, skip: int = 0) -> float:
@@ -335,6 +394,7 @@ def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
         per_epoch = run["steps_per_epoch"]
         heldout = dict((int(step), loss) for step, loss in run["heldout"])
         row = {"order": name, **boundary_stats(losses, norms, per_epoch, k),
+               **boundary_rank(losses, norms, per_epoch, k, skip=per_epoch // 4),
                # Epoch 1's first quarter is the initial fall from ln(V); its swings are not the data's.
                "loss_spread_epoch1": loss_spread(losses[:per_epoch], half_window, skip=per_epoch // 4),
                "loss_spread_epoch2": loss_spread(losses[per_epoch:2 * per_epoch], half_window),
@@ -346,16 +406,60 @@ def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
 
 
 def markdown_table(rows: list[dict], k: int) -> str:
-    lines = [f"| order | loss jump (first {k} after - last {k} before) | grad-norm ratio (after / before) "
-             "| loss spread epoch 1 | epoch 2 | held-out loss end of epoch 1 | final held-out loss "
-             "| gradient effective rank | clusters per step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| order | loss jump (first {k} after - last {k} before) | its rank in the run "
+             "| grad-norm ratio (after / before) | its rank in the run | loss spread epoch 1 | epoch 2 "
+             "| held-out loss end of epoch 1 | final held-out loss | gradient effective rank | clusters per step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['order']} | {r['loss_jump']:+.3f} ({r['loss_before']:.3f} -> {r['loss_after']:.3f}) "
+                     f"| {r['loss_jump_rank']:.2f} "
                      f"| {r['grad_norm_ratio']:.2f} ({r['grad_norm_before']:.3f} -> {r['grad_norm_after']:.3f}) "
-                     f"| {r['loss_spread_epoch1']:.3f} | {r['loss_spread_epoch2']:.3f} "
+                     f"| {r['grad_norm_ratio_rank']:.2f} | {r['loss_spread_epoch1']:.3f} | {r['loss_spread_epoch2']:.3f} "
                      f"| {r['heldout_end_epoch1']:.3f} | {r['heldout_final']:.3f} | {r['grad_effective_rank']:.1f} "
                      f"| {r['clusters_per_step']:.1f} |")
+    return "\n".join(lines)
+
+
+# What the run-seed table reports: (table key, column heading, format).
+SEED_COLUMNS = (("loss_jump", "loss jump", "+.3f"), ("loss_jump_rank", "its rank in the run", ".2f"),
+                ("grad_norm_ratio", "grad-norm ratio", ".2f"), ("grad_norm_ratio_rank", "its rank in the run", ".2f"),
+                ("loss_spread_epoch1", "loss spread epoch 1", ".3f"), ("loss_spread_epoch2", "epoch 2", ".3f"),
+                ("heldout_final", "final held-out loss", ".3f"), ("grad_effective_rank", "gradient effective rank", ".1f"))
+
+
+def across_run_seeds(results: list[dict]) -> list[dict]:
+    """Per order and statistic, the mean, the standard deviation and the values over runs with other --run-seed.
+
+    The runs must share the corpus and every setting but the run seed: then what differs between
+    them is the model's initialisation and the orderings' random choices, i.e. run-to-run noise.
+    """
+    def fixed(result):
+        return result["corpus"], {key: value for key, value in result["settings"].items() if key != "run_seed"}
+
+    if any(fixed(result) != fixed(results[0]) for result in results[1:]):
+        raise SystemExit("--seed-table: the results differ in more than --run-seed (corpus or settings)")
+    seeds = [result["settings"]["run_seed"] for result in results]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seed-table: run seeds repeat: {seeds}")
+    tables = [{row["order"]: row for row in result["table"]} for result in results]
+    rows = []
+    for order in tables[0]:
+        row = {"order": order, "run_seeds": seeds}
+        for key, _, _ in SEED_COLUMNS:
+            values = np.array([table[order][key] for table in tables], dtype=float)
+            row[key] = {"mean": float(values.mean()), "sd": float(values.std(ddof=1)) if values.size > 1 else 0.0,
+                        "values": values.tolist()}
+        rows.append(row)
+    return rows
+
+
+def seed_markdown_table(rows: list[dict]) -> str:
+    """Mean +- standard deviation over the run seeds."""
+    lines = ["| order | " + " | ".join(heading for _, heading, _ in SEED_COLUMNS) + " |",
+             "|---|" + "---:|" * len(SEED_COLUMNS)]
+    for row in rows:
+        cells = [f"{row[key]['mean']:{fmt}} ± {row[key]['sd']:{fmt.lstrip('+')}}" for key, _, fmt in SEED_COLUMNS]
+        lines.append(f"| {row['order']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -381,11 +485,11 @@ def plot(results: dict, path: Path) -> None:
     grid = fig.add_gridspec(4, 1, height_ratios=[3.2, 2.6, 2.0, 1.45], hspace=0.45)
     ax_loss, ax_norm, ax_heldout = (fig.add_subplot(grid[i]) for i in range(3))
     for name, run in runs.items():
-        colour = ORDER_COLOURS.get(name)
+        colour = SPECS[name].color
         steps = np.arange(1, len(run["loss"]) + 1)
         for ax, values in ((ax_loss, np.asarray(run["loss"])), (ax_norm, np.asarray(run["grad_norm"]))):
             ax.plot(steps, values, color=colour, alpha=0.22, lw=0.7)
-            ax.plot(steps, moving_average(values, smooth), color=colour, lw=1.8, label=name)
+            ax.plot(steps, moving_average(values, smooth), color=colour, ls=SPECS[name].line, lw=1.8, label=name)
         heldout = np.asarray(run["heldout"])
         ax_heldout.plot(heldout[:, 0], heldout[:, 1], "o-", color=colour, ms=3.5, lw=1.5, label=name)
     # The first evaluations sit near ln(V); the y range shows the part where the orders differ.
@@ -437,7 +541,7 @@ def plot(results: dict, path: Path) -> None:
         if row == 0:
             cell.set_height(cell.get_height() * 1.6)
         elif col == 0:
-            cell.get_text().set_color(ORDER_COLOURS.get(rows[row - 1]["order"], "black"))
+            cell.get_text().set_color(SPECS[rows[row - 1]["order"]].color)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -480,7 +584,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     corpus.add_argument("--work", type=Path, default=ROOT / "build/bench_training",
                         help="cache folder: the pipeline's labels and caches, the built drift corpus")
     train = p.add_argument_group("training")
-    train.add_argument("--orders", nargs="+", default=DEFAULT_ORDERS, choices=list(ORDERINGS), metavar="ORDER",
+    train.add_argument("--orders", nargs="+", default=DEFAULT_ORDERS, choices=CLUSTER_ORDERINGS, metavar="ORDER",
                        help=f"orderings to train on (default: {' '.join(DEFAULT_ORDERS)})")
     train.add_argument("--seq-len", type=int, default=256, help="packed window length in tokens (default: 256)")
     train.add_argument("--batch", type=int, default=4, help="consecutive windows per step (default: 4)")
@@ -499,7 +603,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     train.add_argument("--run-seed", type=int, default=0,
                        help="model initialisation and the orderings' random choices; rerun with others to see "
                             "how much of a difference between orders is run-to-run noise (default: 0)")
-    train.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    train.add_argument("--jobs", type=int, default=None,
+                       help="orders trained at once, each in its own process (default: 2, one per core; "
+                            "1 with --quick, where starting the processes would take longer than training)")
+    train.add_argument("--threads", type=int, default=1,
+                       help="torch threads per job (default: 1; at this model size a second thread mostly waits)")
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
                      help="results JSON (default: benchmarks/results_training[_site_packages].json)")
@@ -508,12 +616,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test (seconds); outputs under --work")
     p.add_argument("--replot", type=Path, default=None, metavar="RESULTS_JSON",
                    help="only redraw the figure (--figure) from a results JSON this script wrote")
+    p.add_argument("--seed-table", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="only print the statistics' mean and standard deviation over results JSONs that differ "
+                        "in --run-seed alone (run-to-run noise)")
     args = p.parse_args(argv)
     if args.blocks is None:
         args.blocks = 8 if args.site_packages_corpus else 32
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)
+    if args.jobs is None:
+        args.jobs = 1 if args.quick else 2
     suffix = "_site_packages" if args.site_packages_corpus else ""
     suffix += "_quick" if args.quick else ""
     default_dir = args.work if args.quick else ROOT
@@ -526,6 +639,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.seed_table:
+        rows = across_run_seeds([json.loads(path.read_text()) for path in args.seed_table])
+        print(seed_markdown_table(rows))
+        return {"seed_table": rows}
     if args.replot:
         results = json.loads(args.replot.read_text())
         settings = results["settings"]
@@ -565,26 +682,31 @@ def main(argv=None) -> dict:
     train_labels = labels[train_docs]
     train_counts = counts[train_docs]
     n_clusters = int(labels.max()) + 1
-    options = OrderingOptions(seed=args.run_seed, seq_len=args.seq_len * args.batch)  # one optimizer step's tokens
-    shown_input = args.input.resolve().relative_to(ROOT) if args.input.resolve().is_relative_to(ROOT) else args.input
+    # One optimizer step's tokens, packed as the loader here packs (documents split across windows).
+    options = OrderingOptions(seed=args.run_seed, seq_len=args.seq_len * args.batch, packing="split")
+    given = args.input.absolute()  # not resolved: demo/ is often a link to a shared copy
+    shown_input = given.relative_to(ROOT) if given.is_relative_to(ROOT) else given
     corpus = {"name": name, "input": str(shown_input), "records": len(texts), "tokens": int(counts.sum()),
               "train_docs": int(train_docs.size), "train_tokens": int(train_counts.sum()), "blocks": args.blocks,
               "heldout_docs": int(heldout_docs.size), "heldout_tokens": int(counts[heldout_docs].sum()),
               "heldout_windows": int(heldout_windows.shape[0]), "n_clusters": n_clusters,
               "train_clusters_present": int(np.unique(train_labels).size)}
     print(json.dumps(corpus), file=sys.stderr, flush=True)
-    runs = {}
-    for order_name in args.orders:
-        order = ORDERINGS[order_name](train_labels, train_counts, n_clusters, options)
-        windows, token_labels = pack(train_list, train_labels, order, compact_eos, args.seq_len)
-        usable = windows.shape[0] // args.batch * args.batch
-        step_labels = token_labels[:usable].reshape(-1, args.batch * args.seq_len)
-        clusters_per_step = [np.unique(step).size for step in step_labels]
-        run = train_one_order(windows[:usable], heldout_windows, vocab.size, args, order_name)
-        run["clusters_per_step"] = clusters_per_step
-        run["clusters_per_step_mean"] = float(np.mean(clusters_per_step))
-        runs[order_name] = run
-        timings[order_name] = time.perf_counter() - started - sum(timings.values())
+    runs, step_clusters = {}, {}
+    with trainers(args.jobs) as pool:
+        for order_name in args.orders:
+            order = ORDERINGS[order_name](train_labels, train_counts, n_clusters, options)
+            windows, token_labels = pack(train_list, train_labels, order, compact_eos, args.seq_len)
+            usable = windows.shape[0] // args.batch * args.batch
+            step_labels = token_labels[:usable].reshape(-1, args.batch * args.seq_len)
+            step_clusters[order_name] = [np.unique(step).size for step in step_labels]
+            runs[order_name] = pool.submit(train_one_order, windows[:usable], heldout_windows, vocab.size, args,
+                                           order_name)
+        runs = {name: future.result() for name, future in runs.items()}
+    for name, run in runs.items():
+        run["clusters_per_step"] = step_clusters[name]
+        run["clusters_per_step_mean"] = float(np.mean(step_clusters[name]))
+    timings["train"] = time.perf_counter() - started - sum(timings.values())
     checksums = {run["init_checksum"] for run in runs.values()}
     assert len(checksums) == 1, f"the orders started from different initialisations: {checksums}"
     model_params = sum(p.numel() for p in build_model(vocab.size, args).parameters())
@@ -601,7 +723,7 @@ def main(argv=None) -> dict:
                      "weight_decay": args.weight_decay, "clip": args.clip, "eval_every": args.eval_every,
                      "boundary_k": args.boundary_k, "spread_half_window": half_window, "seed": args.seed,
                      "run_seed": args.run_seed,
-                     "threads": args.threads, "ordering_seq_len": options.seq_len},
+                     "jobs": args.jobs, "threads": args.threads, "ordering_seq_len": options.seq_len},
         "table": rows,
         "runs": runs,
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor(),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from conftest import topical_records, write_jsonl
@@ -64,6 +66,65 @@ def test_boundary_stats_and_spread_measure_the_jump_and_the_swings():
     assert bench.loss_spread(3 + 0.5 * (-1.0) ** np.arange(60), half_window=3) > 0.4
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.integers(0, 10_000), st.integers(0, 12))
+def test_jumps_everywhere_and_boundary_rank_match_a_plain_loop(k, seed, extra):
+    rng = np.random.default_rng(seed)
+    per_epoch = 2 * k + extra + 1
+    losses = rng.normal(5, 1, 2 * per_epoch)
+    norms = rng.uniform(0.5, 2, 2 * per_epoch)
+    jumps, ratios = bench.jumps_everywhere(losses, norms, k)
+    expected = [(losses[t:t + k].mean() - losses[t - k:t].mean(), norms[t:t + k].mean() / norms[t - k:t].mean())
+                for t in range(k, losses.size - k + 1)]
+    assert np.allclose(np.column_stack([jumps, ratios]), expected)
+    # At the boundary they are boundary_stats' numbers.
+    stats = bench.boundary_stats(losses, norms, per_epoch, k)
+    assert jumps[per_epoch - k] == pytest.approx(stats["loss_jump"])
+    assert ratios[per_epoch - k] == pytest.approx(stats["grad_norm_ratio"])
+    # The rank: the share of steps t at least k from the boundary whose jump is smaller.
+    others = [t for t in range(k, losses.size - k + 1) if abs(t - per_epoch) >= k]
+    rank = bench.boundary_rank(losses, norms, per_epoch, k)
+    assert rank["loss_jump_rank"] == pytest.approx(np.mean([expected[t - k][0] < stats["loss_jump"] for t in others]))
+    assert rank["grad_norm_ratio_rank"] == pytest.approx(
+        np.mean([expected[t - k][1] < stats["grad_norm_ratio"] for t in others]))
+
+
+def test_boundary_rank_is_one_for_the_largest_jump_of_the_run():
+    per_epoch, k = 50, 4
+    losses = 3 + 0.1 * np.sin(np.arange(2 * per_epoch))
+    losses[per_epoch:per_epoch + k] += 2.0
+    norms = np.ones(2 * per_epoch)
+    norms[per_epoch:per_epoch + k] = 3.0
+    assert bench.boundary_rank(losses, norms, per_epoch, k) == {"loss_jump_rank": 1.0, "grad_norm_ratio_rank": 1.0}
+
+
+def _fake_results(run_seed, rng, orders=("original", "random")):
+    table = [{"order": order, **{key: float(rng.normal()) for key, _, _ in bench.SEED_COLUMNS}} for order in orders]
+    return {"corpus": {"name": "c", "train_docs": 10}, "settings": {"seq_len": 8, "run_seed": run_seed},
+            "table": table}
+
+
+def test_across_run_seeds_gives_each_statistics_mean_and_standard_deviation():
+    rng = np.random.default_rng(0)
+    results = [_fake_results(seed, rng) for seed in (0, 1, 2)]
+    rows = bench.across_run_seeds(results)
+    assert [row["order"] for row in rows] == ["original", "random"]
+    for i, row in enumerate(rows):
+        for key, _, _ in bench.SEED_COLUMNS:
+            values = [result["table"][i][key] for result in results]
+            assert row[key]["values"] == values
+            assert row[key]["mean"] == pytest.approx(np.mean(values))
+            assert row[key]["sd"] == pytest.approx(np.std(values, ddof=1))
+    assert bench.seed_markdown_table(rows).count("\n") == 3  # heading, rule, two orders
+    # Runs that differ in more than the run seed are not noise of one another.
+    other = _fake_results(3, rng)
+    other["settings"]["seq_len"] = 16
+    with pytest.raises(SystemExit, match="more than --run-seed"):
+        bench.across_run_seeds([results[0], other])
+    with pytest.raises(SystemExit, match="repeat"):
+        bench.across_run_seeds([results[0], _fake_results(0, rng)])
+
+
 def _finite_numbers(value):
     if isinstance(value, dict):
         for item in value.values():
@@ -87,16 +148,19 @@ def model_dir(request, tiny_model_dir):
 def test_quick_run_writes_finite_results_and_the_figure(tmp_path, model_dir):
     corpus = write_jsonl(tmp_path / "topics.jsonl", topical_records(per_topic=25))
     out, figure = tmp_path / "results.json", tmp_path / "figure.png"
+    # With the real model (slow anyway), the orders train in two spawned processes, as a full run does.
+    jobs = ["--jobs", "2"] if model_dir == SMOLLM2 else []
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_training.py"), "--quick", "--input", str(corpus),
          "--model-dir", str(model_dir), "--n-clusters", "6", "--work", str(tmp_path / "work"),
-         "--out", str(out), "--figure", str(figure)],
+         "--out", str(out), "--figure", str(figure), *jobs],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}, capture_output=True, text=True,
         timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert list(results["runs"]) == ["original", "random", "stratified", "balanced"]
     assert [row["order"] for row in results["table"]] == list(results["runs"])
+    assert results["settings"]["jobs"] == (2 if jobs else 1)
     numbers = list(_finite_numbers(results))
     assert numbers and all(math.isfinite(x) for x in numbers)
     per_epoch = results["settings"]["steps_per_epoch"]
