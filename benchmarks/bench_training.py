@@ -387,6 +387,21 @@ def loss_spread(losses: np.ndarray, half_window: int, skip: int = 0) -> float:
     return float(np.std(segment[half_window:-half_window] - trend))
 
 
+def heldout_wobble(heldout: list, from_step: int) -> float:
+    """Standard deviation of the held-out losses from ``from_step`` on around their least-squares line.
+
+    How far one evaluation strays from the run's own trend: a within-run yardstick for the final
+    held-out loss, which is one such evaluation (differences between orders much smaller than a
+    few of these are not differences).
+    """
+    points = np.asarray([(step, loss) for step, loss in heldout if step >= from_step], dtype=float)
+    if points.shape[0] < 4:
+        return float("nan")
+    slope, intercept = np.polyfit(points[:, 0], points[:, 1], 1)
+    residuals = points[:, 1] - (slope * points[:, 0] + intercept)
+    return float(np.sqrt((residuals ** 2).sum() / (points.shape[0] - 2)))
+
+
 def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
     rows = []
     for name, run in runs.items():
@@ -399,6 +414,7 @@ def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
                "loss_spread_epoch1": loss_spread(losses[:per_epoch], half_window, skip=per_epoch // 4),
                "loss_spread_epoch2": loss_spread(losses[per_epoch:2 * per_epoch], half_window),
                "heldout_end_epoch1": heldout[per_epoch], "heldout_final": heldout[max(heldout)],
+               "heldout_wobble": heldout_wobble(run["heldout"], per_epoch),
                "grad_effective_rank": float(np.mean(run["grad_effective_rank"])),
                "clusters_per_step": run["clusters_per_step_mean"]}
         rows.append(row)
@@ -408,14 +424,16 @@ def summarise(runs: dict, k: int, half_window: int) -> list[dict]:
 def markdown_table(rows: list[dict], k: int) -> str:
     lines = [f"| order | loss jump (first {k} after - last {k} before) | its rank in the run "
              "| grad-norm ratio (after / before) | its rank in the run | loss spread epoch 1 | epoch 2 "
-             "| held-out loss end of epoch 1 | final held-out loss | gradient effective rank | clusters per step |",
+             "| held-out loss end of epoch 1 | final held-out loss ± epoch 2 wobble | gradient effective rank "
+             "| clusters per step |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['order']} | {r['loss_jump']:+.3f} ({r['loss_before']:.3f} -> {r['loss_after']:.3f}) "
                      f"| {r['loss_jump_rank']:.2f} "
                      f"| {r['grad_norm_ratio']:.2f} ({r['grad_norm_before']:.3f} -> {r['grad_norm_after']:.3f}) "
                      f"| {r['grad_norm_ratio_rank']:.2f} | {r['loss_spread_epoch1']:.3f} | {r['loss_spread_epoch2']:.3f} "
-                     f"| {r['heldout_end_epoch1']:.3f} | {r['heldout_final']:.3f} | {r['grad_effective_rank']:.1f} "
+                     f"| {r['heldout_end_epoch1']:.3f} | {r['heldout_final']:.3f} ± {r['heldout_wobble']:.3f} "
+                     f"| {r['grad_effective_rank']:.1f} "
                      f"| {r['clusters_per_step']:.1f} |")
     return "\n".join(lines)
 
@@ -424,7 +442,8 @@ def markdown_table(rows: list[dict], k: int) -> str:
 SEED_COLUMNS = (("loss_jump", "loss jump", "+.3f"), ("loss_jump_rank", "its rank in the run", ".2f"),
                 ("grad_norm_ratio", "grad-norm ratio", ".2f"), ("grad_norm_ratio_rank", "its rank in the run", ".2f"),
                 ("loss_spread_epoch1", "loss spread epoch 1", ".3f"), ("loss_spread_epoch2", "epoch 2", ".3f"),
-                ("heldout_final", "final held-out loss", ".3f"), ("grad_effective_rank", "gradient effective rank", ".1f"))
+                ("heldout_final", "final held-out loss", ".3f"), ("heldout_wobble", "its epoch 2 wobble", ".3f"),
+                ("grad_effective_rank", "gradient effective rank", ".1f"))
 
 
 def across_run_seeds(results: list[dict]) -> list[dict]:
@@ -434,7 +453,9 @@ def across_run_seeds(results: list[dict]) -> list[dict]:
     them is the model's initialisation and the orderings' random choices, i.e. run-to-run noise.
     """
     def fixed(result):
-        return result["corpus"], {key: value for key, value in result["settings"].items() if key != "run_seed"}
+        # --jobs only says where the orders trained; each order's run is the same in any process.
+        return result["corpus"], {key: value for key, value in result["settings"].items()
+                                  if key not in ("run_seed", "jobs")}
 
     if any(fixed(result) != fixed(results[0]) for result in results[1:]):
         raise SystemExit("--seed-table: the results differ in more than --run-seed (corpus or settings)")
@@ -526,12 +547,14 @@ def plot(results: dict, path: Path) -> None:
                  fontsize=10.5)
     ax_table = fig.add_subplot(grid[3])
     ax_table.axis("off")
-    header = ["order", f"loss jump\n(first {k} - last {k})", "grad-norm ratio\n(after / before)",
-              "loss spread\nepoch 1", "loss spread\nepoch 2", "held-out loss\nend of epoch 1", "held-out loss\nfinal",
-              "gradient\neffective rank"]
-    cells = [[r["order"], f"{r['loss_jump']:+.3f}", f"{r['grad_norm_ratio']:.2f}", f"{r['loss_spread_epoch1']:.3f}",
-              f"{r['loss_spread_epoch2']:.3f}", f"{r['heldout_end_epoch1']:.3f}", f"{r['heldout_final']:.3f}",
-              f"{r['grad_effective_rank']:.1f}"]
+    # "rank": the share of the run's other steps where the same comparison comes out smaller.
+    header = ["order", f"loss jump\n(first {k} - last {k})\n[rank in run]", "grad-norm ratio\n(after / before)\n[rank in run]",
+              "loss spread\nepoch 1", "loss spread\nepoch 2", "held-out loss\nend of epoch 1",
+              "held-out loss\nfinal ± epoch 2\nwobble", "gradient\neffective rank"]
+    cells = [[r["order"], f"{r['loss_jump']:+.3f} [{r['loss_jump_rank']:.2f}]",
+              f"{r['grad_norm_ratio']:.2f} [{r['grad_norm_ratio_rank']:.2f}]", f"{r['loss_spread_epoch1']:.3f}",
+              f"{r['loss_spread_epoch2']:.3f}", f"{r['heldout_end_epoch1']:.3f}",
+              f"{r['heldout_final']:.3f} ± {r['heldout_wobble']:.3f}", f"{r['grad_effective_rank']:.1f}"]
              for r in rows]
     table = ax_table.table(cellText=cells, colLabels=header, loc="center", cellLoc="center")
     table.auto_set_font_size(False)
@@ -539,7 +562,7 @@ def plot(results: dict, path: Path) -> None:
     table.scale(1, 1.45)
     for (row, col), cell in table.get_celld().items():
         if row == 0:
-            cell.set_height(cell.get_height() * 1.6)
+            cell.set_height(cell.get_height() * 2.2)
         elif col == 0:
             cell.get_text().set_color(SPECS[rows[row - 1]["order"]].color)
     path.parent.mkdir(parents=True, exist_ok=True)
