@@ -1,7 +1,7 @@
 """Benchmark: does the order matter to training? A small causal LM trained from scratch on each order.
 
-    .venv/bin/python benchmarks/bench_training.py                          # demo corpus (stdlib), ~13 min
-    .venv/bin/python benchmarks/bench_training.py --site-packages-corpus   # stronger topical drift, ~13 min
+    .venv/bin/python benchmarks/bench_training.py                          # demo corpus (stdlib)
+    .venv/bin/python benchmarks/bench_training.py --site-packages-corpus   # stronger topical drift
     .venv/bin/python benchmarks/bench_training.py --quick                  # smoke test, seconds
 
 For each order (``--orders``, default: input order, a random shuffle, ``stratified``, ``balanced``)
@@ -18,7 +18,8 @@ The cluster labels the orderings need come from the real pipeline: curate_datase
 on the input as a subprocess (``--stats-only --no-plot``) and its ``*_labels.npy`` is cached in
 ``--work``; or pass ``--labels``.
 
-Sizes (what a 2-core CPU trains on all four orders in ~13 minutes; see BENCHMARKS.md, "Training effect"):
+Sizes (each order ~180 CPU seconds on one thread, so four orders train in ~6 minutes on an idle
+2-core CPU with the default two jobs; see BENCHMARKS.md, "Training effect"):
 - the training documents are ``--train-tokens`` tokens of the input taken as ``--blocks`` contiguous
   runs of records spread evenly over the file, so the subset keeps both the input's head-to-tail
   drift and its local topical runs; held-out documents are a seeded random sample of the rest;
