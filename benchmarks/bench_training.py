@@ -455,8 +455,9 @@ def across_run_seeds(results: list[dict]) -> list[dict]:
     """
     def fixed(result):
         # --jobs only says where the orders trained; each order's run is the same in any process.
-        return result["corpus"], {key: value for key, value in result["settings"].items()
-                                  if key not in ("run_seed", "jobs")}
+        # The input is compared by file name: one run may have recorded it absolute, another relative.
+        corpus = {**result["corpus"], "input": Path(result["corpus"]["input"]).name}
+        return corpus, {key: value for key, value in result["settings"].items() if key not in ("run_seed", "jobs")}
 
     if any(fixed(result) != fixed(results[0]) for result in results[1:]):
         raise SystemExit("--seed-table: the results differ in more than --run-seed (corpus or settings)")

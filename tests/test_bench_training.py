@@ -115,7 +115,8 @@ def test_heldout_wobble_is_the_scatter_around_the_runs_own_line():
 
 def _fake_results(run_seed, rng, orders=("original", "random")):
     table = [{"order": order, **{key: float(rng.normal()) for key, _, _ in bench.SEED_COLUMNS}} for order in orders]
-    return {"corpus": {"name": "c", "train_docs": 10}, "settings": {"seq_len": 8, "run_seed": run_seed},
+    return {"corpus": {"name": "c", "input": "demo/c.jsonl", "train_docs": 10},
+            "settings": {"seq_len": 8, "run_seed": run_seed},
             "table": table}
 
 
