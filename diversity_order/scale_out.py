@@ -136,7 +136,7 @@ def _shared_file(ctx: DistContext, target: Path, n: int, dim: int) -> tuple[Path
 def _tokenize_share(ctx: DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table, batch_docs: int,
                     progress: bool, out=None) -> np.ndarray:
     """Tokenize (and embed into ``out``) this rank's byte-balanced share of ``rows``; its token counts."""
-    share = distributed.my_share(ctx, rows, index.ends[rows] - index.starts[rows])
+    share = distributed.my_share(ctx, rows, index.row_sizes[rows])
     log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     _, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, out=out)
