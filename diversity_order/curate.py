@@ -212,7 +212,9 @@ def curate(config: CurateConfig) -> CurateResult | None:
     try:
         if run.ctx.active:
             if not _embed_and_cluster_across_ranks(run):
-                return None  # rank 0 orders and writes; the other ranks' work is done
+                if _shards_across_ranks(run):
+                    _write_shards_across_ranks(run)  # this rank's slices of the order rank 0 made
+                return None  # rank 0 orders and writes the rest; the other ranks' work is done
         else:
             _embed(run, fail_fast=True)
             reduce(run)
@@ -492,8 +494,11 @@ def write_outputs(run: Run) -> None:
     if not config.stats_only:
         shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
         with run.timer.stage(f"Writing {config.output}{shards}"):
-            written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
-                                            config.output_shards)
+            if _shards_across_ranks(run):
+                written = _write_shards_across_ranks(run)
+            else:
+                written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
+                                                config.output_shards)
         run.curated_files = [str(path) for path, _ in written]
         log.info("Wrote %d records (%.1f MB, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
                  config.written_kind, config.output if len(written) == 1 else
@@ -515,6 +520,32 @@ def write_outputs(run: Run) -> None:
             run.packed = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
                                               config.seq_len, config.count_special_tokens, config.export_packed,
                                               run.labels, config.progress)
+
+
+def _shards_across_ranks(run: Run) -> bool:
+    """Under torchrun, --output-shards are written by all ranks in parallel, each its own slices."""
+    return run.ctx.active and run.config.output_shards > 1 and not run.config.stats_only
+
+
+def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
+    """Every rank writes its consecutive parts of the curated order (8 bytes per record travel from
+    rank 0); a failure on any rank stops all of them with one line. (path, bytes) of every shard."""
+    config, ctx = run.config, run.ctx
+    order = distributed.broadcast_array(ctx, run.order if ctx.is_main else None)
+    paths = writers.shard_paths(config.output, config.output_shards)
+    failure = None
+    mine = distributed.slice_of_order(ctx, order.size, config.output_shards)
+    try:
+        for part, lo, hi in mine:
+            writers.write_shard(run.index, order[lo:hi], paths[part], config.written_kind)
+    except UserError as exc:
+        failure = exc
+    if mine:
+        log.info("Rank %d wrote shards %d-%d of %d; the other ranks wrote the rest", ctx.rank, mine[0][0] + 1,
+                 mine[-1][0] + 1, config.output_shards)
+    if not distributed.all_agree(ctx, failure is None):
+        raise failure or UserError(f"{config.output}: another rank could not write its shards (see its log)")
+    return [(path, path.stat().st_size) for path in paths]
 
 
 def _same_as_saved(run: Run) -> bool:

@@ -70,6 +70,25 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir):
     assert (multi / "e.jsonl").read_bytes() == (single / "c.jsonl").read_bytes()
 
 
+def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
+    """--output-shards under torchrun: each rank writes its consecutive parts of the order; the shards
+    equal a single process's byte for byte."""
+    records = topical_records(per_topic=10)
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    for folder in (single, multi):
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", records)
+    common = ["--model-dir", tiny_model_dir, "--n-clusters", 4, "--no-plot", "--output-shards", 4]
+    assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
+                                                           single / "c.jsonl", *common, "--no-progress"]]) == 0
+    log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
+    assert "Rank 0 wrote shards 1-2 of 4; the other ranks wrote the rest" in log  # rank 1 wrote shards 3-4
+    names = sorted(path.name for path in single.glob("c-*-of-*.jsonl"))
+    assert len(names) == 4 and names == sorted(path.name for path in multi.glob("c-*-of-*.jsonl"))
+    for name in names:
+        assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+
+
 @given(st.integers(0, 200), st.integers(1, 9), st.integers(1, 12))
 def test_even_range_and_slices_of_the_order_cover_everything_once(n, world, parts):
     ranges = [even_range(DistContext(r, world), n) for r in range(world)]
