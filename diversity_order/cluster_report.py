@@ -110,8 +110,12 @@ def distinguishing_tokens(counters: list[Counter], top: int = TOP_TOKENS) -> lis
     return out
 
 
-def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int, chunk: int = 65536):
-    """Per cluster: its cohesion (mean cosine of members to the normalised centre) and the rows nearest it."""
+def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int, chunk: int = 4096):
+    """Per cluster: its cohesion (mean cosine of members to the normalised centre) and the rows nearest it.
+
+    Blocks are small: each makes three float64 copies (rows, their centres, the product), which at
+    65,536 rows x 576 took ~0.9 GB and set a whole run's peak memory.
+    """
     import torch
 
     sums = torch.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=torch.float64)
@@ -124,7 +128,7 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
     for lo, hi, block in matrix.blocks(embeddings, chunk):
         x = block.astype(np.float64)
         lengths = np.linalg.norm(x, axis=1)
-        dots = (x * centres[labels[lo:hi]]).sum(1)
+        dots = np.einsum("ij,ij->i", x, centres[labels[lo:hi]])
         cosine[lo:hi] = np.divide(dots, lengths, out=np.zeros_like(dots), where=lengths > 0)
     by_cluster = np.lexsort((-cosine, labels))
     starts = np.searchsorted(labels[by_cluster], np.arange(n_clusters + 1))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
@@ -226,3 +228,24 @@ def test_a_step_without_progress_of_its_own_logs_that_it_is_alive(monkeypatch, c
     caplog.clear()
     time_module.sleep(0.15)  # stopped with the step: no line after it
     assert not [r for r in caplog.records if "still running" in r.getMessage()]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**31))
+def test_cluster_cohesion_and_nearest_rows_equal_a_plain_loop(n, k, chunk, seed):
+    from diversity_order.cluster_report import EXAMPLES, centre_examples
+
+    rng = np.random.default_rng(seed)
+    embeddings = rng.normal(size=(n, 3)).astype(np.float32)
+    labels = rng.integers(0, k, n)
+    cohesion, nearest = centre_examples(embeddings, labels, k, chunk=chunk)
+    for c in range(k):
+        members = [i for i in range(n) if labels[i] == c]
+        total = sum((embeddings[i].astype(np.float64) for i in members), np.zeros(3))
+        centre = total / np.linalg.norm(total) if members and np.linalg.norm(total) > 0 else np.zeros(3)
+        rows = embeddings.astype(np.float64)
+        cosines = {i: float(rows[i] @ centre / np.linalg.norm(rows[i])) for i in members}
+        assert cohesion[c] == pytest.approx(sum(cosines.values()) / max(len(members), 1), abs=1e-9)
+        expected = sorted(members, key=lambda i: (-cosines[i], i))[:EXAMPLES]
+        got = nearest[c].tolist()
+        assert [round(cosines[i], 9) for i in got] == [round(cosines[i], 9) for i in expected]
