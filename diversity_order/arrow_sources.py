@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import fields as fields_mod
-from .atomic import give_plain_permissions
+from .atomic import atomic_path, give_plain_permissions
 from .errors import UserError
 
 # Rows gathered per output piece (and at most about this many bytes): bounds the writer's memory.
@@ -246,10 +246,7 @@ class ArrowTableSource:
 
     def _write_parquet(self, order: np.ndarray, output: Path) -> int:
         pa = _pyarrow()
-        output.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-        os.close(fd)
-        try:
+        with atomic_path(output) as tmp:
             writer = None
             for table in self._ordered_pieces(order):
                 if writer is None:
@@ -258,11 +255,6 @@ class ArrowTableSource:
             if writer is None:  # no rows (an empty shard): the schema alone
                 writer = pa.parquet.ParquetWriter(tmp, self._schema())
             writer.close()
-            give_plain_permissions(tmp)
-            os.replace(tmp, output)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         return output.stat().st_size
 
     def _write_dataset_folder(self, order: np.ndarray, output: Path) -> int:

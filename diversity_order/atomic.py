@@ -116,23 +116,31 @@ def glob_escape(name: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
-    """Open a temp file beside ``path``; on a clean exit rename it over ``path``."""
+def atomic_path(path: Path | str) -> Iterator[str]:
+    """The name of a temp file beside ``path`` (for writers that open files themselves, e.g. pyarrow's);
+    on a clean exit it gets a plain file's permissions and is renamed over ``path``, else removed."""
     path = Path(path)
     note_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
         give_plain_permissions(tmp_name)  # mkstemp creates 0600 files
-        with os.fdopen(fd, mode) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp_name
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path | str, mode: str = "wb") -> Iterator[IO]:
+    """Open a temp file beside ``path``; on a clean exit rename it over ``path``."""
+    with atomic_path(path) as tmp_name, open(tmp_name, mode) as handle:
+        yield handle
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def save_npy(path: Path | str, array: np.ndarray) -> None:

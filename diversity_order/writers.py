@@ -14,14 +14,12 @@ file or in ``--output-shards N`` consecutive slices of the order.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from . import records
-from .atomic import give_plain_permissions
+from .atomic import atomic_path
 from .errors import UserError
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
@@ -125,21 +123,12 @@ def _jsonl_to_parquet(source, rows: np.ndarray, path: Path) -> int:
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise UserError(f"{source.name}: the records cannot be one Parquet table ({str(exc).splitlines()[0]}); "
                         "write JSONL instead (--output-format jsonl)") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with pq.ParquetWriter(tmp, schema) as writer:
-            for piece in _jsonl_pieces(source, rows):
-                try:
-                    writer.write_table(pa.Table.from_pylist(piece, schema=schema))
-                except (pa.ArrowException, TypeError, ValueError) as exc:
-                    raise UserError(f"{source.name}: the records cannot be one Parquet table "
-                                    f"({str(exc).splitlines()[0]}); write JSONL instead (--output-format jsonl)"
-                                    ) from None
-        give_plain_permissions(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+        for piece in _jsonl_pieces(source, rows):
+            try:
+                writer.write_table(pa.Table.from_pylist(piece, schema=schema))
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                raise UserError(f"{source.name}: the records cannot be one Parquet table "
+                                f"({str(exc).splitlines()[0]}); write JSONL instead (--output-format jsonl)"
+                                ) from None
     return path.stat().st_size
