@@ -5,6 +5,9 @@
         [--extra=--memory-budget=512M]
     .venv/bin/python benchmarks/bench_large.py kmeans --n 1000000 --budget 1G
     .venv/bin/python benchmarks/bench_large.py dtype
+    .venv/bin/python benchmarks/bench_large.py tokenize --input /tmp/large/short_1M.jsonl
+    .venv/bin/python benchmarks/bench_large.py --work /tmp/large/deep load --input /tmp/large/short_10M.jsonl \
+        --rows 2000000 --dim 2880
 
 ``corpus`` writes short documents (~``--chars`` characters, consecutive lines of the Python
 standard library's own sources, so real code and prose) as JSONL. ``run`` runs curate_dataset.py
@@ -15,11 +18,17 @@ fitted on all rows in memory with the out-of-core path (fitted on the sample --m
 allows, every row assigned from the file) on real SmolLM2 vectors of the demo corpus resampled
 with noise to ``--n`` rows. ``dtype`` runs the demo corpus with --embedding-dtype float32 and
 float16 and reports 1 - cosine between the cached vectors and whether the labels change.
+``tokenize`` times the Rust tokenizer alone on the input's texts (``encode_batch_fast``, all
+cores, the time of the encode calls only): the floor the end-to-end run is compared against.
+``load`` writes a ``--rows`` x ``--dim`` float32 ``.npy`` (a deep model's width; K seeded
+centres plus noise, written a block at a time) beside the input's first ``--rows`` records and
+runs ``--load-embeddings`` with ``--pca-components 100`` on it, reporting as ``run`` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -62,15 +71,20 @@ def run_curate(repo: Path, data: Path, out: Path, extra: list[str]) -> dict:
     cmd = ["/usr/bin/time", "-v", sys.executable, str(repo / "curate_dataset.py"), "--input", str(data),
            "--output", str(out), "--model-dir", str(DEMO / "SmolLM2-135M"), "--no-plot", "--no-progress", *extra]
     print("$", " ".join(cmd), flush=True)
+    # The run's log goes to a file beside its output, so a run of an hour can be watched (tail -f).
+    log_file = out.with_name(out.stem + "_run.log")
+    print("  log:", log_file, flush=True)
     started = time.perf_counter()
-    done = subprocess.run(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(repo)), capture_output=True,
-                          text=True)
+    with open(log_file, "w") as log:
+        done = subprocess.run(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(repo)),
+                              stdout=subprocess.DEVNULL, stderr=log)
     wall = time.perf_counter() - started
+    stderr = log_file.read_text()
     if done.returncode:
-        sys.exit(f"{repo}: exit {done.returncode}\n{done.stderr[-4000:]}")
-    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+        sys.exit(f"{repo}: exit {done.returncode}\n{stderr[-4000:]}")
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr).group(1))
     meta = json.loads(Path(str(out)[: -len(".jsonl")] + "_meta.json").read_text())
-    plans = [line.split("INFO", 1)[1].strip() for line in done.stderr.splitlines()
+    plans = [line.split("INFO", 1)[1].strip() for line in stderr.splitlines()
              if " in memory: " in line or " out of core: " in line]
     return {"repo": str(repo), "wall_s": round(wall, 1), "peak_rss_mb": round(peak_kb / 1024), "plans": plans,
             "stages": {stage: {"seconds": round(seconds, 1), "peak_rss_after_mb": round(meta["peak_rss_mb"][stage])}
@@ -160,6 +174,57 @@ def cmd_dtype(args) -> None:
     print(json.dumps(result, indent=2))
 
 
+def cmd_tokenize(args) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(DEMO / "SmolLM2-135M" / "tokenizer.json"))
+    documents = tokens = 0
+    encoding = 0.0
+    with open(args.input, "rb") as handle:
+        while True:
+            texts = [json.loads(line)["text"] for line in itertools.islice(handle, 100_000) if line.strip()]
+            if not texts:
+                break
+            for at in range(0, len(texts), args.batch):
+                started = time.perf_counter()
+                encoded = tokenizer.encode_batch_fast(texts[at: at + args.batch], add_special_tokens=False)
+                encoding += time.perf_counter() - started
+                tokens += sum(len(e.ids) for e in encoded)
+            documents += len(texts)
+    result = {"input": str(args.input), "documents": documents, "tokens": tokens, "batch": args.batch,
+              "encode_seconds": round(encoding, 1), "tokens_per_second": round(tokens / encoding)}
+    print(json.dumps(result, indent=2))
+    if args.results:
+        args.results.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def cmd_load(args) -> None:
+    from diversity_order import matrix
+
+    data = args.work / f"first_{args.rows}.jsonl"
+    with open(args.input, "rb") as source, open(data, "wb") as out:
+        out.writelines(itertools.islice(source, args.rows))
+    vectors = args.work / f"deep_{args.rows}x{args.dim}.npy"
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(30, args.dim)).astype(np.float32)
+    started = time.perf_counter()
+    with open(vectors, "w+b") as handle:
+        rows = matrix.create_npy(handle, (args.rows, args.dim), np.float32)
+        for lo in range(0, args.rows, 20_000):
+            hi = min(lo + 20_000, args.rows)
+            block = centres[rng.integers(0, 30, hi - lo)]
+            block += rng.standard_normal(block.shape, dtype=np.float32) * 2
+            rows[np.arange(lo, hi)] = block
+    print(f"wrote {vectors} ({vectors.stat().st_size / 1e9:.1f} GB) in {time.perf_counter() - started:.0f} s",
+          flush=True)
+    row = run_curate(ROOT, data, args.work / "deep_curated.jsonl",
+                     ["--load-embeddings", str(vectors), "--pca-components", "100", *args.extra])
+    print(json.dumps(row, indent=2))
+    if args.results:
+        args.results.write_text(json.dumps({"rows": args.rows, "dim": args.dim, "run": row}, indent=2) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/diversity_order_large"))
@@ -179,13 +244,23 @@ def main() -> None:
     kmeans.add_argument("--budget", default="1G", help="--memory-budget for the out-of-core fit's sample size")
     kmeans.add_argument("--results", type=Path, default=None)
     sub.add_parser("dtype")
+    load = sub.add_parser("load")
+    load.add_argument("--input", type=Path, required=True)
+    load.add_argument("--rows", type=int, default=2_000_000)
+    load.add_argument("--dim", type=int, default=2880)
+    load.add_argument("--results", type=Path, default=None)
+    load.add_argument("--extra", nargs="*", default=[], help="more curate_dataset.py flags")
+    tokenize = sub.add_parser("tokenize")
+    tokenize.add_argument("--input", type=Path, required=True)
+    tokenize.add_argument("--batch", type=int, default=1024, help="texts per encode_batch_fast call")
+    tokenize.add_argument("--results", type=Path, default=None)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.command == "corpus":
         write_corpus(args.out, args.docs, args.chars)
         print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.2f} GB)")
     else:
-        {"run": cmd_run, "kmeans": cmd_kmeans, "dtype": cmd_dtype}[args.command](args)
+        {"run": cmd_run, "kmeans": cmd_kmeans, "dtype": cmd_dtype, "tokenize": cmd_tokenize, "load": cmd_load}[args.command](args)
 
 
 if __name__ == "__main__":

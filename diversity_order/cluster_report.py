@@ -31,6 +31,7 @@ SAMPLE_CHARS = 4_000  # of each, the opening (enough to say what it is about)
 TOP_TOKENS = 12
 EXAMPLES = 3
 OPENING_CHARS = 160
+CENTRE_ROWS = 1_000_000  # rows cohesion and nearest documents are computed on, at most (a seeded sample beyond)
 PRIOR_STRENGTH = 1000.0  # pseudo-counts of the corpus-wide prior, spread by token frequency
 _WORD = re.compile(r"\w+")
 
@@ -110,32 +111,51 @@ def distinguishing_tokens(counters: list[Counter], top: int = TOP_TOKENS) -> lis
     return out
 
 
-def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int, chunk: int = 4096):
+def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int, chunk: int = 4096,
+                    max_rows: int | None = None, seed: int = 0):
     """Per cluster: its cohesion (mean cosine of members to the normalised centre) and the rows nearest it.
 
+    Beyond ``max_rows`` rows (``CENTRE_ROWS`` by default) both come from that many seeded sample
+    rows, so the report reads a bounded share of a large cache file (twice) instead of all of it.
     Blocks are small: each makes three float64 copies (rows, their centres, the product), which at
     65,536 rows x 576 took ~0.9 GB and set a whole run's peak memory.
     """
     import torch
 
+    from .clustering import sample_rows
+
+    n = labels.size
+    limit = CENTRE_ROWS if max_rows is None else max_rows
+    rows = sample_rows(n, limit, seed) if n > limit else np.arange(n)
+    labels = labels[rows]
     sums = torch.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=torch.float64)
-    for lo, hi, block in matrix.blocks(embeddings, chunk):  # index_add: O(rows x dim); np.add.at is ~100x slower
-        sums.index_add_(0, torch.from_numpy(labels[lo:hi]), torch.from_numpy(block.astype(np.float64)))
+    for at, block in _row_blocks(embeddings, rows, chunk):  # index_add: O(rows x dim); np.add.at is ~100x slower
+        sums.index_add_(0, torch.from_numpy(labels[at: at + len(block)]), torch.from_numpy(block.astype(np.float64)))
     sums = sums.numpy()
     norms = np.linalg.norm(sums, axis=1, keepdims=True)
     centres = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
-    cosine = np.empty(labels.size)
-    for lo, hi, block in matrix.blocks(embeddings, chunk):
+    cosine = np.empty(rows.size)
+    for at, block in _row_blocks(embeddings, rows, chunk):
         x = block.astype(np.float64)
         lengths = np.linalg.norm(x, axis=1)
-        dots = np.einsum("ij,ij->i", x, centres[labels[lo:hi]])
-        cosine[lo:hi] = np.divide(dots, lengths, out=np.zeros_like(dots), where=lengths > 0)
+        dots = np.einsum("ij,ij->i", x, centres[labels[at: at + len(block)]])
+        cosine[at: at + len(block)] = np.divide(dots, lengths, out=np.zeros_like(dots), where=lengths > 0)
     by_cluster = np.lexsort((-cosine, labels))
     starts = np.searchsorted(labels[by_cluster], np.arange(n_clusters + 1))
     cohesion = np.bincount(labels, weights=cosine, minlength=n_clusters) / np.maximum(
         np.bincount(labels, minlength=n_clusters), 1)
-    nearest = [by_cluster[starts[k]: min(starts[k + 1], starts[k] + EXAMPLES)] for k in range(n_clusters)]
+    nearest = [rows[by_cluster[starts[k]: min(starts[k + 1], starts[k] + EXAMPLES)]] for k in range(n_clusters)]
     return cohesion, nearest
+
+
+def _row_blocks(embeddings, rows: np.ndarray, chunk: int):
+    """(position in ``rows``, float32 block) over the given ascending rows, ``chunk`` rows at a time."""
+    if rows.size == matrix.shape(embeddings)[0]:
+        for lo, _, block in matrix.blocks(embeddings, chunk):
+            yield lo, block
+        return
+    for at in range(0, rows.size, chunk):
+        yield at, matrix.read_rows(embeddings, rows[at: at + chunk])
 
 
 def _openings(index: object, rows: np.ndarray) -> dict[int, str]:
@@ -161,7 +181,10 @@ def describe_clusters(index: object, labels: np.ndarray, token_counts: np.ndarra
     tokens = np.bincount(labels, weights=token_counts.astype(np.float64), minlength=n_clusters)
     counters = token_counts_per_cluster(index, labels, n_clusters, tokenizer, seed)
     top = distinguishing_tokens(counters)
-    cohesion, nearest = centre_examples(embeddings, labels, n_clusters)
+    cohesion, nearest = centre_examples(embeddings, labels, n_clusters, seed=seed)
+    if labels.size > CENTRE_ROWS:
+        log.info("Cluster cohesion and nearest documents from a seeded sample of %s of the %s rows", f"{CENTRE_ROWS:,}",
+                 f"{labels.size:,}")
     openings = _openings(index, np.concatenate(nearest) if nearest else np.zeros(0, np.int64))
     total_tokens = max(tokens.sum(), 1.0)
     clusters = []
@@ -181,9 +204,11 @@ def describe_clusters(index: object, labels: np.ndarray, token_counts: np.ndarra
 def markdown(clusters: list[dict], title: str, n_clusters: int, tokenized: bool) -> str:
     total_docs = sum(c["documents"] for c in clusters)
     unit = "words (the model's tokens)" if tokenized else "words (no tokenizer in this run: split on spaces)"
+    sampled = (f"; it and the documents nearest the centre come from a seeded sample of {CENTRE_ROWS:,} documents"
+               if total_docs > CENTRE_ROWS else "")
     lines = [f"# Clusters of {title}", "",
              f"K = {n_clusters} ({len(clusters)} non-empty), {total_docs:,} documents. Cohesion: mean cosine of a "
-             f"cluster's documents to its centre (higher is tighter). Distinguishing {unit}: the most over-represented "
+             f"cluster's documents to its centre (higher is tighter){sampled}. Distinguishing {unit}: the most over-represented "
              f"in a sample of up to {SAMPLE_DOCS} of the cluster's documents against the other clusters (log-odds "
              "z-score). If these do not read like topics, the clusters are not topics: try another --n-clusters, "
              "--calibrate-k, or deep embeddings.", "",

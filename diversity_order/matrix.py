@@ -10,7 +10,6 @@ file that is read once through counts all of it, up to the file's size).
 from __future__ import annotations
 
 import io
-import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,33 +164,40 @@ def return_freed_memory() -> None:
 
 
 class RowWriter:
-    """Rows written into a ``.npy`` file open for writing (see ``create_npy``), never through a long-lived
-    map: a run of consecutive rows is one ``pwrite``, scattered rows go through a map dropped at once,
-    so what was written does not stay in the process's resident memory."""
+    """Rows written into a ``.npy`` file open for writing (see ``create_npy``) with ``pwrite``, one call
+    per run of consecutive rows, never through a writable map: the rows written do not stay in the
+    process's resident memory, and only their own bytes are written (a map writes back whole pages,
+    which, in a file ranks on several nodes fill at once, could overwrite another node's rows)."""
 
     def __init__(self, fd: int, offset: int, shape: tuple[int, int], dtype):
         self.fd, self.offset, self.shape, self.dtype = fd, offset, tuple(shape), np.dtype(dtype)
+
+    @classmethod
+    def open(cls, path, offset: int, shape: tuple[int, int], dtype) -> RowWriter:
+        """A writer of an existing file's rows (its header already written); ``close`` it when done."""
+        return cls(os.open(path, os.O_WRONLY), offset, shape, dtype)
+
+    def close(self) -> None:
+        """Flush the rows to disk and close the file (for writers made by ``open``)."""
+        os.fsync(self.fd)
+        os.close(self.fd)
 
     def __setitem__(self, rows, values) -> None:
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
         if rows.size == 0:
             return
         values = np.ascontiguousarray(np.asarray(values).reshape(rows.size, self.shape[1]), dtype=self.dtype)
-        lo, hi = int(rows.min()), int(rows.max()) + 1
+        if rows.size > 1 and not bool((np.diff(rows) > 0).all()):
+            by_row = np.argsort(rows, kind="stable")
+            rows, values = rows[by_row], values[by_row]
         row_bytes = self.shape[1] * self.dtype.itemsize
-        if hi - lo == rows.size and (rows.size == 1 or bool((np.diff(rows) == 1).all())):
-            view = memoryview(values.reshape(-1).view(np.uint8))
-            at = self.offset + lo * row_bytes
+        cuts = (np.flatnonzero(np.diff(rows) != 1) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, rows.size]):
+            view = memoryview(values[a:b].reshape(-1).view(np.uint8))
+            at = self.offset + int(rows[a]) * row_bytes
             while view:  # pwrite may write less than asked (signals, very large writes)
                 done = os.pwrite(self.fd, view, at)
                 view, at = view[done:], at + done
-            return
-        start = self.offset + lo * row_bytes
-        aligned = start - start % mmap.ALLOCATIONGRANULARITY
-        with mmap.mmap(self.fd, start - aligned + (hi - lo) * row_bytes, offset=aligned) as mapped:
-            window = np.frombuffer(mapped, self.dtype, (hi - lo) * self.shape[1], start - aligned)
-            window.reshape(hi - lo, self.shape[1])[rows - lo] = values
-            del window  # the map cannot close while a view of it lives
 
 
 def create_npy(handle, shape: tuple[int, int], dtype) -> RowWriter:

@@ -1,6 +1,6 @@
 """torchrun without gathering vectors: only labels and token counts reach rank 0.
 
-Every rank indexes the input (32 bytes per record) and then:
+Every rank indexes the input (40 bytes per record) and then:
 
 1. **Embeds into one shared file.** The embedding cache ``B_embeddings.npy`` (rows in input
    order, keyed by per-record text fingerprints, as in a single process) is the meeting point.
@@ -59,33 +59,6 @@ def fit_rows(cluster_fit_sample: int, n: int) -> int:
 # ---- the shared embedding file -------------------------------------------------------------------
 
 
-class RowWriter:
-    """Rows of an N x D float32 ``.npy`` written in place with ``pwrite``: unlike a writable map,
-    the rows written do not stay in the process's resident memory. Used as ``out[rows] = vectors``."""
-
-    def __init__(self, path: Path, offset: int, dim: int):
-        self.fd = os.open(path, os.O_WRONLY)
-        self.offset = offset
-        self.row_bytes = dim * 4
-
-    def __setitem__(self, rows: np.ndarray, values: np.ndarray) -> None:
-        rows = np.asarray(rows, dtype=np.int64)
-        values = np.ascontiguousarray(values, dtype=np.float32)
-        if rows.size == 0:
-            return
-        cuts = np.flatnonzero(np.diff(rows) != 1) + 1  # one write per run of consecutive rows
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), rows.size]):
-            data = memoryview(values[a:b]).cast("B")
-            at = self.offset + int(rows[a]) * self.row_bytes
-            while data:
-                written = os.pwrite(self.fd, data, at)
-                data, at = data[written:], at + written
-
-    def close(self) -> None:
-        os.fsync(self.fd)
-        os.close(self.fd)
-
-
 def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
     """An atomic-write temp file beside ``target``: the ``.npy`` header of an N x D float32 array
     and room for its rows (sparse until written). Returns its path and the rows' offset."""
@@ -103,13 +76,13 @@ def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
     return Path(name), len(header.getvalue())
 
 
-def _copy_cached(found: caches.RowSource, lo: int, hi: int, writer: RowWriter) -> None:
+def _copy_cached(found: caches.RowSource, lo: int, hi: int, writer: matrix.RowWriter) -> None:
     """Rows lo..hi that the caches hold, copied into the new file in one pass over each cache."""
     for files, source in found.sets:
         _copy_rows(files.data, source[lo:hi], lo, writer)
 
 
-def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: RowWriter) -> None:
+def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: matrix.RowWriter) -> None:
     hits = np.flatnonzero(source >= 0)
     if hits.size == 0:
         return
@@ -179,7 +152,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
         else:
             log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
         name, offset = _shared_file(ctx, target, n, table.dim)
-        writer = RowWriter(name, offset, table.dim)
+        writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
         try:
             _copy_cached(found, *distributed.even_range(ctx, n), writer)
             mine = _tokenize_share(ctx, index, missing, tokenizer, table.weight, batch_docs, progress, writer)

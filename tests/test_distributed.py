@@ -107,7 +107,7 @@ def test_row_writer_writes_what_an_array_assignment_writes(n, dim, data):
     expected = np.zeros((n, dim), np.float32)
     with tempfile.TemporaryDirectory() as folder:
         path, offset = scale_out._create_rows_file(Path(folder) / "e.npy", n, dim)
-        writer = scale_out.RowWriter(path, offset, dim)
+        writer = matrix.RowWriter.open(path, offset, (n, dim), np.float32)
         for _ in range(data.draw(st.integers(0, 4))):
             rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), dtype=np.int64)
             values = np.random.default_rng(len(rows)).normal(size=(rows.size, dim)).astype(np.float32)

@@ -249,3 +249,21 @@ def test_cluster_cohesion_and_nearest_rows_equal_a_plain_loop(n, k, chunk, seed)
         expected = sorted(members, key=lambda i: (-cosines[i], i))[:EXAMPLES]
         got = nearest[c].tolist()
         assert [round(cosines[i], 9) for i in got] == [round(cosines[i], 9) for i in expected]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 80), st.integers(1, 4), st.integers(1, 79), st.integers(0, 2**31))
+def test_cluster_cohesion_beyond_its_row_limit_is_the_plain_loop_over_the_seeded_sample(n, k, limit, seed):
+    """Large inputs: cohesion and nearest rows come from clustering.sample_rows' rows, as if only they existed."""
+    from diversity_order.cluster_report import centre_examples
+    from diversity_order.clustering import sample_rows
+
+    rng = np.random.default_rng(seed)
+    embeddings = rng.normal(size=(n, 3)).astype(np.float32)
+    labels = rng.integers(0, k, n)
+    cohesion, nearest = centre_examples(embeddings, labels, k, chunk=3, max_rows=limit, seed=seed % 1000)
+    rows = sample_rows(n, limit, seed % 1000) if n > limit else np.arange(n)
+    want_cohesion, want_nearest = centre_examples(embeddings[rows], labels[rows], k, max_rows=n)
+    np.testing.assert_allclose(cohesion, want_cohesion, atol=1e-12)
+    for got, want in zip(nearest, want_nearest):
+        assert got.tolist() == rows[want].tolist()
