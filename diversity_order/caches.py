@@ -580,7 +580,7 @@ class Fill:
             self._handle = _unnamed_temp(self.files.data.parent)
         # A second descriptor keeps the rows readable should the rename fail (the temp is then removed).
         self._kept = os.dup(self._handle.fileno())
-        self.rows = matrix.create_npy(self._handle, shape, dtype)
+        self.rows = _DigestingRows(matrix.create_npy(self._handle, shape, dtype), self._handle)
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
 
     def commit(self, key: dict, fingerprints: np.ndarray) -> matrix.MatrixFile:
@@ -598,7 +598,8 @@ class Fill:
         self._handle.flush()
         os.fsync(fd)
         stat = os.fstat(fd)
-        entry = {"name": self.files.data.name, **_identity(stat), "blake2b": _digest_fd(fd, stat.st_size)}
+        digest = self.rows.digest(stat.st_size) or _digest_fd(fd, stat.st_size)
+        entry = {"name": self.files.data.name, **_identity(stat), "blake2b": digest}
         self.files.marker.unlink(missing_ok=True)  # the set is being replaced: untrusted until its manifest is back
         context, self._context = self._context, None
         # fsync, close and rename into place; when that fails the temp is removed, and our descriptor still reads it.
@@ -625,6 +626,49 @@ class Fill:
         if self._kept >= 0:
             os.close(self._kept)
             self._kept = -1
+
+
+class _DigestingRows:
+    """``Fill.rows``: a ``matrix.RowWriter`` that digests the file's bytes as they are written, while
+    rows come in file order (a first embedding run writes them so), so that ``commit`` need not read
+    a file of many GB back; rows written in any other order leave the digest to ``commit``."""
+
+    def __init__(self, writer: matrix.RowWriter, handle):
+        self.writer, self.shape = writer, writer.shape
+        self._row_bytes = writer.shape[1] * writer.dtype.itemsize
+        self._next_row: int | None = 0
+        self._chunks: list[bytes] = []
+        self._current, self._filled, self._size = hashlib.blake2b(digest_size=32), 0, 0
+        self._feed(os.pread(handle.fileno(), writer.offset, 0))  # the .npy header
+
+    def __setitem__(self, rows, values) -> None:
+        self.writer[rows] = values
+        rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
+        if self._next_row is None or rows.size == 0:
+            return
+        if int(rows[0]) != self._next_row or (rows.size > 1 and not bool((np.diff(rows) == 1).all())):
+            self._next_row = None  # out of order: commit digests the file instead
+            return
+        data = np.ascontiguousarray(np.asarray(values).reshape(rows.size, self.shape[1]), dtype=self.writer.dtype)
+        self._feed(memoryview(data.reshape(-1).view(np.uint8)))
+        self._next_row += rows.size
+
+    def _feed(self, data) -> None:
+        data = memoryview(data).cast("B")
+        while data:
+            take = min(DIGEST_CHUNK - self._filled, len(data))
+            self._current.update(data[:take])
+            self._filled, self._size, data = self._filled + take, self._size + take, data[take:]
+            if self._filled == DIGEST_CHUNK:
+                self._chunks.append(self._current.digest())
+                self._current, self._filled = hashlib.blake2b(digest_size=32), 0
+
+    def digest(self, size: int) -> str | None:
+        """The file's digest if every byte of its ``size`` was digested on the way in; else None."""
+        if self._next_row != self.shape[0] or self._size != size:
+            return None
+        last = [self._current.digest()] if self._filled or not self._chunks else []
+        return _combine(self._chunks + last, size)
 
 
 class _Abandoned(Exception):

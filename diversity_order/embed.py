@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .runtime import Progress
+from .runtime import Behind, Progress, prefetched
 from .tokenizer import DocumentTokenizer
 
 log = logging.getLogger(__name__)
@@ -77,21 +77,34 @@ def embed_and_count(
     stats = TokenizeStats(empty_rows=[])
     started = time.perf_counter()
     done = 0
+
+    def finish(batch_rows: np.ndarray, encoded: list, at: int) -> None:
+        """Ids, counts and vectors of one tokenized batch: on a background thread while the next one is
+        tokenized (the tokenizer leaves part of the cores idle; this work fills them)."""
+        flat, lengths = tokenizer.ids_and_lengths(encoded)
+        n = lengths.size
+        counts[at: at + n] = lengths
+        if vectors is not None:
+            pooled = mean_pool_normalized(table, flat, lengths)
+            if out is not None:
+                out[batch_rows] = pooled
+            else:
+                vectors[at: at + n] = pooled
+        stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
+        stats.tokens += int(lengths.sum())
+        bar.update(n, work=int(lengths.sum()))
+
+    behind = Behind("embedding")
     with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar:
-        for batch_rows, texts in index.iter_documents(rows, batch_bytes, batch_docs):
-            flat, lengths = tokenizer.encode_batch(texts)
-            n = len(texts)
-            counts[done : done + n] = lengths
-            if vectors is not None:
-                pooled = mean_pool_normalized(table, flat, lengths)
-                if out is not None:
-                    out[batch_rows] = pooled
-                else:
-                    vectors[done : done + n] = pooled
-            stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
-            stats.tokens += int(lengths.sum())
-            done += n
-            bar.update(n, work=int(lengths.sum()))
+        try:
+            for batch_rows, texts in prefetched(index.iter_documents(rows, batch_bytes, batch_docs)):
+                encoded = tokenizer.encode_texts(texts)
+                behind.submit(finish, batch_rows, encoded, done)
+                done += len(texts)
+        except BaseException:
+            behind.wait(raise_error=False)  # the error that stopped the loop is the one to report
+            raise
+        behind.wait()
     stats.documents = done
     stats.seconds = time.perf_counter() - started
     if stats.empty_rows:

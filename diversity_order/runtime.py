@@ -132,6 +132,75 @@ def heartbeat(what: str) -> Iterator[None]:
         thread.join()
 
 
+def prefetched(items, depth: int = 2):
+    """``items`` produced ``depth`` ahead by a background thread (reading and parsing the next batches
+    while the caller works on this one). What the producer raises is raised here, at the item where it
+    happened; closing the generator stops the producer."""
+    import queue
+    import threading
+
+    handoff, stop, done = queue.Queue(depth), threading.Event(), object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        handoff.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    return
+            handoff.put((done, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            handoff.put((done, exc))
+
+    thread = threading.Thread(target=produce, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = handoff.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+class Behind:
+    """Runs one job at a time on a background thread, one step behind the caller: ``submit`` waits for
+    the previous job (raising what it raised) and starts the next, so the caller's next step overlaps
+    this one's. ``wait`` waits for the last. Jobs run in submission order."""
+
+    def __init__(self, name: str):
+        import threading
+
+        self._name, self._threading, self._thread, self._error = name, threading, None, None
+
+    def submit(self, job, *args) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                job(*args)
+            except BaseException as exc:  # noqa: BLE001 - raised by the next submit or wait
+                self._error = exc
+
+        self._thread = self._threading.Thread(target=run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def wait(self, raise_error: bool = True) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None and raise_error:
+            raise error
+
+
 def memory_text(device=None) -> str:
     """Peak memory so far: the GPU's on a CUDA device, else this process's resident set."""
     if device is not None and getattr(device, "type", "") == "cuda":

@@ -134,15 +134,22 @@ class DocumentTokenizer:
         """Token ids of all ``texts`` concatenated (int64), and each text's token count.
 
         A ``fields.Conversation`` is rendered with the chat template first."""
+        return self.ids_and_lengths(self.encode_texts(texts))
+
+    def encode_texts(self, texts: list):
+        """The first half of ``encode_batch``: the tokenizer's work, in the Rust tokenizer without
+        the GIL, so another thread may run Python meanwhile; ``ids_and_lengths`` finishes it."""
         if any(not isinstance(text, str) for text in texts):
             from .fields import render
 
             texts = [render(text, self) for text in texts]
         if self._backend is not None:
-            encodings = self._encode_ids_batch(texts, add_special_tokens=False)
-            id_lists = [encoding.ids for encoding in encodings]
-        else:
-            id_lists = [self._hf.encode(text, add_special_tokens=False) for text in texts]
+            return self._encode_ids_batch(texts, add_special_tokens=False)
+        return [self._hf.encode(text, add_special_tokens=False) for text in texts]
+
+    def ids_and_lengths(self, encoded: list) -> tuple[np.ndarray, np.ndarray]:
+        """``encode_texts``' result as (flat int64 ids, per-text counts)."""
+        id_lists = [encoding.ids for encoding in encoded] if self._backend is not None else encoded
         lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         # chain.from_iterable walks the lists in C: half the time of a generator expression.
         flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diversity_order import atomic, caches
 
@@ -385,3 +387,26 @@ def test_a_fill_is_trusted_only_once_committed(tmp_path):
     found = caches.lookup(target, {"kind": "t"}, fps, dtype=np.float16, row_shape=(3,), lazy=True)
     assert found.in_order and "all 35 rows reused" in found.reason
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 60), st.integers(1, 5), st.sampled_from([np.float32, np.float16]), st.integers(1, 9),
+       st.sampled_from([64, 100, 4096]), st.booleans(), st.integers(0, 2**31))
+def test_a_fill_digested_while_written_records_the_digest_of_its_file(tmp_path_factory, n, d, dtype, batch, chunk,
+                                                                     in_order, seed):
+    """Rows written in file order are digested on the way in (no re-read at commit); any other order is
+    digested at commit. Either way the manifest holds the digest of the file's bytes, in chunks of any size."""
+    folder = tmp_path_factory.mktemp("fill")
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(n, d)).astype(dtype)
+    rows = np.arange(n) if in_order else rng.permutation(n)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(caches, "DIGEST_CHUNK", chunk)
+        fill = caches.Fill(folder / "c.npy", (n, d), dtype)
+        for at in range(0, n, batch):
+            fill.rows[rows[at: at + batch]] = values[rows[at: at + batch]]
+        fill.commit({"kind": "t"}, np.arange(n).astype(np.uint64))
+        recorded = json.loads(caches._files(folder / "c.npy").marker.read_text())["files"]["data"]["blake2b"]
+        with open(folder / "c.npy", "rb") as handle:
+            assert recorded == caches._digest_fd(handle.fileno(), os.fstat(handle.fileno()).st_size)
+    np.testing.assert_array_equal(np.load(folder / "c.npy"), values)

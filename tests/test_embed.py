@@ -52,3 +52,97 @@ def test_batch_encoding_equals_single_encoding(tiny_model_dir):
     flat, lengths = tokenizer.encode_batch(texts)
     pieces = np.split(flat, np.cumsum(lengths)[:-1])
     assert [p.tolist() for p in pieces] == [tokenizer.encode(t) for t in texts]
+
+
+def test_prefetched_yields_every_item_in_order_and_raises_where_the_producer_failed():
+    import pytest
+
+    from diversity_order.runtime import prefetched
+
+    assert list(prefetched(iter(range(100)), depth=2)) == list(range(100))
+
+    def failing():
+        yield from range(5)
+        raise ValueError("line 6 is not JSON")
+
+    seen = []
+    with pytest.raises(ValueError, match="line 6"):
+        for item in prefetched(failing()):
+            seen.append(item)
+    assert seen == list(range(5))  # every item before the failure arrived first
+
+
+def test_prefetched_stops_its_producer_when_the_consumer_stops():
+    import threading
+    import time
+
+    from diversity_order.runtime import prefetched
+
+    produced = []
+
+    def endless():
+        while True:
+            produced.append(len(produced))
+            yield produced[-1]
+
+    items = prefetched(endless(), depth=2)
+    assert [next(items) for _ in range(3)] == [0, 1, 2]
+    items.close()
+    time.sleep(0.5)
+    count = len(produced)
+    time.sleep(0.3)
+    assert len(produced) == count <= 3 + 2 + 2  # nothing more is read once the consumer is gone
+    assert not [t for t in threading.enumerate() if t.name == "prefetch"]
+
+
+def test_behind_runs_jobs_in_order_and_reports_a_jobs_error_at_the_next_step():
+    import pytest
+
+    from diversity_order.runtime import Behind
+
+    done = []
+    behind = Behind("test")
+    for i in range(20):
+        behind.submit(done.append, i)
+    behind.wait()
+    assert done == list(range(20))
+
+    def fail():
+        raise RuntimeError("disk full")
+
+    behind.submit(fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        behind.submit(done.append, 99)
+    assert done[-1] == 19  # the job after the failed one never ran
+    behind.submit(fail)
+    behind.wait(raise_error=False)  # the caller's own error takes precedence
+    behind.wait()
+
+
+def test_an_error_reading_mid_run_is_the_error_reported_and_batches_before_it_were_finished(tmp_path, tiny_model_dir):
+    import pytest
+
+    from diversity_order.errors import UserError
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} about orbits"}) + "\n" for i in range(40)))
+    index = scan_jsonl(src, progress=False)
+
+    class FailsAtRow28:
+        """The index, except that reading stops with an error at row 28 (as a record changed on disk would)."""
+
+        line_numbers = index.line_numbers
+
+        def iter_documents(self, rows, *limits):
+            for batch_rows, texts in index.iter_documents(rows, *limits):
+                if batch_rows.max() >= 28:
+                    raise UserError(f"{src}:29: the record changed since it was indexed")
+                yield batch_rows, texts
+
+    tokenizer = DocumentTokenizer(tiny_model_dir)
+    with safe_open(tiny_model_dir / "model.safetensors", "pt") as f:
+        table = f.get_tensor("model.embed_tokens.weight").float()
+    out = np.zeros((40, table.shape[1]), np.float32)
+    with pytest.raises(UserError, match="in.jsonl:29"):
+        embed_and_count(FailsAtRow28(), np.arange(40), tokenizer, table, batch_docs=4, progress=False, out=out)
+    assert out[:28].any(axis=1).all() and not out[28:].any()  # batches before the error were finished, no later
