@@ -135,14 +135,17 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
     table = model.table()
     count_key = features.token_count_key(tokenizer.fingerprint, text_field)
     count_places = features.token_count_places(paths)
+    # Only rank 0 holds the N token counts; the other ranks need to know which are missing.
     counts_found = caches.lookup(count_places[0], count_key, fps, dtype=np.int64, row_shape=(),
-                                 alternatives=tuple(count_places[1:]))
+                                 alternatives=tuple(count_places[1:]), lazy=not ctx.is_main)
     emb_key = features.embedding_key(tokenizer.fingerprint, table, text_field)
     target = Path(paths["embeddings"])
     found = caches.find_rows(target, emb_key, fps, dtype=np.float32, row_shape=(table.dim,))
     log.info("Token counts: %s", counts_found.reason)
     log.info("Embeddings: %s", found.reason)
-    counts = np.zeros(n, np.int64) if counts_found.data is None else counts_found.data.astype(np.int64)
+    counts = None
+    if ctx.is_main:
+        counts = np.zeros(n, np.int64) if counts_found.data is None else counts_found.data.astype(np.int64)
     missing = found.missing_rows
     shared = target
     if not found.in_order:
