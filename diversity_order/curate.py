@@ -236,7 +236,13 @@ def calibrate(config: CurateConfig) -> CurateResult | None:
     config.validate()
     run = _start(config)
     try:
-        if not _embed(run, fail_fast=False):
+        if run.ctx.active:
+            # The ranks embed into the shared cache file; rank 0 sweeps k reading it (a sample of its
+            # rows beyond the memory budget), so no vectors travel between processes.
+            run.embeddings = _embed_across_ranks(run, fail_fast=False)
+            if not run.ctx.is_main:
+                return None
+        elif not _embed(run, fail_fast=False):
             return None
         reduce(run)
         rows, recommended = sweep_k(run)
@@ -268,13 +274,12 @@ def _embed(run: Run, fail_fast: bool) -> bool:
     return run.ctx.is_main
 
 
-def _embed_and_cluster_across_ranks(run: Run) -> bool:
-    """Under torchrun: the ranks embed into the shared cache file and label their own rows with
-    centres fitted on a seeded sample; only labels and token counts reach rank 0 (see scale_out).
-    True on rank 0, which goes on."""
+def _embed_across_ranks(run: Run, fail_fast: bool):
+    """Under torchrun: token counts (rank 0) and the embeddings every rank reads, as a file: the shared
+    cache file the ranks fill, or ``--load-embeddings``' file."""
     config, ctx = run.config, run.ctx
     _prepare_model(run)
-    index_input(run, fail_fast=True)
+    index_input(run, fail_fast)
     with run.timer.stage(f"Token counts and embeddings ({ctx.world_size} ranks)"):
         if config.load_embeddings is None:
             run.counts, vectors = scale_out.counts_and_shared_embeddings(
@@ -285,6 +290,15 @@ def _embed_and_cluster_across_ranks(run: Run) -> bool:
             run.counts, _ = features.counts_and_embeddings(run.index, run.paths, run.model, config.text_field, False,
                                                            config.embed_batch_size, config.progress, ctx)
             run.method = EXTERNAL_METHOD
+    return vectors
+
+
+def _embed_and_cluster_across_ranks(run: Run) -> bool:
+    """Under torchrun: the ranks embed into the shared cache file and label their own rows with
+    centres fitted on a seeded sample; only labels and token counts reach rank 0 (see scale_out).
+    True on rank 0, which goes on."""
+    config, ctx = run.config, run.ctx
+    vectors = _embed_across_ranks(run, fail_fast=True)
     sample = scale_out.fit_rows(config.cluster_fit_sample, run.n)
     run.torchrun = {"ranks": ctx.world_size, "fit_rows": sample, "rows_gathered": sample == run.n}
     if sample == run.n:  # small input: rank 0 takes every row and runs the single-process stages on them

@@ -89,6 +89,25 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
 
 
+def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(tmp_path, tiny_model_dir):
+    """--calibrate-k under torchrun: the ranks embed into the shared cache, rank 0 sweeps k reading it
+    (nothing gathered); the table and the recommendation equal a single process's, in and out of core."""
+    records = topical_records(per_topic=20, long_every=5)
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    for folder in (single, multi):
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", records)
+    for budget in ([], ["--memory-budget", "4K"]):  # 4K: the sweep fits a sample read from the file
+        common = ["--model-dir", tiny_model_dir, "--calibrate-k", "--calibrate-k-samples", 0, *budget]
+        assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
+                                                               single / "c.jsonl", *common, "--no-progress"]]) == 0
+        log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
+        assert "Token counts and embeddings (2 ranks)" in log and ("out of core" in log) == bool(budget), log
+        ours, theirs = (json.loads((folder / "c_calibration.json").read_text()) for folder in (multi, single))
+        assert ours["rows"] == theirs["rows"] and ours["recommended_k"] == theirs["recommended_k"]
+        assert (multi / "c_embeddings.npy").read_bytes() == (single / "c_embeddings.npy").read_bytes()
+
+
 @given(st.integers(0, 200), st.integers(1, 9), st.integers(1, 12))
 def test_even_range_and_slices_of_the_order_cover_everything_once(n, world, parts):
     ranges = [even_range(DistContext(r, world), n) for r in range(world)]
