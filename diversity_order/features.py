@@ -93,10 +93,12 @@ def embedding_key(tokenizer_fp: str, table, text_field: str) -> dict:
 
 def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table,
                    batch_docs: int, progress: bool, out: np.ndarray | None = None):
-    """Tokenize (and embed, with a table) ``rows``; under torchrun each rank takes a share by
-    bytes and rank 0 gets everything back in row order. Other ranks get (None, None).
-
-    In a single process the vectors are written straight into ``out[rows]``."""
+    """Tokenize (and embed, with a table: a single process only, the vectors written straight into
+    ``out[rows]``) ``rows``. Under torchrun, where only counts are computed here (ranks embed through
+    ``scale_out``, never sending vectors), each rank takes a share by bytes and rank 0 gets the counts
+    back in row order; the other ranks get (None, None)."""
+    if ctx.active and table is not None:
+        raise RuntimeError("under torchrun the ranks embed through scale_out, which sends no vectors")
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
     if ctx.active:
         log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
@@ -109,12 +111,10 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
                  " on this rank" if ctx.active else "")
     if not ctx.active:
         return vectors, counts
-    device = table.device if table is not None and table.device.type == "cuda" else None
-    all_counts = distributed.gather_to_main(ctx, counts, device)
-    all_vectors = distributed.gather_to_main(ctx, vectors, device) if table is not None else None
+    all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
     if not ctx.is_main:
         return None, None
-    return (np.concatenate(all_vectors) if all_vectors is not None else None), np.concatenate(all_counts)
+    return None, np.concatenate(all_counts)
 
 
 def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, text_field: str, need_embeddings: bool,
@@ -190,12 +190,9 @@ def _embeddings(index: RecordIndex, path: Path, key: dict, model: ModelParts, to
             log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
                      embed_rows.size, len(index))
             out = fill.rows if fill is not None else None
-            vectors, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
-                                                 progress, out=out)
-            if ctx.is_main:
-                if vectors is not out:  # gathered from the torchrun ranks
-                    fill.rows[embed_rows] = vectors
-                counts[embed_rows] = new_counts
+            _, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
+                                           progress, out=out)
+            counts[embed_rows] = new_counts
     except BaseException:
         if fill is not None:
             fill.abandon()
