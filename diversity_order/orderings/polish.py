@@ -265,6 +265,24 @@ def _shortlist(top, steps, m, score, kind, i, j):
     return m + 1 if m < top.shape[0] else m
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _move(src_doc, src_lab, src_tok, src_cnt, src_nd, dst_doc, dst_lab, dst_tok, dst_cnt, dst_nd, n, src, i):
+    """Move document ``i`` of one window of the pair to the end of the other (``src`` 0: a to b, 1: b to a);
+    ``n`` holds the pair's documents (n[0], n[1]) and tokens (n[2], n[3])."""
+    dst = 1 - src
+    k, t = src_lab[i], src_tok[i]
+    _add(src_cnt, src_nd, k, t, -1)
+    _add(dst_cnt, dst_nd, k, t, 1)
+    n[2 + src] -= t
+    n[2 + dst] += t
+    at = n[dst]
+    dst_doc[at], dst_lab[at], dst_tok[at] = src_doc[i], k, t
+    n[dst] += 1
+    for x in range(i, n[src] - 1):
+        src_doc[x], src_lab[x], src_tok[x] = src_doc[x + 1], src_lab[x + 1], src_tok[x + 1]
+    n[src] -= 1
+
+
 @njit(cache=True, nogil=True)
 def _polish_pair(order, lab_o, tok_o, s0, s1, s2, prev_fill, next_first, seq_len, shares, by_share,
                  cnt_a, nd_a, cnt_b, nd_b, visit, mark, buf, n, cand, top, steps):
@@ -300,7 +318,6 @@ def _polish_pair(order, lab_o, tok_o, s0, s1, s2, prev_fill, next_first, seq_len
         if kind < 0:
             break  # the squares would fall but the pair's largest deviations, or its clusters, would not hold
         dev = best
-        na, nb = n[0], n[1]
         if kind == 0:
             ki, ti, kj, tj = a_lab[bi], a_tok[bi], b_lab[bj], b_tok[bj]
             _add(cnt_a, nd_a, ki, ti, -1)
@@ -313,27 +330,9 @@ def _polish_pair(order, lab_o, tok_o, s0, s1, s2, prev_fill, next_first, seq_len
             a_lab[bi], b_lab[bj] = kj, ki
             a_tok[bi], b_tok[bj] = tj, ti
         elif kind == 1:
-            ki, ti = a_lab[bi], a_tok[bi]
-            _add(cnt_a, nd_a, ki, ti, -1)
-            _add(cnt_b, nd_b, ki, ti, 1)
-            n[2] -= ti
-            n[3] += ti
-            b_doc[nb], b_lab[nb], b_tok[nb] = a_doc[bi], ki, ti
-            n[1] += 1
-            for i in range(bi, na - 1):
-                a_doc[i], a_lab[i], a_tok[i] = a_doc[i + 1], a_lab[i + 1], a_tok[i + 1]
-            n[0] -= 1
+            _move(a_doc, a_lab, a_tok, cnt_a, nd_a, b_doc, b_lab, b_tok, cnt_b, nd_b, n, 0, bi)
         else:
-            kj, tj = b_lab[bj], b_tok[bj]
-            _add(cnt_b, nd_b, kj, tj, -1)
-            _add(cnt_a, nd_a, kj, tj, 1)
-            n[3] -= tj
-            n[2] += tj
-            a_doc[na], a_lab[na], a_tok[na] = b_doc[bj], kj, tj
-            n[0] += 1
-            for j in range(bj, nb - 1):
-                b_doc[j], b_lab[j], b_tok[j] = b_doc[j + 1], b_lab[j + 1], b_tok[j + 1]
-            n[1] -= 1
+            _move(b_doc, b_lab, b_tok, cnt_b, nd_b, a_doc, a_lab, a_tok, cnt_a, nd_a, n, 1, bj)
     for i in range(n[0]):
         order[s0 + i], lab_o[s0 + i], tok_o[s0 + i] = a_doc[i], a_lab[i], a_tok[i]
         _add(cnt_a, nd_a, a_lab[i], a_tok[i], -1)
