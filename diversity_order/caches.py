@@ -642,14 +642,13 @@ class _DigestingRows:
         self._feed(os.pread(handle.fileno(), writer.offset, 0))  # the .npy header
 
     def __setitem__(self, rows, values) -> None:
-        self.writer[rows] = values
+        data = self.writer.write(rows, values)
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
         if self._next_row is None or rows.size == 0:
             return
         if int(rows[0]) != self._next_row or (rows.size > 1 and not bool((np.diff(rows) == 1).all())):
             self._next_row = None  # out of order: commit digests the file instead
             return
-        data = np.ascontiguousarray(np.asarray(values).reshape(rows.size, self.shape[1]), dtype=self.writer.dtype)
         self._feed(memoryview(data.reshape(-1).view(np.uint8)))
         self._next_row += rows.size
 

@@ -183,10 +183,15 @@ class RowWriter:
         os.close(self.fd)
 
     def __setitem__(self, rows, values) -> None:
+        self.write(rows, values)
+
+    def write(self, rows, values) -> np.ndarray:
+        """``self[rows] = values``; returns the values as written (the file's dtype, in the order given)."""
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
-        if rows.size == 0:
-            return
         values = np.ascontiguousarray(np.asarray(values).reshape(rows.size, self.shape[1]), dtype=self.dtype)
+        if rows.size == 0:
+            return values
+        written = values
         if rows.size > 1 and not bool((np.diff(rows) > 0).all()):
             by_row = np.argsort(rows, kind="stable")
             rows, values = rows[by_row], values[by_row]
@@ -198,6 +203,7 @@ class RowWriter:
             while view:  # pwrite may write less than asked (signals, very large writes)
                 done = os.pwrite(self.fd, view, at)
                 view, at = view[done:], at + done
+        return written
 
 
 def create_npy(handle, shape: tuple[int, int], dtype) -> RowWriter:
