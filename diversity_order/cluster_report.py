@@ -170,7 +170,7 @@ def _openings(index: object, rows: np.ndarray) -> dict[int, str]:
 def _example(index, row: int, opening: str) -> dict:
     """A record near its cluster's centre: where it is (its line, for a single JSONL file) and how it opens."""
     if hasattr(index, "line_numbers"):
-        return {"line": int(index.line_numbers[row]), "opening": opening}
+        return {"line": index.line_number(row), "opening": opening}
     return {"row": row, "where": index.where(row), "opening": opening}
 
 

@@ -108,7 +108,7 @@ def embed_and_count(
     stats.documents = done
     stats.seconds = time.perf_counter() - started
     if stats.empty_rows:
-        shown = (f"lines {', '.join(str(int(index.line_numbers[r])) for r in stats.empty_rows[:10])}"
+        shown = (f"lines {', '.join(map(str, index.line_numbers(stats.empty_rows[:10]).tolist()))}"
                  if hasattr(index, "line_numbers") else ", ".join(index.where(r) for r in stats.empty_rows[:10]))
         more = "" if len(stats.empty_rows) <= 10 else f" and {len(stats.empty_rows) - 10} more"
         log.warning("%d document(s) have no tokens (%s%s): %s", len(stats.empty_rows), shown, more,

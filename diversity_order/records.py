@@ -370,13 +370,17 @@ def text_fingerprint(text: str) -> int:
 
 
 def raw_hash(raw: bytes) -> int:
-    """64-bit check of a record's bytes (CRC-32 | Adler-32 << 32): catches a record that changed.
+    """32-bit check of a record's bytes (CRC-32): catches a record that changed.
 
-    Not a fingerprint (the text fingerprint keys the caches); two zlib checksums cost a third of
-    a cryptographic hash per record, and any change they could miss would also have to keep the
-    file's size, mtime and inode, which are checked first.
+    Not a fingerprint (the text fingerprint keys the caches): a change it could miss (one in 2**32
+    at random; none of 32 bits or fewer) would also have to keep the file's size, mtime and inode,
+    which are checked first. Four bytes per record, held for every record of the input.
     """
-    return zlib.crc32(raw) | zlib.adler32(raw) << 32
+    return zlib.crc32(raw)
+
+
+# Bytes of one record are held as uint32: a longer JSON line is refused with its line number.
+MAX_RECORD_BYTES = (1 << 32) - 1
 
 
 @dataclass
@@ -385,19 +389,30 @@ class RecordIndex:
 
     path: Path
     text_field: str
+    # 24 bytes per record, held by every process (and every torchrun rank) for the whole run.
     starts: np.ndarray  # int64, byte offset of the record's first byte
-    ends: np.ndarray  # int64, byte offset just past the record (its newline excluded)
-    line_numbers: np.ndarray  # int64, 1-based line number in the file, for messages
+    lengths: np.ndarray  # uint32, the record's bytes (its newline excluded)
     fingerprints: np.ndarray  # uint64, text_fingerprint of the text field
-    raw_hashes: np.ndarray  # uint64, raw_hash of the record's bytes: every later read is checked against it
+    raw_hashes: np.ndarray  # uint32, raw_hash of the record's bytes: every later read is checked against it
     identity: FileIdentity  # the indexed file's size, mtime and inode: later reads must find the same
+    # One entry per line that is not a record (blank or whitespace), the row of the record after it:
+    # line numbers (for messages) follow from it without 8 bytes per record.
+    non_record_lines: np.ndarray  # int64, ascending
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
 
     @property
     def total_bytes(self) -> int:
-        return int((self.ends - self.starts).sum())
+        return int(self.lengths.sum(dtype=np.int64))
+
+    def line_numbers(self, rows: np.ndarray) -> np.ndarray:
+        """The 1-based line number in the file of each record ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return rows + 1 + np.searchsorted(self.non_record_lines, rows, side="right")
+
+    def line_number(self, row: int) -> int:
+        return int(self.line_numbers(np.asarray([row]))[0])
 
     # The source interface (see sources.py): what every input format offers the pipeline.
     kind = "jsonl"
@@ -412,11 +427,12 @@ class RecordIndex:
 
     @property
     def row_sizes(self) -> np.ndarray:
-        """Bytes of each record: what torchrun shares and batches are balanced by."""
-        return self.ends - self.starts
+        """Bytes of each record: what torchrun shares and batches are balanced by (the index's own
+        array: no copy of N sizes per call)."""
+        return self.lengths
 
     def where(self, row: int) -> str:
-        return f"{self.path}:{int(self.line_numbers[row])}"
+        return f"{self.path}:{self.line_number(row)}"
 
     def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
                        max_batch_rows: int = 1 << 30):
@@ -510,10 +526,11 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
     """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
     path = Path(path)
     check_input(path)
-    # Compact typed arrays: 40 bytes per record, not ~150 as Python int lists would take.
-    starts, ends, line_numbers = array.array("q"), array.array("q"), array.array("q")
-    fingerprints, raw_hashes = bytearray(), array.array("Q")
-    blake2b, crc32, adler32 = hashlib.blake2b, zlib.crc32, zlib.adler32
+    # Compact typed arrays, handed to numpy without a copy: 24 bytes per record, not ~150 as Python
+    # int lists would take.
+    starts, lengths, raw_hashes = array.array("q"), array.array("I"), array.array("I")
+    fingerprints, non_record_lines = bytearray(), array.array("q")
+    blake2b, crc32 = hashlib.blake2b, zlib.crc32
     with open_binary(path, buffer_size=1 << 20) as handle:
         identity = _identity(os.fstat(handle.fileno()))
         # The bar counts decompressed bytes; for compressed input the total is unknown.
@@ -525,7 +542,12 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
                     start = offset
                     offset += len(line)
                     content = line[:-1] if line.endswith(b"\n") else line
-                    if content and not content.isspace():
+                    if not content or content.isspace():
+                        non_record_lines.append(len(starts))
+                    else:
+                        if len(content) > MAX_RECORD_BYTES:
+                            raise UserError(f"{path}:{line_number}: a line of {len(content):,} bytes, more than "
+                                            f"the {MAX_RECORD_BYTES:,} one record may hold; split the record")
                         text = _record_text(content, path, line_number, text_field)
                         if not isinstance(text, str):  # a conversation: its canonical JSON
                             text = fields.fingerprint_text(text)
@@ -534,11 +556,10 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
                         except UnicodeEncodeError as exc:
                             raise _surrogate_error(text, exc, f"{path}:{line_number}", text_field) from None
                         starts.append(start)
-                        ends.append(start + len(content))
-                        line_numbers.append(line_number)
+                        lengths.append(len(content))
                         # Little-endian digest bytes: the same uint64 as int.from_bytes(digest, "little").
                         fingerprints += blake2b(encoded, digest_size=8).digest()
-                        raw_hashes.append(crc32(content) | adler32(content) << 32)
+                        raw_hashes.append(crc32(content))
                     if start - done > (8 << 20):
                         bar.update(start - done)
                         done = start
@@ -557,12 +578,12 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
     return RecordIndex(
         path=path,
         text_field=text_field,
-        starts=np.frombuffer(starts, dtype=np.int64).copy(),
-        ends=np.frombuffer(ends, dtype=np.int64).copy(),
-        line_numbers=np.frombuffer(line_numbers, dtype=np.int64).copy(),
-        fingerprints=np.frombuffer(fingerprints, dtype="<u8").astype(np.uint64),
-        raw_hashes=np.frombuffer(raw_hashes, dtype=np.uint64).copy(),
+        starts=np.frombuffer(starts, dtype=np.int64),
+        lengths=np.frombuffer(lengths, dtype=np.uint32),
+        fingerprints=np.frombuffer(fingerprints, dtype="<u8").astype(np.uint64, copy=False),
+        raw_hashes=np.frombuffer(raw_hashes, dtype=np.uint32),
         identity=identity,
+        non_record_lines=np.frombuffer(non_record_lines, dtype=np.int64),
     )
 
 
@@ -583,10 +604,10 @@ def check_unchanged(index: RecordIndex) -> None:
 def _verify(index: RecordIndex, rows: np.ndarray, raws: list) -> None:
     """Every record read back must be the bytes that were indexed."""
     n = len(raws)
-    found = np.fromiter(map(zlib.crc32, raws), np.uint64, n) | np.fromiter(map(zlib.adler32, raws), np.uint64, n) << 32
+    found = np.fromiter(map(zlib.crc32, raws), np.uint32, n)
     bad = np.flatnonzero(found != index.raw_hashes[rows])
     if bad.size:
-        line = int(index.line_numbers[rows[bad[0]]])
+        line = index.line_number(int(rows[bad[0]]))
         raise UserError(f"{index.path}:{line}: this record changed since the input was indexed ({bad.size} of "
                         f"{len(raws)} records read together differ): the file was modified during the run; re-run "
                         f"once it stays unchanged")
@@ -612,8 +633,8 @@ def iter_text_batches(
 ) -> Iterator[tuple[np.ndarray, list[str]]]:
     """Yield (row positions, texts) for ``rows`` (default all), in increasing row order."""
     for batch, raws in _iter_raw_batches(index, rows, max_batch_bytes, max_batch_rows):
-        yield batch, [_record_text(raw, index.path, int(index.line_numbers[row]), index.text_field)
-                      for row, raw in zip(batch.tolist(), raws)]
+        yield batch, [_record_text(raw, index.path, line, index.text_field)
+                      for line, raw in zip(index.line_numbers(batch).tolist(), raws)]
 
 
 def _iter_raw_batches(
@@ -627,23 +648,24 @@ def _iter_raw_batches(
     rows = np.arange(len(index), dtype=np.int64) if rows is None else np.sort(np.asarray(rows, dtype=np.int64))
     if rows.size == 0:
         return
-    sizes = index.ends[rows] - index.starts[rows]
+    sizes = index.lengths[rows].astype(np.int64)
     bounds = batch_bounds(sizes, max_batch_bytes, max_batch_rows)
     # The file must be the one indexed, and every record the bytes indexed; rows ascend, so
     # compressed input only seeks forward.
     with open_binary(index.path, expect=index.identity) as handle:
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             batch = rows[lo:hi]
-            first, last = index.starts[batch[0]], index.ends[batch[-1]]
+            starts, ends = index.starts[batch], index.starts[batch] + sizes[lo:hi]
+            first, last = int(starts[0]), int(ends[-1])
             if last - first <= 2 * int(sizes[lo:hi].sum()) + (1 << 16):
                 handle.seek(first)
                 block = handle.read(last - first)
-                raws = [block[index.starts[row] - first : index.ends[row] - first] for row in batch]
+                raws = [block[a - first : b - first] for a, b in zip(starts.tolist(), ends.tolist())]
             else:
                 raws = []
-                for row in batch:
-                    handle.seek(index.starts[row])
-                    raws.append(handle.read(index.ends[row] - index.starts[row]))
+                for a, size in zip(starts.tolist(), sizes[lo:hi].tolist()):
+                    handle.seek(a)
+                    raws.append(handle.read(size))
             _verify(index, batch, raws)
             yield batch, raws
 
@@ -673,7 +695,7 @@ def record_keys(source, row: int) -> str:
         return keys(row)
     with open_binary(source.path) as handle:
         handle.seek(int(source.starts[row]))
-        return _keys_text(json.loads(handle.read(int(source.ends[row] - source.starts[row]))))
+        return _keys_text(json.loads(handle.read(int(source.lengths[row]))))
 
 
 def _finite_number(value) -> float | None:
@@ -766,7 +788,7 @@ def read_records(index: RecordIndex, rows: np.ndarray) -> list[bytes]:
     with open_binary(index.path, expect=index.identity) as source:
         for j in by_offset.tolist():
             source.seek(int(index.starts[rows[j]]))
-            found[j] = source.read(int(index.ends[rows[j]] - index.starts[rows[j]]))
+            found[j] = source.read(int(index.lengths[rows[j]]))
     _verify(index, rows, found)
     return found
 
@@ -784,7 +806,8 @@ def _groups(sizes: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
 
 def _record_pieces(index: RecordIndex, order: np.ndarray, max_pass_bytes: int):
     """Yield (rows, their records' bytes) in output order, a group at a time."""
-    starts, ends = index.starts[order], index.ends[order]
+    starts = index.starts[order]
+    ends = starts + index.lengths[order]
     if not is_compressed(index.path):
         with open_binary(index.path, expect=index.identity) as source, \
                 mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:

@@ -1,9 +1,12 @@
 """JSONL indexing, validation messages, byte-exact output, atomic writes and row caches."""
 
 import json
+import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diversity_order import caches
 from diversity_order.atomic import atomic_open, save_npy
@@ -37,6 +40,30 @@ def test_output_reproduces_every_record_byte_for_byte(tmp_path):
     written = data.split(b"\n")[:-1]
     originals = [r for r in records if r.strip()]
     assert written == [originals[i] for i in order]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["record", "blank", "spaces", "crlf"]), min_size=1, max_size=30),
+       st.booleans())
+def test_index_locations_and_line_numbers_equal_a_plain_loop_over_the_lines(tmp_path_factory, kinds, final_newline):
+    """Where each record lies and its line number, with blank lines anywhere, against reading the lines one by one."""
+    lines = {"record": None, "blank": b"", "spaces": b" \t ", "crlf": b"\r"}
+    content = [lines[kind] if lines[kind] is not None else b'{"text": "t%d"}' % i for i, kind in enumerate(kinds)]
+    if all(kind != "record" for kind in kinds):
+        content.append(b'{"text": "only"}')
+    src = tmp_path_factory.mktemp("lines") / "in.jsonl"
+    data = b"\n".join(content) + (b"\n" if final_newline else b"")
+    src.write_bytes(data)
+    index = scan_jsonl(src, progress=False)
+    expected, offset = [], 0  # (start, length, line number) of each record, plainly
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if line.strip():
+            expected.append((offset, len(line), number))
+        offset += len(line) + 1
+    assert list(zip(index.starts.tolist(), index.lengths.tolist(), index.line_numbers(np.arange(len(index))).tolist())) \
+        == expected
+    assert [index.where(row) for row in range(len(index))] == [f"{src}:{number}" for *_, number in expected]
+    assert index.raw_hashes.tolist() == [zlib.crc32(data[a:a + n]) for a, n, _ in expected]
 
 
 def test_scan_fingerprints_depend_on_text_only(tmp_path):
@@ -399,7 +426,7 @@ def test_index_records_the_input_identity_and_record_hashes(tmp_path):
     st = os.stat(src)
     assert (index.identity.size, index.identity.mtime_ns, index.identity.inode) == (st.st_size, st.st_mtime_ns,
                                                                                     st.st_ino)
-    assert index.raw_hashes.dtype == np.uint64 and index.raw_hashes.shape == (20,)
+    assert index.raw_hashes.dtype == np.uint32 and index.raw_hashes.shape == (20,)
     assert np.unique(index.raw_hashes).size == 20
 
 
