@@ -82,27 +82,47 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+def _frames(frame) -> list:
+    """The frames of a stack, innermost first."""
+    out = []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out
+
+
 def rank_entry(report_dir: Path, curate_args: list[str]) -> int:
     """One torchrun rank: the real script in this process, then this rank's memory figures (also
     written every 10 s while it runs, so a run stopped by --timeout still reports its peaks so far)."""
     sys.path.insert(0, os.environ.get("BENCH_TORCHRUN_CODE", str(ROOT)))
     rank = int(os.environ.get("RANK", "0"))
     peak_anon = [0]
+    peak_where = [""]  # what the main thread was running when the anonymous peak was sampled
+    main_thread = threading.get_ident()
     done = threading.Event()
     started = time.perf_counter()
 
+    def note_peak() -> None:
+        anon = _status_kb("RssAnon")
+        if anon > peak_anon[0]:
+            peak_anon[0] = anon
+            frame = sys._current_frames().get(main_thread)
+            peak_where[0] = " < ".join(f"{Path(f.f_code.co_filename).stem}.{f.f_code.co_name}:{f.f_lineno}"
+                                       for f in _frames(frame)[:1] + [f for f in _frames(frame)[1:]
+                                                                       if "diversity_order" in f.f_code.co_filename][:5])
+
     def report(code=None) -> None:
-        peak_anon[0] = max(peak_anon[0], _status_kb("RssAnon"))
+        note_peak()
         (report_dir / f"rank{rank}.json").write_text(json.dumps({
             "rank": rank, "exit": code, "finished": code is not None,
             "seconds": round(time.perf_counter() - started, 1),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "peak_anon_mb": round(peak_anon[0] / 1024)}))
+            "peak_anon_mb": round(peak_anon[0] / 1024), "peak_anon_at": peak_where[0]}))
 
     def sample() -> None:
         ticks = 0
         while not done.wait(0.2):
-            peak_anon[0] = max(peak_anon[0], _status_kb("RssAnon"))
+            note_peak()
             ticks += 1
             if ticks % 50 == 0:
                 report()
@@ -176,6 +196,8 @@ def main() -> None:
     print("| rank | peak RSS (MB) | peak anonymous RSS (MB) | seconds |\n|---|---|---|---|")
     for r in ranks:
         print(f"| {r['rank']} | {r['peak_rss_mb']} | {r['peak_anon_mb']} | {r['seconds']} |")
+    for r in ranks:
+        print(f"rank {r['rank']}'s anonymous peak was sampled in {r.get('peak_anon_at') or '?'}")
     print("\nrank 0 by stage:\n| stage | seconds | peak RSS after (MB) |\n|---|---|---|")
     for stage, seconds in meta["timings_seconds"].items():
         print(f"| {stage} | {seconds:.1f} | {meta['peak_rss_mb'][stage]:.0f} |")

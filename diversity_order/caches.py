@@ -780,12 +780,17 @@ class RowSource:
     in_order: bool = False  # the first set holds exactly the current records, in order
 
     @property
-    def missing_rows(self) -> np.ndarray:
-        """The records no set holds."""
+    def hit(self) -> np.ndarray:
+        """bool per current record: a set holds its row."""
         found = np.zeros(self.n, dtype=bool)
         for _, source in self.sets:
             found |= source >= 0
-        return np.flatnonzero(~found)
+        return found
+
+    @property
+    def missing_rows(self) -> np.ndarray:
+        """The records no set holds."""
+        return np.flatnonzero(~self.hit)
 
 
 def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *, dtype, row_shape: tuple,

@@ -331,7 +331,7 @@ def index_input(run: Run, fail_fast: bool) -> None:
     """Validate and index every record; with ``fail_fast``, also read the score/balance fields now."""
     config = run.config
     with run.timer.stage("Indexing input"):
-        run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress)
+        run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
     log.info("%s: %d records, %.1f MB", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
     if not fail_fast:
         return

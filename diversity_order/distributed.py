@@ -179,6 +179,37 @@ def broadcast_array(ctx: DistContext, array: np.ndarray | None = None) -> np.nda
     return tensor.cpu().numpy()
 
 
+def all_gather_object(ctx: DistContext, obj) -> list:
+    """Every rank's ``obj`` (picklable and small: a message, a few counts), in rank order, on every rank."""
+    if not ctx.active:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_gather_arrays(ctx: DistContext, array: np.ndarray) -> list[np.ndarray]:
+    """Every rank's 1-D ``array`` (one dtype on all ranks, any length), in rank order, on every rank.
+    Sent as raw 8-, 4- or 1-byte integers, which every backend carries whatever the dtype."""
+    if not ctx.active:
+        return [array]
+    import torch
+    import torch.distributed as dist
+
+    array = np.ascontiguousarray(array)
+    carrier = {8: np.int64, 4: np.int32, 1: np.uint8}[array.dtype.itemsize]
+    lengths = [int(n) for n in all_gather_object(ctx, int(array.size))]
+    device = comm_device()
+    padded = torch.zeros(max(lengths), dtype=torch.from_numpy(np.zeros(0, carrier)).dtype, device=device)
+    padded[: array.size] = torch.from_numpy(array.view(carrier)).to(device)
+    gathered = [torch.empty_like(padded) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, padded)
+    del padded
+    return [g[:n].cpu().numpy().view(array.dtype) for g, n in zip(gathered, lengths)]
+
+
 def all_agree(ctx: DistContext, ok: bool) -> bool:
     """True on every rank when ``ok`` is true on every rank (a check each rank makes on its own)."""
     if not ctx.active:

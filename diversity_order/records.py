@@ -526,6 +526,67 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
     """Validate every record of ``path`` and index it (one streaming pass, no texts kept)."""
     path = Path(path)
     check_input(path)
+    return index_from_parts(path, text_field, [scan_range(path, text_field, 0, None, progress)])
+
+
+@dataclass
+class IndexPart:
+    """The records whose first byte lies in one byte range of a file: ``RecordIndex``'s arrays for
+    them, with ``non_record_lines`` counted from the range's first record (see ``index_from_parts``)."""
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    fingerprints: np.ndarray
+    raw_hashes: np.ndarray
+    non_record_lines: np.ndarray
+    identity: FileIdentity
+
+    COLUMNS = {"starts": np.int64, "lengths": np.uint32, "fingerprints": np.uint64, "raw_hashes": np.uint32,
+               "non_record_lines": np.int64}
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+
+def check_one_identity(path: Path, identities: list[FileIdentity]) -> None:
+    """Parts of one file indexed at different moments must have seen the same file."""
+    if any(identity != identities[0] for identity in identities):
+        raise UserError(f"{path}: the input changed while it was being indexed; re-run once it stays unchanged")
+
+
+def index_from_parts(path: Path, text_field, parts: list[IndexPart]) -> RecordIndex:
+    """One file's index from the parts of its consecutive byte ranges (in file order): the index a
+    single pass over the whole file gives."""
+    check_one_identity(path, [part.identity for part in parts])
+    if not any(len(part) for part in parts):
+        raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
+    before = np.cumsum([0] + [len(part) for part in parts[:-1]])
+    joined = {name: (getattr(parts[0], name) if len(parts) == 1 else
+                     np.concatenate([getattr(part, name) for part in parts])) for name in IndexPart.COLUMNS
+              if name != "non_record_lines"}
+    lines = [part.non_record_lines + first for part, first in zip(parts, before.tolist())]
+    return RecordIndex(path=path, text_field=text_field, identity=parts[0].identity,
+                       non_record_lines=lines[0] if len(lines) == 1 else np.concatenate(lines), **joined)
+
+
+def count_lines_before(path: Path, offset: int, chunk: int = 16 << 20) -> int:
+    """Newlines in the first ``offset`` bytes of a plain file (a few GB/s: a range's first line number)."""
+    count = 0
+    with open(path, "rb", buffering=0) as handle:
+        while offset > 0:
+            block = handle.read(min(chunk, offset))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count
+
+
+def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progress: bool = True) -> IndexPart:
+    """Validate and index the records whose first byte lies in ``[lo, hi)`` of ``path`` (``hi``
+    None: to the end). Ranges that meet cover every record once, so processes can index one file
+    together. A range other than the whole file needs a plain (uncompressed) file: a compressed
+    one cannot be entered in the middle."""
     # Compact typed arrays, handed to numpy without a copy: 24 bytes per record, not ~150 as Python
     # int lists would take.
     starts, lengths, raw_hashes = array.array("q"), array.array("I"), array.array("I")
@@ -533,13 +594,23 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
     blake2b, crc32 = hashlib.blake2b, zlib.crc32
     with open_binary(path, buffer_size=1 << 20) as handle:
         identity = _identity(os.fstat(handle.fileno()))
+        if lo == 0:
+            offset = _skip_preamble(handle, path)
+            first_line = 1
+        else:  # the line holding byte lo - 1 belongs to the range before: its records start before lo
+            handle.seek(lo - 1)
+            offset = lo - 1 + len(handle.readline())
+            first_line = 1 + count_lines_before(path, offset)
         # The bar counts decompressed bytes; for compressed input the total is unknown.
-        size = None if is_compressed(path) else identity.size
-        offset = done = _skip_preamble(handle, path)
-        with Progress(size, f"Indexing {path.name}", unit="MB", rate_unit="MB", bar=progress, scale=1 << 20) as bar:
+        end = None if is_compressed(path) else (identity.size if hi is None else min(hi, identity.size))
+        done = offset
+        with Progress(None if end is None else end - offset, f"Indexing {path.name}", unit="MB", rate_unit="MB",
+                      bar=progress, scale=1 << 20) as bar:
             try:
-                for line_number, line in enumerate(handle, start=1):
+                for line_number, line in enumerate(handle, start=first_line):
                     start = offset
+                    if hi is not None and start >= hi and line_number > 1:  # line 1 begins at byte 0, before a BOM
+                        break
                     offset += len(line)
                     content = line[:-1] if line.endswith(b"\n") else line
                     if not content or content.isspace():
@@ -568,22 +639,20 @@ def scan_jsonl(path: Path | str, text_field: str | tuple[str, ...] = "text", pro
             except UserError as exc:
                 if isinstance(handle.raw, _Decompressed):  # corrupt data is the likelier cause
                     handle.raw.check_ahead(64 << 20)
-                if isinstance(exc, _NotJsonl) and not starts:
+                if isinstance(exc, _NotJsonl) and not starts and first_line == 1:
                     raise UserError(f"{exc}; {_JSONL_HINT}") from None
                 raise
         if _identity(os.fstat(handle.fileno())) != identity:
             raise UserError(f"{path}: the input changed while it was being indexed; re-run once it stays unchanged")
-    if not starts:
-        raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
-    return RecordIndex(
-        path=path,
-        text_field=text_field,
-        starts=np.frombuffer(starts, dtype=np.int64),
-        lengths=np.frombuffer(lengths, dtype=np.uint32),
-        fingerprints=np.frombuffer(fingerprints, dtype="<u8").astype(np.uint64, copy=False),
-        raw_hashes=np.frombuffer(raw_hashes, dtype=np.uint32),
+    columns = IndexPart.COLUMNS
+    return IndexPart(
+        starts=np.frombuffer(starts, dtype=columns["starts"]),
+        lengths=np.frombuffer(lengths, dtype=columns["lengths"]),
+        # Little-endian digests: the same uint64 as int.from_bytes(digest, "little") on any machine.
+        fingerprints=np.frombuffer(fingerprints, dtype="<u8").astype(columns["fingerprints"], copy=False),
+        raw_hashes=np.frombuffer(raw_hashes, dtype=columns["raw_hashes"]),
+        non_record_lines=np.frombuffer(non_record_lines, dtype=columns["non_record_lines"]),
         identity=identity,
-        non_record_lines=np.frombuffer(non_record_lines, dtype=np.int64),
     )
 
 

@@ -166,7 +166,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
         shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
         if ctx.is_main:
             counts[missing] = new_counts
-    count_rows = np.setdiff1d(counts_found.missing_rows, missing, assume_unique=True)  # counts missing, vectors cached
+    count_rows = np.flatnonzero(~counts_found.hit & found.hit)  # counts missing, vectors cached
     if count_rows.size:
         log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
         new_counts = _gather(ctx, _tokenize_share(ctx, index, count_rows, tokenizer, None, batch_docs, progress))

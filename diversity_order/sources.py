@@ -138,18 +138,86 @@ def resolve_inputs(values) -> Inputs:
                   tuple(Path(v) for v in values))
 
 
-def open_source(inputs, text_fields, progress: bool = True):
-    """Index the inputs (an ``Inputs``, or ``--input`` values): a source (see the module doc)."""
+def open_source(inputs, text_fields, progress: bool = True, ctx=None):
+    """Index the inputs (an ``Inputs``, or ``--input`` values): a source (see the module doc).
+
+    Under torchrun (``ctx``) the ranks index plain JSONL together, each its own byte range of the
+    files (see ``_index_jsonl_across_ranks``); every rank gets the same source."""
     inputs = inputs if isinstance(inputs, Inputs) else resolve_inputs(inputs)
     text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
     field = text_fields[0] if len(text_fields) == 1 else text_fields
     if inputs.kind == "jsonl":
-        indexes = [records.scan_jsonl(path, field, progress=progress) for path in inputs.files]
+        if ctx is not None and ctx.active and not any(records.is_compressed(path) for path in inputs.files):
+            indexes = _index_jsonl_across_ranks(ctx, inputs.files, field, progress)
+        else:
+            indexes = [records.scan_jsonl(path, field, progress=progress) for path in inputs.files]
         return indexes[0] if len(indexes) == 1 else JsonlFiles(indexes, inputs.name)
     # Counted in uncompressed row-group bytes, which the files' sizes do not tell: no total.
     with Progress(None, f"Indexing {inputs.describe()}", unit="MB", rate_unit="MB", bar=progress,
                   scale=1 << 20) as bar:
         return open_arrow_source(inputs.files, inputs.kind, text_fields, inputs.folder, progress=bar)
+
+
+def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool) -> list[records.RecordIndex]:
+    """The files' indexes, built by the ranks together: the bytes of all files, end to end, are cut
+    into ``world_size`` equal ranges, each rank indexes the records starting in its range, and the
+    parts (24 bytes per record) are gathered by every rank. Each rank reads 1/world_size of the
+    input instead of all of it. A bad record stops every rank with the message a single process
+    gives (the first in file order)."""
+    from . import distributed
+
+    for path in files:
+        records.check_input(path)
+    sizes = np.asarray([os.stat(path).st_size for path in files], dtype=np.int64)
+    file_starts = np.concatenate([[0], np.cumsum(sizes)])
+    cuts = np.linspace(0, int(file_starts[-1]), ctx.world_size + 1).astype(np.int64)
+    lo, hi = int(cuts[ctx.rank]), int(cuts[ctx.rank + 1])
+    mine, error = [], None
+    try:
+        for f, path in enumerate(files):
+            a, b = max(lo, file_starts[f]) - file_starts[f], min(hi, file_starts[f + 1]) - file_starts[f]
+            if a < b:
+                mine.append((f, records.scan_range(path, field, int(a), int(b), progress and ctx.is_main)))
+    except UserError as exc:
+        error = str(exc)
+    errors = [e for e in distributed.all_gather_object(ctx, error) if e is not None]
+    if errors:
+        raise UserError(errors[0])
+    # Which file each part belongs to, its row count and its identity (small); then the columns one at
+    # a time, each joined file by file at once, so the gather holds two copies of one column at most.
+    shapes = distributed.all_gather_object(ctx, [(f, len(part), part.non_record_lines.size, part.identity)
+                                                 for f, part in mine])
+    joined: list[dict] = [{} for _ in files]
+    for name, dtype in records.IndexPart.COLUMNS.items():
+        local = [getattr(part, name) for _, part in mine]
+        gathered = distributed.all_gather_arrays(ctx, np.concatenate(local) if local else np.zeros(0, dtype))
+        del local
+        for _, part in mine:
+            setattr(part, name, None)  # this rank's own copy, now in ``gathered``
+        chunks: list[list[np.ndarray]] = [[] for _ in files]
+        for rank, pieces in enumerate(shapes):
+            at = 0
+            for f, n, n_lines, _ in pieces:
+                size = n_lines if name == "non_record_lines" else n
+                chunks[f].append(gathered[rank][at: at + size])
+                at += size
+        for f, file_chunks in enumerate(chunks):
+            if name == "non_record_lines":  # rows counted from each part's first record: from the file's
+                before = np.cumsum([0] + [n for g, n, _, _ in _pieces_of(shapes, f)][:-1])
+                file_chunks = [chunk + first for chunk, first in zip(file_chunks, before.tolist())]
+            joined[f][name] = np.concatenate(file_chunks) if file_chunks else np.zeros(0, dtype)
+        del gathered, chunks
+    indexes = []
+    for f, path in enumerate(files):
+        records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
+        identity = next((identity for _, _, _, identity in _pieces_of(shapes, f)), None)
+        indexes.append(records.index_from_parts(path, field, [records.IndexPart(identity=identity, **joined[f])]))
+    return indexes
+
+
+def _pieces_of(shapes: list[list[tuple]], f: int) -> list[tuple]:
+    """The parts of file ``f``, in rank order (= byte order)."""
+    return [piece for pieces in shapes for piece in pieces if piece[0] == f]
 
 
 class JsonlFiles:

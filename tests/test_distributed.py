@@ -345,3 +345,63 @@ def test_chunk_digests_dealt_to_ranks_combine_to_the_file_digest(content, world,
                 os.close(fd)
         finally:
             caches.DIGEST_CHUNK = saved
+
+
+def _indexing_worker(rank, store_path, inputs, out_dir):
+    import torch.distributed as dist
+
+    from diversity_order import sources
+    from diversity_order.errors import UserError
+    from diversity_order.records import IndexPart
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    ctx = DistContext(rank, 2)
+    found = {}
+    for name, files in inputs.items():
+        try:
+            source = sources.open_source([Path(f) for f in files], ("text",), progress=False, ctx=ctx)
+        except UserError as exc:
+            found[name] = str(exc)
+            continue
+        parts = source.parts if hasattr(source, "parts") else [source]
+        found[name] = [{column: getattr(index, column).tolist() for column in IndexPart.COLUMNS} | {
+            "identity": list(index.identity), "where": [source.where(r) for r in range(len(source))]}
+            for index in parts]
+    (Path(out_dir) / f"index{rank}.json").write_text(json.dumps(found))
+    dist.destroy_process_group()
+
+
+def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_path):
+    """Two gloo processes index plain JSONL together (each its half of the bytes): both hold the index
+    one process builds, for one file (blank lines, a BOM, one record across the middle), several
+    files of very different sizes, and a bad record in the second half (the single process's message)."""
+    import pytest
+    import torch.multiprocessing as mp
+
+    from diversity_order import sources
+    from diversity_order.errors import UserError
+    from diversity_order.records import IndexPart
+
+    one = tmp_path / "one.jsonl"
+    lines = [b'{"text": "short %d"}' % i for i in range(7)] + [b'{"text": "%s"}' % (b"long " * 400)] + \
+        [b"", b"  "] + [b'{"text": "after %d"}' % i for i in range(5)]
+    one.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n")
+    many = [tmp_path / f"m{i}.jsonl" for i in range(3)]
+    many[0].write_bytes(b'{"text": "tiny"}')
+    many[1].write_bytes(b"".join(b'{"text": "middle %d"}\n\n' % i for i in range(40)))
+    many[2].write_bytes(b'{"text": "end"}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join(b'{"text": "fine %d"}\n' % i for i in range(30)) + b'{"text": nope}\n{"text": "x"}\n')
+    inputs = {"one": [str(one)], "many": [str(m) for m in many], "bad": [str(bad)]}
+    mp.spawn(_indexing_worker, args=(str(tmp_path / "store"), inputs, str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        found = json.loads((tmp_path / f"index{rank}.json").read_text())
+        for name in ("one", "many"):
+            single = sources.open_source([Path(f) for f in inputs[name]], ("text",), progress=False)
+            parts = single.parts if hasattr(single, "parts") else [single]
+            assert found[name] == [{column: getattr(index, column).tolist() for column in IndexPart.COLUMNS} | {
+                "identity": list(index.identity), "where": [single.where(r) for r in range(len(single))]}
+                for index in parts], (rank, name)
+        with pytest.raises(UserError, match=r"bad\.jsonl:31: not valid JSON") as single_error:
+            scan_jsonl(bad, progress=False)
+        assert found["bad"] == str(single_error.value)

@@ -66,6 +66,44 @@ def test_index_locations_and_line_numbers_equal_a_plain_loop_over_the_lines(tmp_
     assert index.raw_hashes.tolist() == [zlib.crc32(data[a:a + n]) for a, n, _ in expected]
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(["record", "long", "blank", "spaces", "crlf"]), min_size=1, max_size=25),
+       st.booleans(), st.booleans(), st.lists(st.floats(0, 1), max_size=5))
+def test_indexing_byte_ranges_and_joining_them_equals_one_pass(tmp_path_factory, kinds, bom, final_newline, cuts):
+    """Processes that each index one byte range (cut anywhere: inside a record, on a newline, in a
+    run of blank lines) together build the index one pass builds; every record lands in one range."""
+    from diversity_order.records import IndexPart, index_from_parts, scan_range
+
+    lines = {"blank": b"", "spaces": b" \t ", "crlf": b"\r"}
+    content = [lines.get(kind, b'{"text": "t%d%s"}' % (i, b"x" * (300 if kind == "long" else 0)))
+               for i, kind in enumerate(kinds)]
+    content.append(b'{"text": "last"}')
+    src = tmp_path_factory.mktemp("ranges") / "in.jsonl"
+    data = (b"\xef\xbb\xbf" if bom else b"") + b"\n".join(content) + (b"\n" if final_newline else b"")
+    src.write_bytes(data)
+    whole = scan_jsonl(src, progress=False)
+    bounds = sorted({0, len(data), *(int(c * len(data)) for c in cuts)})
+    parts = [scan_range(src, "text", lo, hi, progress=False) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    joined = index_from_parts(src, "text", parts)
+    for name in IndexPart.COLUMNS:
+        assert getattr(joined, name).tolist() == getattr(whole, name).tolist(), name
+        assert getattr(joined, name).dtype == getattr(whole, name).dtype
+    assert joined.identity == whole.identity
+    assert sum(len(part) for part in parts) == len(whole)
+
+
+def test_a_bad_record_in_a_later_range_is_named_by_its_line_in_the_file(tmp_path):
+    from diversity_order.records import scan_range
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"text": "a"}\n\n{"text": "b"}\n{"text": broken}\n{"text": "c"}\n')
+    with pytest.raises(UserError, match=r"in\.jsonl:4: not valid JSON") as whole:
+        scan_jsonl(src, progress=False)
+    with pytest.raises(UserError) as ranged:
+        scan_range(src, "text", 20, None, progress=False)
+    assert str(ranged.value) == str(whole.value)
+
+
 def test_scan_fingerprints_depend_on_text_only(tmp_path):
     src = tmp_path / "a.jsonl"
     src.write_text('{"text": "same", "id": 1}\n{"id": 2, "text": "same"}\n{"text": "other"}\n')

@@ -115,7 +115,7 @@ def index_and_key(job: _Job) -> None:
     from ..tokenizer import DocumentTokenizer
 
     config = job.config
-    job.index = open_source(config.input, config.text_field, progress=job.progress)
+    job.index = open_source(config.input, config.text_field, progress=job.progress, ctx=job.ctx)
     job.n = len(job.index) if config.limit is None else min(config.limit, len(job.index))
     job.fingerprints = job.index.fingerprints[: job.n]
     job.tokenizer = DocumentTokenizer(config.model_dir)
