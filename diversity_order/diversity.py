@@ -242,12 +242,15 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     return deviation if deviation.size else np.zeros(1)
 
 
-def _token_slice_mix(labels: np.ndarray, counts: np.ndarray, start: float, stop: float, n_clusters: int) -> np.ndarray:
-    """Cluster token shares of the token range [start, stop) of the packed stream (documents cut at the edges)."""
-    ends = np.cumsum(counts, dtype=np.float64)
-    begins = ends - counts
+def _token_slice_mix(labels: np.ndarray, bounds: np.ndarray, start: float, stop: float, n_clusters: int) -> np.ndarray:
+    """Cluster token shares of the token range [start, stop) of the packed stream (documents cut at the
+    edges). ``bounds``: the documents' token offsets in stream order, with 0 first (document i holds
+    tokens bounds[i]..bounds[i+1]); only the documents that reach into the range are read."""
+    first = max(int(np.searchsorted(bounds, start, side="right")) - 1, 0)  # its end is past start
+    last = int(np.searchsorted(bounds, stop, side="left"))  # documents before it begin before stop
+    begins, ends = bounds[first:last], bounds[first + 1:last + 1]
     inside = np.clip(np.minimum(ends, stop) - np.maximum(begins, start), 0, None)
-    mix = np.bincount(labels, weights=inside, minlength=n_clusters)
+    mix = np.bincount(labels[first:last], weights=inside, minlength=n_clusters)
     total = mix.sum()
     return mix / total if total > 0 else mix
 
@@ -260,31 +263,58 @@ def boundary_shift(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarr
     head and tail hold the same mix, 1 when they share no cluster.
     """
     labels = np.asarray(labels, dtype=np.int64)
-    counts = np.asarray(token_counts, dtype=np.float64)
+    counts = np.asarray(token_counts)
     k = int(n_clusters if n_clusters is not None else (labels.max() + 1 if labels.size else 1))
-    if order is not None:
+    if order is not None:  # only the head's and tail's labels are read: no N-long copy of them
         order = np.asarray(order, dtype=np.int64)
-        labels, counts = labels[order], counts[order]
-    total = counts.sum()
-    head = _token_slice_mix(labels, counts, 0.0, fraction * total, k)
-    tail = _token_slice_mix(labels, counts, (1.0 - fraction) * total, total, k)
+        counts = counts[order]
+    # One N-long array (8 bytes per document) besides the order: the documents' token offsets.
+    bounds = np.zeros(counts.size + 1, dtype=np.float64)
+    np.cumsum(counts, dtype=np.float64, out=bounds[1:])
+    total = bounds[-1]
+    in_order = labels if order is None else _Reordered(labels, order)
+    head = _token_slice_mix(in_order, bounds, 0.0, fraction * total, k)
+    tail = _token_slice_mix(in_order, bounds, (1.0 - fraction) * total, total, k)
     return float(0.5 * np.abs(head - tail).sum())
 
 
-def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | None = None) -> float:
-    """How far into the order (fraction of tokens before it) the last cluster first appears; lower is better."""
+class _Reordered:
+    """``labels[order]`` read a slice at a time."""
+
+    def __init__(self, labels: np.ndarray, order: np.ndarray):
+        self.labels, self.order = labels, order
+
+    def __getitem__(self, part: slice) -> np.ndarray:
+        return self.labels[self.order[part]]
+
+
+def coverage(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | None = None,
+             chunk: int = 1 << 20) -> float:
+    """How far into the order (fraction of tokens before it) the last cluster first appears; lower is better.
+
+    Reads the order a chunk at a time until every cluster has appeared (usually within the first
+    chunk), so it holds no N-long copy. Token counts are integers, so every sum is exact in float64."""
     labels = np.asarray(labels, dtype=np.int64)
-    counts = np.asarray(token_counts, dtype=np.float64)
-    if order is not None:
-        order = np.asarray(order, dtype=np.int64)
-        labels, counts = labels[order], counts[order]
-    total = counts.sum()
+    counts = np.asarray(token_counts)
+    total = float(counts.sum(dtype=np.float64))
     if labels.size == 0 or total == 0:
         return 0.0
-    before = np.cumsum(counts) - counts
-    first = np.full(int(labels.max()) + 1, np.inf)
-    np.minimum.at(first, labels, before)
-    return float(first[np.isfinite(first)].max() / total)
+    n_present = int(np.count_nonzero(np.bincount(labels)))
+    first = np.full(int(labels.max()) + 1, -1, dtype=np.int64)  # position in the order of each cluster's first document
+    found = 0
+    for lo in range(0, labels.size, chunk):
+        rows = np.arange(lo, min(lo + chunk, labels.size)) if order is None else np.asarray(order[lo:lo + chunk],
+                                                                                           dtype=np.int64)
+        clusters, at = np.unique(labels[rows], return_index=True)
+        new = first[clusters] < 0
+        first[clusters[new]] = at[new] + lo
+        found += int(new.sum())
+        if found == n_present:
+            break
+    last = int(first.max())
+    prefix = counts[:last + 1] if order is None else counts[np.asarray(order[:last + 1], dtype=np.int64)]
+    before = float(prefix.sum(dtype=np.float64)) - float(prefix[-1])  # tokens before that document
+    return float(before / total)
 
 
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,

@@ -1,6 +1,7 @@
 """torchrun without gathering vectors: only labels and token counts reach rank 0.
 
-Every rank indexes the input (40 bytes per record) and then:
+Every rank holds the input's index (24 bytes per record; the ranks build it together, see
+``sources.open_source``) and then:
 
 1. **Embeds into one shared file.** The embedding cache ``B_embeddings.npy`` (rows in input
    order, keyed by per-record text fingerprints, as in a single process) is the meeting point.

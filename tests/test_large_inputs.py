@@ -3,6 +3,7 @@ in-memory path (today's results) or the out-of-core one (a seeded sample fit, ev
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +165,42 @@ def test_bad_large_input_flags_are_one_line(tmp_path, data, flag, value, message
         curate("--input", data, "--output", tmp_path / "o.jsonl", flag, value)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+_HEAP_SCRIPT = """
+import ctypes, ctypes.util, sys
+import numpy as np
+from diversity_order.runtime import StageTimer
+
+def anonymous_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) // 1024
+
+# The threshold glibc raises itself to (32 MB) once large arrays have been freed: smaller blocks then
+# come from the heap.
+ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-3, 32 << 20)
+timer = StageTimer()
+with timer.stage("filling the heap"):
+    blocks = [np.ones(100_000 // 8) for _ in range(2000)]  # ~100 KB each, one after another in the heap
+    kept = blocks[::20]  # survivors between the freed blocks keep the heap from shrinking at its top
+    del blocks
+    held = anonymous_mb()
+print(held, anonymous_mb())
+"""
+
+
+def test_stage_ends_give_freed_heap_memory_back():
+    """Blocks freed inside the heap count as the process's memory until a stage ends and hands their
+    pages back (in a process of its own: the allocator's settings are process-wide)."""
+    import subprocess
+    import sys
+
+    from diversity_order.runtime import _malloc_trim
+
+    if _malloc_trim() is None or not Path("/proc/self/status").exists():
+        pytest.skip("needs glibc's malloc_trim and /proc")
+    done = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    held, after = map(int, done.stdout.split())
+    assert held > 150 and after < held - 100, (held, after)

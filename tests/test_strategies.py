@@ -130,9 +130,12 @@ def test_boundary_shift_hand_worked():
 def test_coverage_matches_reference_loop(docs, data):
     labels, counts, _ = docs
     order = _permutation(data.draw, len(labels))
-    ours = diversity.coverage(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64),
-                              np.array(order, dtype=np.int64))
-    assert ours == pytest.approx(ref_coverage([labels[i] for i in order], [counts[i] for i in order]), abs=1e-12)
+    chunk = data.draw(st.integers(1, 8))  # the order read a few documents at a time, as a long one is
+    expected = ref_coverage([labels[i] for i in order], [counts[i] for i in order])
+    for given_order in (np.array(order, dtype=np.int64), None):
+        ours = diversity.coverage(np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), given_order,
+                                  chunk=chunk)
+        assert ours == pytest.approx(expected if given_order is not None else ref_coverage(labels, counts), abs=1e-12)
 
 
 def test_coverage_hand_worked():
