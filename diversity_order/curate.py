@@ -555,8 +555,8 @@ def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
     except UserError as exc:
         failure = exc
     if mine:
-        log.info("Rank %d wrote shards %d-%d of %d; the other ranks wrote the rest", ctx.rank, mine[0][0] + 1,
-                 mine[-1][0] + 1, config.output_shards)
+        names = paths[mine[0][0]].name + ("" if len(mine) == 1 else f" to {paths[mine[-1][0]].name}")
+        log.info("Rank %d wrote %s; the other ranks wrote the rest", ctx.rank, names)
     if not distributed.all_agree(ctx, failure is None):
         raise failure or UserError(f"{config.output}: another rank could not write its shards (see its log)")
     return [(path, path.stat().st_size) for path in paths]

@@ -120,7 +120,7 @@ def build_smollm2_folder(out_dir: Path, force: bool = False, gguf_path: Path | N
     from safetensors.torch import load_file, save_file
 
     started = time.perf_counter()
-    _log(f"loading {gguf_path.name} (de-quantizing GGUF, ~20 s)")
+    _log(f"loading {gguf_path.name} (de-quantizing GGUF: 20-80 s on 2 cores)")
     folder = str(gguf_path.parent)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_path.name)

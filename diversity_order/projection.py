@@ -117,7 +117,7 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
     if found.hit.all():
         log.info("2-D projection reused from %s", path.name)
         return found.data
-    log.info("Computing the 2-D projection (PCA -> UMAP) for cluster_cloud.png: %s; --no-plot skips it",
+    log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it",
              "no cached projection" if found.data is None and "no cache" in found.reason
              else "the embeddings changed since it was cached")
     projection = umap_projection(embeddings, seed)
@@ -127,9 +127,15 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
 
 def projection_or_none(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, seed: int):
     """The cached 2-D projection, or None (with a warning) when umap-learn is missing or N < 4."""
+    import importlib.util
+
+    # Found, not imported: its first import compiles numba code (up to a minute), which belongs after the
+    # line saying a projection is being computed, and is not needed when one is cached.
     try:
-        import umap  # noqa: F401
-    except ImportError:
+        missing = importlib.util.find_spec("umap") is None
+    except ValueError:  # an entry of None in sys.modules: blocked, as good as missing
+        missing = True
+    if missing:
         log.warning("umap-learn is not installed: cluster_cloud.png shows cluster sizes instead")
         return None
     if matrix.shape(embeddings)[0] < 4:

@@ -479,7 +479,9 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
     except UnicodeDecodeError as exc:
         raise _NotJsonl(f"{path}:{line_number}: invalid UTF-8 (byte {exc.start} of the line)") from None
     except json.JSONDecodeError as exc:
-        raise _NotJsonl(f"{path}:{line_number}: not valid JSON ({exc.msg}; column {exc.colno})") from None
+        # json's messages that end "... starting at" expect the position right after them.
+        where = f" column {exc.colno}" if exc.msg.endswith(" at") else f"; column {exc.colno}"
+        raise _NotJsonl(f"{path}:{line_number}: not valid JSON ({exc.msg}{where})") from None
     except ValueError:  # valid JSON that Python refuses: an integer past its 4300-digit conversion limit
         raise UserError(f"{path}:{line_number}: a JSON integer with more than {sys.get_int_max_str_digits()} "
                         f"digits, more than Python reads; write it as a string or drop the field") from None

@@ -111,10 +111,11 @@ def _tokenize_share(ctx: DistContext, index: RecordIndex, rows: np.ndarray, toke
                     progress: bool, out=None) -> np.ndarray:
     """Tokenize (and embed into ``out``) this rank's byte-balanced share of ``rows``; its token counts."""
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
-    log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
+    if rows.size:
+        log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     _, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, out=out)
-    if table is not None:
+    if table is not None and rows.size:
         log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s on this rank)", stats.documents,
                  f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9))
     return counts

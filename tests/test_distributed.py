@@ -82,7 +82,7 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
-    assert "Rank 0 wrote shards 1-2 of 4; the other ranks wrote the rest" in log  # rank 1 wrote shards 3-4
+    assert "Rank 0 wrote c-00000-of-00004.jsonl to c-00001-of-00004.jsonl; the other ranks wrote the rest" in log
     names = sorted(path.name for path in single.glob("c-*-of-*.jsonl"))
     assert len(names) == 4 and names == sorted(path.name for path in multi.glob("c-*-of-*.jsonl"))
     for name in names:
