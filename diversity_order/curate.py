@@ -199,6 +199,7 @@ class Run:
     cluster_plan: clustering.Plan | None = None
     scratch: list = field(default_factory=list)  # temp files of this run, removed when it ends
     torchrun: dict | None = None  # how the ranks shared the work (for the metadata)
+    rank_rows: np.ndarray | None = None  # under torchrun, each rank's own input rows (bounds), when it indexed them
 
     @property
     def n(self) -> int:
@@ -283,7 +284,8 @@ def _embed_across_ranks(run: Run, fail_fast: bool):
     with run.timer.stage(f"Token counts and embeddings ({ctx.world_size} ranks)"):
         if config.load_embeddings is None:
             run.counts, vectors = scale_out.counts_and_shared_embeddings(
-                ctx, run.index, run.paths, run.model, config.text_field, config.embed_batch_size, config.progress)
+                ctx, run.index, run.paths, run.model, config.text_field, config.embed_batch_size, config.progress,
+                run.rank_rows)
             run.method = SHALLOW_METHOD
         else:
             vectors = scale_out.external_embeddings(config.load_embeddings, run.n)
@@ -331,7 +333,11 @@ def index_input(run: Run, fail_fast: bool) -> None:
     """Validate and index every record; with ``fail_fast``, also read the score/balance fields now."""
     config = run.config
     with run.timer.stage("Indexing input"):
-        run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
+        if _ranks_keep_own_rows(run):
+            run.index, run.rank_rows = sources.open_rank_source(config.inputs, config.text_fields, run.ctx,
+                                                                progress=config.progress)
+        else:
+            run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
     log.info("%s: %d records, %.1f MB", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
     if not fail_fast:
         return
@@ -340,6 +346,13 @@ def index_input(run: Run, fail_fast: bool) -> None:
                         f"choose at most {run.n}")
     if run.ctx.is_main:  # a bad score or balance field fails before the long work
         run.options = _ordering_options(config, run.index)
+
+
+def _ranks_keep_own_rows(run: Run) -> bool:
+    """Under torchrun, a rank other than 0 holds only its own records' index when all it reads are
+    those (to embed them); writing output shards reads any record, and so does counting tokens for
+    --load-embeddings."""
+    return run.ctx.active and run.config.load_embeddings is None and not _shards_across_ranks(run)
 
 
 def counts_and_embeddings(run: Run) -> None:

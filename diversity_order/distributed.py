@@ -112,6 +112,9 @@ def gather_to_main(ctx: DistContext, array: np.ndarray, device=None, group=None)
     import torch.distributed as dist
 
     device = device or torch.device("cpu")
+    dtype = array.dtype
+    if dtype.kind == "u" and dtype.itemsize > 1:  # sent as signed integers of the same size: gloo refuses uint64
+        array = np.ascontiguousarray(array).view(np.dtype(f"i{dtype.itemsize}"))
     tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
     count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(count) for _ in range(ctx.world_size)]
@@ -124,7 +127,7 @@ def gather_to_main(ctx: DistContext, array: np.ndarray, device=None, group=None)
     dist.gather(padded, gathered, dst=dst, group=group)
     if not ctx.is_main:
         return None
-    return [g[: int(c.item())].cpu().numpy() for g, c in zip(gathered, counts)]
+    return [g[: int(c.item())].cpu().numpy().view(dtype) for g, c in zip(gathered, counts)]
 
 
 def even_range(ctx: DistContext, n: int) -> tuple[int, int]:
@@ -208,6 +211,30 @@ def all_gather_arrays(ctx: DistContext, array: np.ndarray) -> list[np.ndarray]:
     dist.all_gather(gathered, padded)
     del padded
     return [g[:n].cpu().numpy().view(array.dtype) for g, n in zip(gathered, lengths)]
+
+
+def scatter_ranges(ctx: DistContext, array: np.ndarray | None, bounds: np.ndarray) -> np.ndarray:
+    """Each rank's part ``array[bounds[rank]:bounds[rank + 1]]`` of rank 0's 1-D ``array`` (the
+    others pass None): a rank receives its own part only."""
+    if not ctx.active:
+        return array[bounds[0]:bounds[1]]
+    import torch
+    import torch.distributed as dist
+
+    dtype = np.dtype(broadcast_object(ctx, array.dtype.str if ctx.is_main else None))
+    carrier = {8: np.int64, 4: np.int32, 1: np.uint8}[dtype.itemsize]
+    sizes = np.diff(bounds)
+    device = comm_device()
+    torch_dtype = torch.from_numpy(np.zeros(0, carrier)).dtype
+    received = torch.empty(int(sizes.max()), dtype=torch_dtype, device=device)
+    parts = None
+    if ctx.is_main:
+        parts = [torch.zeros_like(received) for _ in range(ctx.world_size)]
+        for rank, part in enumerate(parts):
+            part[: sizes[rank]] = torch.from_numpy(np.ascontiguousarray(array[bounds[rank]:bounds[rank + 1]])
+                                                   .view(carrier)).to(device)
+    dist.scatter(received, parts, src=0)
+    return received[: sizes[ctx.rank]].cpu().numpy().view(dtype)
 
 
 def all_agree(ctx: DistContext, ok: bool) -> bool:

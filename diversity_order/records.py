@@ -398,6 +398,7 @@ class RecordIndex:
     # One entry per line that is not a record (blank or whitespace), the row of the record after it:
     # line numbers (for messages) follow from it without 8 bytes per record.
     non_record_lines: np.ndarray  # int64, ascending
+    first_line: int = 1  # the line of row 0's part of the file (not 1 for a torchrun rank's own range)
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -409,7 +410,7 @@ class RecordIndex:
     def line_numbers(self, rows: np.ndarray) -> np.ndarray:
         """The 1-based line number in the file of each record ``rows``."""
         rows = np.asarray(rows, dtype=np.int64)
-        return rows + 1 + np.searchsorted(self.non_record_lines, rows, side="right")
+        return rows + self.first_line + np.searchsorted(self.non_record_lines, rows, side="right")
 
     def line_number(self, row: int) -> int:
         return int(self.line_numbers(np.asarray([row]))[0])
@@ -542,6 +543,7 @@ class IndexPart:
     raw_hashes: np.ndarray
     non_record_lines: np.ndarray
     identity: FileIdentity
+    first_line: int = 1  # the line number of the range's first line
 
     COLUMNS = {"starts": np.int64, "lengths": np.uint32, "fingerprints": np.uint64, "raw_hashes": np.uint32,
                "non_record_lines": np.int64}
@@ -569,6 +571,13 @@ def index_from_parts(path: Path, text_field, parts: list[IndexPart]) -> RecordIn
     lines = [part.non_record_lines + first for part, first in zip(parts, before.tolist())]
     return RecordIndex(path=path, text_field=text_field, identity=parts[0].identity,
                        non_record_lines=lines[0] if len(lines) == 1 else np.concatenate(lines), **joined)
+
+
+def index_of_part(path: Path, text_field, part: IndexPart) -> RecordIndex:
+    """One range's records as an index of their own (row 0: the range's first record), with their
+    line numbers in the file: a torchrun rank that reads only its own range."""
+    return RecordIndex(path=path, text_field=text_field, identity=part.identity, first_line=part.first_line,
+                       **{name: getattr(part, name) for name in IndexPart.COLUMNS})
 
 
 def count_lines_before(path: Path, offset: int, chunk: int = 16 << 20) -> int:
@@ -655,6 +664,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
         raw_hashes=np.frombuffer(raw_hashes, dtype=columns["raw_hashes"]),
         non_record_lines=np.frombuffer(non_record_lines, dtype=columns["non_record_lines"]),
         identity=identity,
+        first_line=first_line,
     )
 
 
@@ -865,6 +875,7 @@ def read_records(index: RecordIndex, rows: np.ndarray) -> list[bytes]:
 
 
 _WRITE_GROUP_BYTES = 16 << 20  # records joined per write (and verified together)
+_WRITE_CHUNK_ROWS = 1 << 20  # records located at a time
 
 
 def _groups(sizes: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
@@ -877,14 +888,18 @@ def _groups(sizes: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
 
 def _record_pieces(index: RecordIndex, order: np.ndarray, max_pass_bytes: int):
     """Yield (rows, their records' bytes) in output order, a group at a time."""
-    starts = index.starts[order]
-    ends = starts + index.lengths[order]
     if not is_compressed(index.path):
         with open_binary(index.path, expect=index.identity) as source, \
                 mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            for lo, hi in _groups(ends - starts + 1, _WRITE_GROUP_BYTES):
-                yield order[lo:hi], [data[a:b] for a, b in zip(starts[lo:hi].tolist(), ends[lo:hi].tolist())]
+            for first in range(0, order.size, _WRITE_CHUNK_ROWS):  # no N-long copies of the locations
+                rows = order[first:first + _WRITE_CHUNK_ROWS]
+                starts = index.starts[rows]
+                ends = starts + index.lengths[rows]
+                for lo, hi in _groups(ends - starts + 1, _WRITE_GROUP_BYTES):
+                    yield rows[lo:hi], [data[a:b] for a, b in zip(starts[lo:hi].tolist(), ends[lo:hi].tolist())]
         return
+    starts = index.starts[order]
+    ends = starts + index.lengths[order]
     bounds = batch_bounds(ends - starts, max_pass_bytes, 1 << 62)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         wanted = np.argsort(starts[lo:hi], kind="stable")  # read in file order, emit in output order

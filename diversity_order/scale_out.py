@@ -43,7 +43,6 @@ from .clustering import PCAInfo
 from .distributed import DistContext
 from .errors import UserError
 from .matrix import MatrixFile
-from .records import RecordIndex
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +76,6 @@ def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
     return Path(name), len(header.getvalue())
 
 
-def _copy_cached(found: caches.RowSource, lo: int, hi: int, writer: matrix.RowWriter) -> None:
-    """Rows lo..hi that the caches hold, copied into the new file in one pass over each cache."""
-    for files, source in found.sets:
-        _copy_rows(files.data, source[lo:hi], lo, writer)
-
-
 def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: matrix.RowWriter) -> None:
     hits = np.flatnonzero(source >= 0)
     if hits.size == 0:
@@ -107,13 +100,18 @@ def _shared_file(ctx: DistContext, target: Path, n: int, dim: int) -> tuple[Path
     return name, offset
 
 
-def _tokenize_share(ctx: DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table, batch_docs: int,
-                    progress: bool, out=None) -> np.ndarray:
-    """Tokenize (and embed into ``out``) this rank's byte-balanced share of ``rows``; its token counts."""
-    share = distributed.my_share(ctx, rows, index.row_sizes[rows])
+def own_rows(ctx: DistContext, index, rank_rows: np.ndarray | None) -> np.ndarray:
+    """Each rank's contiguous input rows (``world_size + 1`` bounds): those it indexed (``rank_rows``,
+    see ``sources.open_rank_source``), else a split of the whole index balanced by bytes."""
+    return rank_rows if rank_rows is not None else distributed.split_by_bytes(index.row_sizes, ctx.world_size)
+
+
+def _embed_rows(ctx: DistContext, index, rows: np.ndarray, tokenizer, table, batch_docs: int, progress: bool,
+                out=None) -> np.ndarray:
+    """Tokenize (and embed into ``out``) ``rows``, this rank's own; their token counts."""
     if rows.size:
-        log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
-    _, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
+        log.info("Rank %d of %d: %d record(s)", ctx.rank, ctx.world_size, rows.size)
+    _, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, out=out)
     if table is not None and rows.size:
         log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s on this rank)", stats.documents,
@@ -127,40 +125,55 @@ def _gather(ctx: DistContext, part: np.ndarray) -> np.ndarray | None:
     return None if gathered is None else np.concatenate(gathered)
 
 
-def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: dict, model: features.ModelParts,
-                                 text_field: str, batch_docs: int, progress: bool
+def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: features.ModelParts, text_field: str,
+                                 batch_docs: int, progress: bool, rank_rows: np.ndarray | None = None
                                  ) -> tuple[np.ndarray | None, MatrixFile]:
     """Token counts (rank 0; None on the others) and the shared embedding file (every rank),
-    reusing the caches as a single process does (see the module doc)."""
-    fps, n = index.fingerprints, len(index)
+    reusing the caches as a single process does (see the module doc).
+
+    Rank 0 (which holds the whole index) looks the records up in the caches and decides; each rank
+    then gets, for its own rows only, where their cached vectors are, copies those, and embeds the
+    rest of its rows. ``index`` on another rank needs to read only its own rows."""
     tokenizer = model.tokenizer("to embed the documents")
     table = model.table()
-    count_key = features.token_count_key(tokenizer.fingerprint, text_field)
-    count_places = features.token_count_places(paths)
-    # Only rank 0 holds the N token counts; the other ranks need to know which are missing.
-    counts_found = caches.lookup(count_places[0], count_key, fps, dtype=np.int64, row_shape=(),
-                                 alternatives=tuple(count_places[1:]), lazy=not ctx.is_main)
+    bounds = own_rows(ctx, index, rank_rows)
+    lo, hi = int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
     emb_key = features.embedding_key(tokenizer.fingerprint, table, text_field)
     target = Path(paths["embeddings"])
-    found = caches.find_rows(target, emb_key, fps, dtype=np.float32, row_shape=(table.dim,))
-    log.info("Token counts: %s", counts_found.reason)
-    log.info("Embeddings: %s", found.reason)
-    counts = None
+    decided = None
     if ctx.is_main:
+        fps, n = index.fingerprints, len(index)
+        count_key = features.token_count_key(tokenizer.fingerprint, text_field)
+        count_places = features.token_count_places(paths)
+        counts_found = caches.lookup(count_places[0], count_key, fps, dtype=np.int64, row_shape=(),
+                                     alternatives=tuple(count_places[1:]))
+        found = caches.find_rows(target, emb_key, fps, dtype=np.float32, row_shape=(table.dim,))
+        log.info("Token counts: %s", counts_found.reason)
+        log.info("Embeddings: %s", found.reason)
         counts = np.zeros(n, np.int64) if counts_found.data is None else counts_found.data.astype(np.int64)
-    missing = found.missing_rows
+        missing = found.missing_rows
+        count_rows = np.flatnonzero(~counts_found.hit & found.hit)  # counts missing, vectors cached
+        decided = (n, found.in_order, [files.data for files, _ in found.sets], int(missing.size))
+        if not found.in_order:
+            if missing.size:
+                log.info("Embedding %d new or changed record(s) of %d on %d ranks, into %s", missing.size, n,
+                         ctx.world_size, target.name)
+            else:
+                log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
+    n, in_order, set_paths, n_missing = distributed.broadcast_object(ctx, decided)
     shared = target
-    if not found.in_order:
-        if missing.size:
-            log.info("Embedding %d new or changed record(s) of %d on %d ranks, into %s", missing.size, n,
-                     ctx.world_size, target.name)
-        else:
-            log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
+    if not in_order:
         name, offset = _shared_file(ctx, target, n, table.dim)
         writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
         try:
-            _copy_cached(found, *distributed.even_range(ctx, n), writer)
-            mine = _tokenize_share(ctx, index, missing, tokenizer, table.weight, batch_docs, progress, writer)
+            hit = np.zeros(hi - lo, dtype=bool)
+            for number, path in enumerate(set_paths):  # where this rank's rows lie in each cached set
+                source = distributed.scatter_ranges(ctx, found.sets[number][1] if ctx.is_main else None, bounds)
+                _copy_rows(path, source, lo, writer)
+                hit |= source >= 0
+                del source
+            mine = _embed_rows(ctx, index, np.flatnonzero(~hit) + lo, tokenizer, table.weight, batch_docs, progress,
+                               writer)
         finally:
             writer.close()
         new_counts = _gather(ctx, mine)
@@ -168,10 +181,12 @@ def counts_and_shared_embeddings(ctx: DistContext, index: RecordIndex, paths: di
         shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
         if ctx.is_main:
             counts[missing] = new_counts
-    count_rows = np.flatnonzero(~counts_found.hit & found.hit)  # counts missing, vectors cached
+    count_rows = distributed.broadcast_array(ctx, count_rows if ctx.is_main else None)
     if count_rows.size:
-        log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
-        new_counts = _gather(ctx, _tokenize_share(ctx, index, count_rows, tokenizer, None, batch_docs, progress))
+        if ctx.is_main:
+            log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
+        mine = count_rows[(count_rows >= lo) & (count_rows < hi)]
+        new_counts = _gather(ctx, _embed_rows(ctx, index, mine, tokenizer, None, batch_docs, progress))
         if ctx.is_main:
             counts[count_rows] = new_counts
     if ctx.is_main and not counts_found.in_order:

@@ -143,27 +143,64 @@ def open_source(inputs, text_fields, progress: bool = True, ctx=None):
 
     Under torchrun (``ctx``) the ranks index plain JSONL together, each its own byte range of the
     files (see ``_index_jsonl_across_ranks``); every rank gets the same source."""
+    inputs, field = _resolved(inputs, text_fields)
+    if inputs.kind == "jsonl" and _splittable(ctx, inputs):
+        return _jsonl_source(_index_jsonl_across_ranks(ctx, inputs.files, field, progress, everyone=True)[0],
+                             inputs.name)
+    return _open_whole(inputs, field, progress)
+
+
+def open_rank_source(inputs, text_fields, ctx, progress: bool = True) -> tuple[object, np.ndarray | None]:
+    """Under torchrun: (the source, the input rows of each rank: ``world_size + 1`` bounds). Plain
+    JSONL is indexed by the ranks together and only rank 0 gathers it whole (24 bytes per record);
+    every other rank keeps its own rows (a ``RankRecords``: what it embeds), so no rank but rank 0
+    holds per-record state for the whole input. Other inputs: every rank's whole source, bounds None."""
+    inputs, field = _resolved(inputs, text_fields)
+    if inputs.kind != "jsonl" or not _splittable(ctx, inputs):
+        return open_source(inputs, text_fields, progress, ctx), None
+    indexes, mine, bounds = _index_jsonl_across_ranks(ctx, inputs.files, field, progress, everyone=False)
+    if ctx.is_main:
+        return _jsonl_source(indexes, inputs.name), bounds
+    parts = [records.index_of_part(inputs.files[f], field, part) for f, part in mine]
+    return RankRecords(parts, bounds, ctx.rank, inputs.name), bounds
+
+
+def _resolved(inputs, text_fields):
     inputs = inputs if isinstance(inputs, Inputs) else resolve_inputs(inputs)
     text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
-    field = text_fields[0] if len(text_fields) == 1 else text_fields
+    return inputs, (text_fields[0] if len(text_fields) == 1 else text_fields)
+
+
+def _splittable(ctx, inputs: Inputs) -> bool:
+    """Ranks can share the indexing: several processes, and files that can be entered mid-way."""
+    return ctx is not None and ctx.active and not any(records.is_compressed(path) for path in inputs.files)
+
+
+def _jsonl_source(indexes: list[records.RecordIndex], name: Path):
+    return indexes[0] if len(indexes) == 1 else JsonlFiles(indexes, name)
+
+
+def _open_whole(inputs: Inputs, field, progress: bool):
     if inputs.kind == "jsonl":
-        if ctx is not None and ctx.active and not any(records.is_compressed(path) for path in inputs.files):
-            indexes = _index_jsonl_across_ranks(ctx, inputs.files, field, progress)
-        else:
-            indexes = [records.scan_jsonl(path, field, progress=progress) for path in inputs.files]
-        return indexes[0] if len(indexes) == 1 else JsonlFiles(indexes, inputs.name)
+        return _jsonl_source([records.scan_jsonl(path, field, progress=progress) for path in inputs.files],
+                             inputs.name)
+    text_fields = field if isinstance(field, tuple) else (field,)
     # Counted in uncompressed row-group bytes, which the files' sizes do not tell: no total.
     with Progress(None, f"Indexing {inputs.describe()}", unit="MB", rate_unit="MB", bar=progress,
                   scale=1 << 20) as bar:
         return open_arrow_source(inputs.files, inputs.kind, text_fields, inputs.folder, progress=bar)
 
 
-def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool) -> list[records.RecordIndex]:
+def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, everyone: bool):
     """The files' indexes, built by the ranks together: the bytes of all files, end to end, are cut
     into ``world_size`` equal ranges, each rank indexes the records starting in its range, and the
-    parts (24 bytes per record) are gathered by every rank. Each rank reads 1/world_size of the
-    input instead of all of it. A bad record stops every rank with the message a single process
-    gives (the first in file order)."""
+    parts (24 bytes per record) are gathered by every rank (``everyone``) or by rank 0 only. Each
+    rank reads 1/world_size of the input instead of all of it. A bad record stops every rank with the
+    message a single process gives (the first in file order).
+
+    Returns (one index per file, or None on a rank that gathers nothing; this rank's own parts as
+    (file number, ``IndexPart``), kept only when it gathers nothing; each rank's first input row,
+    ``world_size + 1`` bounds)."""
     from . import distributed
 
     for path in files:
@@ -187,13 +224,20 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool) -> 
     # a time, each joined file by file at once, so the gather holds two copies of one column at most.
     shapes = distributed.all_gather_object(ctx, [(f, len(part), part.non_record_lines.size, part.identity)
                                                  for f, part in mine])
+    bounds = np.concatenate([[0], np.cumsum([sum(n for _, n, _, _ in pieces) for pieces in shapes])]).astype(np.int64)
+    receives = everyone or ctx.is_main
     joined: list[dict] = [{} for _ in files]
     for name, dtype in records.IndexPart.COLUMNS.items():
         local = [getattr(part, name) for _, part in mine]
-        gathered = distributed.all_gather_arrays(ctx, np.concatenate(local) if local else np.zeros(0, dtype))
-        del local
-        for _, part in mine:
-            setattr(part, name, None)  # this rank's own copy, now in ``gathered``
+        flat = np.concatenate(local) if local else np.zeros(0, dtype)
+        gathered = (distributed.all_gather_arrays(ctx, flat) if everyone
+                    else distributed.gather_to_main(ctx, flat, distributed.comm_device()))
+        del local, flat
+        if receives:
+            for _, part in mine:
+                setattr(part, name, None)  # this rank's own copy, now in ``gathered``
+        else:
+            continue
         chunks: list[list[np.ndarray]] = [[] for _ in files]
         for rank, pieces in enumerate(shapes):
             at = 0
@@ -207,17 +251,71 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool) -> 
                 file_chunks = [chunk + first for chunk, first in zip(file_chunks, before.tolist())]
             joined[f][name] = np.concatenate(file_chunks) if file_chunks else np.zeros(0, dtype)
         del gathered, chunks
+    if not receives:
+        for f, path in enumerate(files):  # what rank 0 checks, every rank refuses alike
+            records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
+            if not any(n for _, n, _, _ in _pieces_of(shapes, f)):
+                raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
+        return None, mine, bounds
     indexes = []
     for f, path in enumerate(files):
         records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
         identity = next((identity for _, _, _, identity in _pieces_of(shapes, f)), None)
         indexes.append(records.index_from_parts(path, field, [records.IndexPart(identity=identity, **joined[f])]))
-    return indexes
+    return indexes, [], bounds
 
 
 def _pieces_of(shapes: list[list[tuple]], f: int) -> list[tuple]:
     """The parts of file ``f``, in rank order (= byte order)."""
     return [piece for pieces in shapes for piece in pieces if piece[0] == f]
+
+
+class RankRecords:
+    """A torchrun rank's own records: input rows ``bounds[rank]`` to ``bounds[rank + 1]`` (the records
+    that start in its byte range; see ``open_rank_source``). It reads them by their input rows, as the
+    whole source would, and knows where each lies in its file; its length is the input's."""
+
+    kind = "jsonl"
+
+    def __init__(self, parts: list[records.RecordIndex], bounds: np.ndarray, rank: int, name: Path):
+        self.first_row, self.end_row = int(bounds[rank]), int(bounds[rank + 1])
+        self.n_records = int(bounds[-1])
+        self.name = name
+        self.own = parts[0] if len(parts) == 1 else JsonlFiles(parts, name) if parts else None
+
+    def __len__(self) -> int:
+        return self.n_records
+
+    @property
+    def files(self) -> list[Path]:
+        return [] if self.own is None else self.own.files
+
+    @property
+    def total_bytes(self) -> int:
+        """This rank's own records' bytes."""
+        return 0 if self.own is None else self.own.total_bytes
+
+    def _local(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < self.first_row or rows.max() >= self.end_row):
+            raise ValueError(f"rows outside this rank's records {self.first_row}-{self.end_row - 1}")
+        return rows - self.first_row
+
+    def where(self, row: int) -> str:
+        return self.own.where(int(self._local(np.asarray([row]))[0]))
+
+    def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
+                       max_batch_rows: int = 1 << 30):
+        rows = np.arange(self.first_row, self.end_row) if rows is None else np.asarray(rows, dtype=np.int64)
+        local = self._local(rows)
+        if local.size == 0:
+            return
+        for batch, documents in self.own.iter_documents(local, max_batch_bytes, max_batch_rows):
+            yield batch + self.first_row, documents
+
+    def check_unchanged(self) -> None:
+        if self.own is not None:
+            self.own.check_unchanged()
 
 
 class JsonlFiles:

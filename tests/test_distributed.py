@@ -47,7 +47,10 @@ def torchrun(args, nproc=2):
     return done.stderr
 
 
-def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir):
+def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, monkeypatch):
+    """Cold: each rank indexes and embeds its own records (no cache, none registered), and the
+    result is the single process's byte for byte."""
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # no registered cache: every record is embedded
     records = topical_records(per_topic=25, long_every=7)
     single, multi = tmp_path / "single", tmp_path / "multi"
     for folder in (single, multi):
@@ -57,7 +60,8 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir):
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
-    assert "Rank 0 of 2" in log and "Rank 1 of 2" not in log  # only rank 0 logs at INFO
+    assert log.count("Token counts and embeddings (2 ranks) done") == 1  # every rank times it; only rank 0 logs
+    assert "Embedding 150 new or changed record(s) of 150 on 2 ranks" in log and "Rank 0 of 2: " in log
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
 
@@ -367,6 +371,12 @@ def _indexing_worker(rank, store_path, inputs, out_dir):
         found[name] = [{column: getattr(index, column).tolist() for column in IndexPart.COLUMNS} | {
             "identity": list(index.identity), "where": [source.where(r) for r in range(len(source))]}
             for index in parts]
+    for name in ("one", "many"):  # rank 0 gathers the whole index; the other ranks keep their own rows
+        source, bounds = sources.open_rank_source([Path(f) for f in inputs[name]], ("text",), ctx, progress=False)
+        rows = np.arange(bounds[rank], bounds[rank + 1])
+        found[f"{name}_own"] = {"bounds": bounds.tolist(), "length": len(source),
+                                "texts": [t for _, texts in source.iter_documents(rows) for t in texts],
+                                "where": [source.where(int(r)) for r in rows]}
     (Path(out_dir) / f"index{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 
@@ -402,6 +412,14 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
             assert found[name] == [{column: getattr(index, column).tolist() for column in IndexPart.COLUMNS} | {
                 "identity": list(index.identity), "where": [single.where(r) for r in range(len(single))]}
                 for index in parts], (rank, name)
+        for name in ("one", "many"):
+            single = sources.open_source([Path(f) for f in inputs[name]], ("text",), progress=False)
+            own = found[f"{name}_own"]
+            bounds = own["bounds"]
+            assert bounds[0] == 0 and bounds[-1] == len(single) == own["length"] and bounds == sorted(bounds)
+            rows = np.arange(bounds[rank], bounds[rank + 1])
+            assert rows.size > 0 and own["where"] == [single.where(int(r)) for r in rows]
+            assert own["texts"] == [t for _, texts in single.iter_documents(rows) for t in texts]
         with pytest.raises(UserError, match=r"bad\.jsonl:31: not valid JSON") as single_error:
             scan_jsonl(bad, progress=False)
         assert found["bad"] == str(single_error.value)

@@ -72,7 +72,7 @@ def test_index_locations_and_line_numbers_equal_a_plain_loop_over_the_lines(tmp_
 def test_indexing_byte_ranges_and_joining_them_equals_one_pass(tmp_path_factory, kinds, bom, final_newline, cuts):
     """Processes that each index one byte range (cut anywhere: inside a record, on a newline, in a
     run of blank lines) together build the index one pass builds; every record lands in one range."""
-    from diversity_order.records import IndexPart, index_from_parts, scan_range
+    from diversity_order.records import IndexPart, index_from_parts, index_of_part, scan_range
 
     lines = {"blank": b"", "spaces": b" \t ", "crlf": b"\r"}
     content = [lines.get(kind, b'{"text": "t%d%s"}' % (i, b"x" * (300 if kind == "long" else 0)))
@@ -90,6 +90,14 @@ def test_indexing_byte_ranges_and_joining_them_equals_one_pass(tmp_path_factory,
         assert getattr(joined, name).dtype == getattr(whole, name).dtype
     assert joined.identity == whole.identity
     assert sum(len(part) for part in parts) == len(whole)
+    first = 0  # each range on its own (a torchrun rank's own records): the same records, lines and texts
+    for part in parts:
+        own = index_of_part(src, "text", part)
+        rows = np.arange(first, first + len(part))
+        assert own.line_numbers(np.arange(len(part))).tolist() == whole.line_numbers(rows).tolist()
+        assert [t for _, texts in own.iter_documents() for t in texts] == \
+            [t for _, texts in whole.iter_documents(rows) for t in texts]
+        first += len(part)
 
 
 def test_a_bad_record_in_a_later_range_is_named_by_its_line_in_the_file(tmp_path):
@@ -530,3 +538,17 @@ def test_in_place_edit_keeping_size_and_mtime_is_caught_record_by_record(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
     with pytest.raises(UserError, match=r":8: this record changed"):
         list(iter_text_batches(index))
+
+
+def test_writer_locating_records_a_chunk_at_a_time_writes_the_same_bytes(tmp_path, monkeypatch):
+    from diversity_order import records
+
+    src = tmp_path / "in.jsonl"
+    lines = [b'{"text": "record %d %s"}' % (i, b"x" * (i * 7 % 50)) for i in range(50)]
+    src.write_bytes(b"\n".join(lines[:20]) + b"\n\n" + b"\n".join(lines[20:]) + b"\n")
+    index = scan_jsonl(src, progress=False)
+    order = np.random.default_rng(3).permutation(50)
+    monkeypatch.setattr(records, "_WRITE_CHUNK_ROWS", 3)
+    monkeypatch.setattr(records, "_WRITE_GROUP_BYTES", 100)
+    write_reordered(index, order, tmp_path / "out.jsonl")
+    assert (tmp_path / "out.jsonl").read_bytes() == b"".join(lines[i] + b"\n" for i in order)
