@@ -50,17 +50,20 @@ def _windows(tokens, seq_len):
     frozen = np.zeros(tokens.shape[0] + 1, dtype=np.bool_)
     n = 0
     fill = 0
+    closed = False  # the open window was closed by a long document's last piece filling it
     for i in range(tokens.shape[0]):
         t = tokens[i]
-        if i == 0 or fill + t > seq_len:
+        if i == 0 or closed or fill + t > seq_len:
             starts[n] = i
             n += 1
             fill = 0
+            closed = False
         if t > seq_len:
             frozen[n - 1] = True
             fill = t % seq_len
-            if fill == 0:
-                fill = seq_len  # its last piece fills a window: the next document opens another
+            # Its last piece fills a window: the window is closed, and the next document opens another
+            # even if it has no tokens (packing.place's close_last).
+            closed = fill == 0
         else:
             fill += t
     starts[n] = tokens.shape[0]
