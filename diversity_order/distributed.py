@@ -113,8 +113,8 @@ def gather_to_main(ctx: DistContext, array: np.ndarray, device=None, group=None)
 
     device = device or torch.device("cpu")
     dtype = array.dtype
-    if dtype.kind == "u" and dtype.itemsize > 1:  # sent as signed integers of the same size: gloo refuses uint64
-        array = np.ascontiguousarray(array).view(np.dtype(f"i{dtype.itemsize}"))
+    if dtype.kind == "u":
+        array = np.ascontiguousarray(array).view(_carrier(dtype))
     tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
     count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(count) for _ in range(ctx.world_size)]
@@ -182,6 +182,12 @@ def broadcast_array(ctx: DistContext, array: np.ndarray | None = None) -> np.nda
     return tensor.cpu().numpy()
 
 
+def _carrier(dtype: np.dtype) -> np.dtype:
+    """The integer type an array of ``dtype`` travels as, byte for byte: every backend carries these
+    (gloo refuses unsigned types wider than a byte)."""
+    return np.dtype({8: np.int64, 4: np.int32, 2: np.int16, 1: np.uint8}[np.dtype(dtype).itemsize])
+
+
 def all_gather_object(ctx: DistContext, obj) -> list:
     """Every rank's ``obj`` (picklable and small: a message, a few counts), in rank order, on every rank."""
     if not ctx.active:
@@ -195,14 +201,14 @@ def all_gather_object(ctx: DistContext, obj) -> list:
 
 def all_gather_arrays(ctx: DistContext, array: np.ndarray) -> list[np.ndarray]:
     """Every rank's 1-D ``array`` (one dtype on all ranks, any length), in rank order, on every rank.
-    Sent as raw 8-, 4- or 1-byte integers, which every backend carries whatever the dtype."""
+    Sent as integers of the same size (``_carrier``)."""
     if not ctx.active:
         return [array]
     import torch
     import torch.distributed as dist
 
     array = np.ascontiguousarray(array)
-    carrier = {8: np.int64, 4: np.int32, 1: np.uint8}[array.dtype.itemsize]
+    carrier = _carrier(array.dtype)
     lengths = [int(n) for n in all_gather_object(ctx, int(array.size))]
     device = comm_device()
     padded = torch.zeros(max(lengths), dtype=torch.from_numpy(np.zeros(0, carrier)).dtype, device=device)
@@ -222,7 +228,7 @@ def scatter_ranges(ctx: DistContext, array: np.ndarray | None, bounds: np.ndarra
     import torch.distributed as dist
 
     dtype = np.dtype(broadcast_object(ctx, array.dtype.str if ctx.is_main else None))
-    carrier = {8: np.int64, 4: np.int32, 1: np.uint8}[dtype.itemsize]
+    carrier = _carrier(dtype)
     sizes = np.diff(bounds)
     device = comm_device()
     torch_dtype = torch.from_numpy(np.zeros(0, carrier)).dtype

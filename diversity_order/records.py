@@ -685,7 +685,7 @@ def check_unchanged(index: RecordIndex) -> None:
 def _verify(index: RecordIndex, rows: np.ndarray, raws: list) -> None:
     """Every record read back must be the bytes that were indexed."""
     n = len(raws)
-    found = np.fromiter(map(zlib.crc32, raws), np.uint32, n)
+    found = np.fromiter(map(raw_hash, raws), np.uint32, n)
     bad = np.flatnonzero(found != index.raw_hashes[rows])
     if bad.size:
         line = index.line_number(int(rows[bad[0]]))

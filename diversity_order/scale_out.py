@@ -155,14 +155,14 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
         counts = np.zeros(n, np.int64) if counts_found.data is None else counts_found.data.astype(np.int64)
         missing = found.missing_rows
         count_rows = np.flatnonzero(~counts_found.hit & found.hit)  # counts missing, vectors cached
-        decided = (n, found.in_order, [files.data for files, _ in found.sets], int(missing.size))
+        decided = (n, found.in_order, [files.data for files, _ in found.sets])
         if not found.in_order:
             if missing.size:
                 log.info("Embedding %d new or changed record(s) of %d on %d ranks, into %s", missing.size, n,
                          ctx.world_size, target.name)
             else:
                 log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
-    n, in_order, set_paths, n_missing = distributed.broadcast_object(ctx, decided)
+    n, in_order, set_paths = distributed.broadcast_object(ctx, decided)
     shared = target
     if not in_order:
         name, offset = _shared_file(ctx, target, n, table.dim)

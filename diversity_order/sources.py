@@ -225,6 +225,10 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
     shapes = distributed.all_gather_object(ctx, [(f, len(part), part.non_record_lines.size, part.identity)
                                                  for f, part in mine])
     bounds = np.concatenate([[0], np.cumsum([sum(n for _, n, _, _ in pieces) for pieces in shapes])]).astype(np.int64)
+    for f, path in enumerate(files):  # every rank refuses alike, before any gathering
+        records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
+        if not any(n for _, n, _, _ in _pieces_of(shapes, f)):
+            raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     receives = everyone or ctx.is_main
     joined: list[dict] = [{} for _ in files]
     for name, dtype in records.IndexPart.COLUMNS.items():
@@ -252,15 +256,10 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
             joined[f][name] = np.concatenate(file_chunks) if file_chunks else np.zeros(0, dtype)
         del gathered, chunks
     if not receives:
-        for f, path in enumerate(files):  # what rank 0 checks, every rank refuses alike
-            records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
-            if not any(n for _, n, _, _ in _pieces_of(shapes, f)):
-                raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
         return None, mine, bounds
     indexes = []
     for f, path in enumerate(files):
-        records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
-        identity = next((identity for _, _, _, identity in _pieces_of(shapes, f)), None)
+        identity = _pieces_of(shapes, f)[0][3]
         indexes.append(records.index_from_parts(path, field, [records.IndexPart(identity=identity, **joined[f])]))
     return indexes, [], bounds
 
