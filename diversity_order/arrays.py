@@ -1,4 +1,5 @@
-"""The ``.npy`` arrays users hand to the scripts (embeddings, token counts, labels, orders), checked.
+"""The ``.npy`` arrays users hand to the scripts (embeddings, token counts, labels, orders), checked;
+and per-record arrays kept in a file rather than in memory.
 
 Each loader returns the array or raises a one-line ``UserError`` naming the flag and the file:
 a wrong shape or dtype is caught here rather than deep inside a kernel.
@@ -77,3 +78,18 @@ def check_order(order: np.ndarray, n: int, what: str) -> np.ndarray:
     if not seen.all():
         raise UserError(f"{what}: not a permutation ({int((~seen).sum())} documents missing)")
     return order.astype(np.int64)
+
+
+def file_backed(size: int, dtype, folder: Path) -> np.ndarray:
+    """A zeroed 1-D array whose pages live in an unnamed file in ``folder``: per-record state that
+    would otherwise stay in memory for the whole run. The kernel writes cold pages back to the file
+    and reclaims them, so the array costs page cache, not the process's own memory; the file has no
+    name (it vanishes with the process, even a killed one)."""
+    import tempfile
+
+    dtype = np.dtype(dtype)
+    if size == 0:
+        return np.zeros(0, dtype)
+    with tempfile.TemporaryFile(dir=folder) as handle:  # the map keeps the file alive once it is closed
+        handle.truncate(size * dtype.itemsize)
+        return np.memmap(handle, dtype=dtype, mode="r+", shape=(size,))

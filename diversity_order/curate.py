@@ -334,8 +334,10 @@ def index_input(run: Run, fail_fast: bool) -> None:
     config = run.config
     with run.timer.stage("Indexing input"):
         if _ranks_keep_own_rows(run):
+            # Rank 0's whole index goes into a file beside the outputs (written there anyway), not its memory.
             run.index, run.rank_rows = sources.open_rank_source(config.inputs, config.text_fields, run.ctx,
-                                                                progress=config.progress)
+                                                                progress=config.progress,
+                                                                spill_folder=config.output.absolute().parent)
         else:
             run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
     log.info("%s: %d records, %.1f MB", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)

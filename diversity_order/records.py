@@ -415,6 +415,16 @@ class RecordIndex:
     def line_number(self, row: int) -> int:
         return int(self.line_numbers(np.asarray([row]))[0])
 
+    def rows_slice(self, a: int, b: int) -> RecordIndex:
+        """Records ``a`` to ``b`` - 1 as an index of their own (row 0: record ``a``), with their line
+        numbers in the file: what one torchrun rank hands another to read."""
+        after = self.non_record_lines[self.non_record_lines > a] - a
+        return RecordIndex(path=self.path, text_field=self.text_field, identity=self.identity,
+                           first_line=self.line_number(a) if a < len(self) else self.first_line + a,
+                           non_record_lines=after[after < b - a] if b > a else after[:0],
+                           **{name: np.array(getattr(self, name)[a:b]) for name in
+                              ("starts", "lengths", "fingerprints", "raw_hashes")})
+
     # The source interface (see sources.py): what every input format offers the pipeline.
     kind = "jsonl"
 

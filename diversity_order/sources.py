@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import records
+from . import arrays, records
 from .arrow_sources import dataset_folder_files, is_dataset_folder, open_arrow_source
 from .errors import UserError
 from .runtime import Progress
@@ -150,19 +150,24 @@ def open_source(inputs, text_fields, progress: bool = True, ctx=None):
     return _open_whole(inputs, field, progress)
 
 
-def open_rank_source(inputs, text_fields, ctx, progress: bool = True) -> tuple[object, np.ndarray | None]:
+def open_rank_source(inputs, text_fields, ctx, progress: bool = True,
+                     spill_folder: Path | None = None) -> tuple[object, np.ndarray | None]:
     """Under torchrun: (the source, the input rows of each rank: ``world_size + 1`` bounds). Plain
-    JSONL is indexed by the ranks together and only rank 0 gathers it whole (24 bytes per record);
-    every other rank keeps its own rows (a ``RankRecords``: what it embeds), so no rank but rank 0
-    holds per-record state for the whole input. Other inputs: every rank's whole source, bounds None."""
+    JSONL is indexed by the ranks together and only rank 0 gathers it whole (24 bytes per record, in
+    unnamed files in ``spill_folder`` when given: page cache the kernel can reclaim, not rank 0's own
+    memory); every other rank keeps its own rows (a ``RecordPieces``: what it embeds), so no rank
+    holds per-record state for the whole input in its memory. Other inputs: every rank's whole
+    source, bounds None."""
     inputs, field = _resolved(inputs, text_fields)
     if inputs.kind != "jsonl" or not _splittable(ctx, inputs):
         return open_source(inputs, text_fields, progress, ctx), None
-    indexes, mine, bounds = _index_jsonl_across_ranks(ctx, inputs.files, field, progress, everyone=False)
+    indexes, mine, bounds = _index_jsonl_across_ranks(ctx, inputs.files, field, progress, everyone=False,
+                                                      spill_folder=spill_folder)
     if ctx.is_main:
-        return _jsonl_source(indexes, inputs.name), bounds
+        return _jsonl_source(indexes, inputs.name, spill_folder), bounds
     parts = [records.index_of_part(inputs.files[f], field, part) for f, part in mine]
-    return RankRecords(parts, bounds, ctx.rank, inputs.name), bounds
+    own = [] if not parts else [(bounds[ctx.rank], parts[0] if len(parts) == 1 else JsonlFiles(parts, inputs.name))]
+    return RecordPieces(own, int(bounds[-1]), inputs.name), bounds
 
 
 def _resolved(inputs, text_fields):
@@ -176,8 +181,8 @@ def _splittable(ctx, inputs: Inputs) -> bool:
     return ctx is not None and ctx.active and not any(records.is_compressed(path) for path in inputs.files)
 
 
-def _jsonl_source(indexes: list[records.RecordIndex], name: Path):
-    return indexes[0] if len(indexes) == 1 else JsonlFiles(indexes, name)
+def _jsonl_source(indexes: list[records.RecordIndex], name: Path, spill_folder: Path | None = None):
+    return indexes[0] if len(indexes) == 1 else JsonlFiles(indexes, name, spill_folder)
 
 
 def _open_whole(inputs: Inputs, field, progress: bool):
@@ -191,10 +196,12 @@ def _open_whole(inputs: Inputs, field, progress: bool):
         return open_arrow_source(inputs.files, inputs.kind, text_fields, inputs.folder, progress=bar)
 
 
-def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, everyone: bool):
+def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, everyone: bool,
+                              spill_folder: Path | None = None):
     """The files' indexes, built by the ranks together: the bytes of all files, end to end, are cut
     into ``world_size`` equal ranges, each rank indexes the records starting in its range, and the
-    parts (24 bytes per record) are gathered by every rank (``everyone``) or by rank 0 only. Each
+    parts (24 bytes per record) are gathered by every rank (``everyone``) or by rank 0 only (into
+    file-backed arrays in ``spill_folder`` when given: ``arrays.file_backed``). Each
     rank reads 1/world_size of the input instead of all of it. A bad record stops every rank with the
     message a single process gives (the first in file order).
 
@@ -253,7 +260,7 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
             if name == "non_record_lines":  # rows counted from each part's first record: from the file's
                 before = np.cumsum([0] + [n for g, n, _, _ in _pieces_of(shapes, f)][:-1])
                 file_chunks = [chunk + first for chunk, first in zip(file_chunks, before.tolist())]
-            joined[f][name] = np.concatenate(file_chunks) if file_chunks else np.zeros(0, dtype)
+            joined[f][name] = _joined(file_chunks, dtype, None if name == "non_record_lines" else spill_folder)
         del gathered, chunks
     if not receives:
         return None, mine, bounds
@@ -264,57 +271,107 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
     return indexes, [], bounds
 
 
+def _joined(chunks: list[np.ndarray], dtype, spill_folder: Path | None) -> np.ndarray:
+    """``chunks`` end to end, in memory or (``spill_folder``) in a file-backed array."""
+    if spill_folder is None:
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype)
+    joined = arrays.file_backed(sum(chunk.size for chunk in chunks),
+                                np.result_type(*chunks) if chunks else dtype, spill_folder)
+    at = 0
+    for chunk in chunks:
+        joined[at: at + chunk.size] = chunk
+        at += chunk.size
+    return joined
+
+
 def _pieces_of(shapes: list[list[tuple]], f: int) -> list[tuple]:
     """The parts of file ``f``, in rank order (= byte order)."""
     return [piece for pieces in shapes for piece in pieces if piece[0] == f]
 
 
-class RankRecords:
-    """A torchrun rank's own records: input rows ``bounds[rank]`` to ``bounds[rank + 1]`` (the records
-    that start in its byte range; see ``open_rank_source``). It reads them by their input rows, as the
-    whole source would, and knows where each lies in its file; its length is the input's."""
+class RecordPieces:
+    """Some of the input's records: pieces of consecutive input rows, each a ``RecordIndex`` (or
+    ``JsonlFiles``) of its own, in ascending row order. It reads them by their input rows, as the
+    whole source would, and knows where each lies in its file; its length is the input's. A torchrun
+    rank holds its own records this way (those that start in its byte range; see
+    ``open_rank_source``), and the records other ranks hand it to embed (``records_slice``)."""
 
     kind = "jsonl"
 
-    def __init__(self, parts: list[records.RecordIndex], bounds: np.ndarray, rank: int, name: Path):
-        self.first_row, self.end_row = int(bounds[rank]), int(bounds[rank + 1])
-        self.n_records = int(bounds[-1])
+    def __init__(self, pieces: list[tuple[int, object]], n_records: int, name: Path):
+        self.pieces = [(int(first), part) for first, part in pieces if len(part)]
+        self.firsts = np.asarray([first for first, _ in self.pieces], dtype=np.int64)
+        self.ends = np.asarray([first + len(part) for first, part in self.pieces], dtype=np.int64)
+        if np.any(self.firsts[1:] < self.ends[:-1]):
+            raise ValueError("record pieces overlap or are not in row order")
+        self.n_records = int(n_records)
         self.name = name
-        self.own = parts[0] if len(parts) == 1 else JsonlFiles(parts, name) if parts else None
 
     def __len__(self) -> int:
         return self.n_records
 
     @property
     def files(self) -> list[Path]:
-        return [] if self.own is None else self.own.files
+        return list(dict.fromkeys(path for _, part in self.pieces for path in part.files))
 
     @property
     def total_bytes(self) -> int:
-        """This rank's own records' bytes."""
-        return 0 if self.own is None else self.own.total_bytes
+        """The held records' bytes."""
+        return sum(part.total_bytes for _, part in self.pieces)
 
-    def _local(self, rows: np.ndarray) -> np.ndarray:
+    def _piece_of(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < self.first_row or rows.max() >= self.end_row):
-            raise ValueError(f"rows outside this rank's records {self.first_row}-{self.end_row - 1}")
-        return rows - self.first_row
+        piece = np.searchsorted(self.firsts, rows, side="right") - 1
+        held = (piece >= 0) & (rows < self.ends[np.maximum(piece, 0)]) if self.pieces else np.zeros(rows.size, bool)
+        if not held.all():
+            raise ValueError(f"row {int(rows[~held][0])} is not among the records held here")
+        return piece
 
     def where(self, row: int) -> str:
-        return self.own.where(int(self._local(np.asarray([row]))[0]))
+        piece = int(self._piece_of(np.asarray([row]))[0])
+        first, part = self.pieces[piece]
+        return part.where(row - first)
+
+    def row_bytes(self, rows: np.ndarray) -> np.ndarray:
+        """Bytes of each of ``rows`` (held records)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        piece = self._piece_of(rows)
+        sizes = np.zeros(rows.size, dtype=np.int64)
+        for p in np.unique(piece).tolist():
+            at = piece == p
+            first, part = self.pieces[p]
+            sizes[at] = part.row_sizes[rows[at] - first]
+        return sizes
 
     def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
                        max_batch_rows: int = 1 << 30):
-        rows = np.arange(self.first_row, self.end_row) if rows is None else np.asarray(rows, dtype=np.int64)
-        local = self._local(rows)
-        if local.size == 0:
-            return
-        for batch, documents in self.own.iter_documents(local, max_batch_bytes, max_batch_rows):
-            yield batch + self.first_row, documents
+        rows = (np.concatenate([np.arange(a, b) for a, b in zip(self.firsts, self.ends)] or [np.zeros(0, np.int64)])
+                if rows is None else np.sort(np.asarray(rows, dtype=np.int64)))
+        piece = self._piece_of(rows)
+        for p in np.unique(piece).tolist():
+            first, part = self.pieces[p]
+            for batch, documents in part.iter_documents(rows[piece == p] - first, max_batch_bytes, max_batch_rows):
+                yield batch + first, documents
 
     def check_unchanged(self) -> None:
-        if self.own is not None:
-            self.own.check_unchanged()
+        for _, part in self.pieces:
+            part.check_unchanged()
+
+
+def records_slice(source, a: int, b: int) -> list[records.RecordIndex]:
+    """Input rows ``a`` to ``b`` - 1 of a JSONL source that holds them (a ``RecordIndex``,
+    ``JsonlFiles`` or ``RecordPieces``), as indexes of their own, one per file they lie in."""
+    if a >= b:
+        return []
+    if isinstance(source, records.RecordIndex):
+        return [source.rows_slice(a, b)]
+    if isinstance(source, JsonlFiles):
+        return [piece for part, first in zip(source.parts, source.offsets[:-1].tolist())
+                for piece in records_slice(part, max(a, first) - first, min(b, first + len(part)) - first)]
+    found = []
+    for first, part in source.pieces:
+        found.extend(records_slice(part, max(a, first) - first, min(b, first + len(part)) - first))
+    return found
 
 
 class JsonlFiles:
@@ -322,13 +379,14 @@ class JsonlFiles:
 
     kind = "jsonl"
 
-    def __init__(self, indexes: list[records.RecordIndex], name: Path):
+    def __init__(self, indexes: list[records.RecordIndex], name: Path, spill_folder: Path | None = None):
+        """``spill_folder``: the joined per-record arrays go into file-backed arrays there."""
         self.parts = indexes
         self.name = name
         sizes = [len(index) for index in indexes]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.fingerprints = np.concatenate([index.fingerprints for index in indexes])
-        self.row_sizes = np.concatenate([index.row_sizes for index in indexes])
+        self.fingerprints = _joined([index.fingerprints for index in indexes], np.uint64, spill_folder)
+        self.row_sizes = _joined([index.row_sizes for index in indexes], np.uint32, spill_folder)
 
     @property
     def files(self) -> list[Path]:

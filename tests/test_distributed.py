@@ -372,11 +372,22 @@ def _indexing_worker(rank, store_path, inputs, out_dir):
             "identity": list(index.identity), "where": [source.where(r) for r in range(len(source))]}
             for index in parts]
     for name in ("one", "many"):  # rank 0 gathers the whole index; the other ranks keep their own rows
-        source, bounds = sources.open_rank_source([Path(f) for f in inputs[name]], ("text",), ctx, progress=False)
+        spill = Path(out_dir) / f"spill{rank}"
+        spill.mkdir(exist_ok=True)
+        source, bounds = sources.open_rank_source([Path(f) for f in inputs[name]], ("text",), ctx, progress=False,
+                                                  spill_folder=spill)
         rows = np.arange(bounds[rank], bounds[rank + 1])
         found[f"{name}_own"] = {"bounds": bounds.tolist(), "length": len(source),
                                 "texts": [t for _, texts in source.iter_documents(rows) for t in texts],
-                                "where": [source.where(int(r)) for r in rows]}
+                                "where": [source.where(int(r)) for r in rows],
+                                "spill_left": os.listdir(spill)}
+        if rank == 0:  # the whole index, its per-record columns in unnamed files
+            parts = source.parts if hasattr(source, "parts") else [source]
+            found[f"{name}_whole"] = [{column: getattr(index, column).tolist() for column in IndexPart.COLUMNS}
+                                      for index in parts]
+            found[f"{name}_file_backed"] = [isinstance(getattr(index, column), np.memmap) for index in parts
+                                            for column in ("starts", "lengths", "fingerprints", "raw_hashes")] + \
+                [isinstance(getattr(source, column), np.memmap) for column in ("fingerprints", "row_sizes")]
     (Path(out_dir) / f"index{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 
@@ -420,6 +431,12 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
             rows = np.arange(bounds[rank], bounds[rank + 1])
             assert rows.size > 0 and own["where"] == [single.where(int(r)) for r in rows]
             assert own["texts"] == [t for _, texts in single.iter_documents(rows) for t in texts]
+            assert own["spill_left"] == []  # the files have no names: nothing to clean up after a crash
+            if rank == 0:
+                assert found[f"{name}_whole"] == [{column: getattr(index, column).tolist()
+                                                   for column in IndexPart.COLUMNS}
+                                                  for index in (single.parts if hasattr(single, "parts") else [single])]
+                assert all(found[f"{name}_file_backed"])
         with pytest.raises(UserError, match=r"bad\.jsonl:31: not valid JSON") as single_error:
             scan_jsonl(bad, progress=False)
         assert found["bad"] == str(single_error.value)

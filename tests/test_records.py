@@ -552,3 +552,32 @@ def test_writer_locating_records_a_chunk_at_a_time_writes_the_same_bytes(tmp_pat
     monkeypatch.setattr(records, "_WRITE_GROUP_BYTES", 100)
     write_reordered(index, order, tmp_path / "out.jsonl")
     assert (tmp_path / "out.jsonl").read_bytes() == b"".join(lines[i] + b"\n" for i in order)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(max_size=5)), min_size=1, max_size=12), st.data())
+def test_a_slice_of_the_index_reads_and_names_its_records_as_the_whole_does(tmp_path_factory, lines, data):
+    """``rows_slice`` and ``sources.RecordPieces`` (what torchrun ranks hand each other): any row range
+    of a file with blank lines reads the same texts and gives the same "file:line" as the whole index."""
+    from diversity_order import sources
+
+    path = tmp_path_factory.mktemp("slice") / "d.jsonl"
+    path.write_text("".join("\n" if text is None else json.dumps({"text": text}) + "\n" for text in lines))
+    if all(text is None for text in lines):
+        return
+    whole = scan_jsonl(path, progress=False)
+    n = len(whole)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=4)))
+    pieces = [(a, whole.rows_slice(a, b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    held = np.concatenate([np.arange(a, b) for a, b in zip(cuts[:-1], cuts[1:])] or [np.zeros(0, np.int64)])
+    source = sources.RecordPieces(pieces, n, path)
+    assert [source.where(int(r)) for r in held] == [whole.where(int(r)) for r in held]
+    assert [t for _, ts in source.iter_documents(held) for t in ts] == \
+        [t for _, ts in whole.iter_documents(held) for t in ts]
+    assert source.row_bytes(held).tolist() == whole.row_sizes[held].tolist()
+    for a, part in pieces:
+        assert sources.records_slice(source, a, a + len(part))[0].starts.tolist() == part.starts.tolist()
+    outside = np.setdiff1d(np.arange(n), held)
+    if outside.size:
+        with pytest.raises(ValueError, match="not among the records held here"):
+            source.where(int(outside[0]))
