@@ -167,6 +167,28 @@ def broadcast_object(ctx: DistContext, obj=None):
     return box[0]
 
 
+def exchange_objects(ctx: DistContext, outgoing: dict[int, object], incoming: list[int]) -> dict[int, object]:
+    """Point to point: this rank sends ``outgoing[rank]`` to each of those ranks and receives one
+    object from each rank in ``incoming``. Every rank must call it, and a send from rank r to d
+    must be listed on both (r's ``outgoing``, d's ``incoming``). The pairs are served in one global
+    order (by sender, then receiver), so the blocking calls cannot wait on each other in a cycle."""
+    if not ctx.active:
+        return {}
+    import torch.distributed as dist
+
+    device = comm_device() if comm_device().type == "cuda" else None
+    pairs = sorted([(ctx.rank, d) for d in outgoing] + [(r, ctx.rank) for r in incoming])
+    received = {}
+    for sender, receiver in pairs:
+        if sender == ctx.rank:
+            dist.send_object_list([outgoing[receiver]], dst=receiver, device=device)
+        else:
+            box = [None]
+            dist.recv_object_list(box, src=sender, device=device)
+            received[sender] = box[0]
+    return received
+
+
 def broadcast_array(ctx: DistContext, array: np.ndarray | None = None) -> np.ndarray:
     """Rank 0's 1-D ``array`` on every rank (e.g. the curated order, 8 bytes per record, for ranks
     that write their slices of it)."""

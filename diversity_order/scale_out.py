@@ -108,6 +108,65 @@ def own_rows(ctx: DistContext, index, rank_rows: np.ndarray | None) -> np.ndarra
     return rank_rows if rank_rows is not None else distributed.split_by_bytes(index.row_sizes, ctx.world_size)
 
 
+# A rank embeds its own new records unless the busiest rank would have this much more than an
+# equal share of the new bytes: then the ranks hand each other records (a rerun after data was
+# appended finds every new record in the last rank's range).
+REBALANCE_ABOVE = 1.25
+
+
+def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray) -> tuple[object, np.ndarray]:
+    """The records this rank embeds, given ``rows``, its own records that need it (ascending, within
+    its ``bounds``): those rows, unless the ranks' shares of the new bytes are uneven (see
+    ``REBALANCE_ABOVE``). Then the new rows, in input order, are cut into ``world_size`` runs of
+    about equal bytes, rank d embeds run d, and the ranks that hold its records hand them over (their
+    rows and, where rank d holds only its own records, their index: ``sources.records_slice``).
+    Returns (the source to read them from, the rows). Run d lies before run d + 1, so the token
+    counts gathered in rank order stay in input order."""
+    from .sources import RecordPieces, records_slice
+
+    world = ctx.world_size
+    sizes = index.row_bytes(rows) if isinstance(index, RecordPieces) else np.asarray(index.row_sizes[rows], np.int64)
+    shares = [int(b) for b in distributed.all_gather_object(ctx, int(sizes.sum()))]
+    total = sum(shares)
+    if world == 1 or total == 0 or max(shares) <= REBALANCE_ABOVE * total / world:
+        return index, rows
+    middles = sum(shares[:ctx.rank]) + np.cumsum(sizes) - sizes / 2  # each row's place in the new bytes
+    run_of = np.minimum((middles * world / total).astype(np.int64), world - 1)
+    counts = np.bincount(run_of, minlength=world)
+    plan = np.asarray(distributed.all_gather_object(ctx, counts.tolist()))  # plan[r, d]: rows r hands d
+    shipped = {d: rows[run_of == d] for d in range(world) if d != ctx.rank and plan[ctx.rank, d]}
+    held_whole = not isinstance(index, RecordPieces)
+    outgoing = {d: (moved, None if held_whole else records_slice(index, int(moved[0]), int(moved[-1]) + 1))
+                for d, moved in shipped.items()}
+    incoming = [r for r in range(world) if r != ctx.rank and plan[r, ctx.rank]]
+    received = distributed.exchange_objects(ctx, outgoing, incoming)
+    received[ctx.rank] = (rows[run_of == ctx.rank], None)
+    ranks = sorted(r for r, (moved, _) in received.items() if moved.size)
+    work = np.concatenate([received[r][0] for r in ranks]) if ranks else rows[:0]
+    if ctx.is_main:
+        log.info("New records handed between ranks so that each embeds about 1/%d of their bytes (the busiest "
+                 "held %.0f%% of them)", world, 100 * max(shares) / total)
+    if held_whole:
+        return index, work
+    pieces = []
+    for r in ranks:
+        moved, parts = received[r]
+        if parts is None:  # this rank's own records
+            pieces.extend(_own_pieces(index, moved))
+        else:
+            first = int(moved[0])
+            for part in parts:
+                pieces.append((first, part))
+                first += len(part)
+    return RecordPieces(pieces, len(index), index.name), work
+
+
+def _own_pieces(index, rows: np.ndarray) -> list[tuple[int, object]]:
+    """The pieces of ``index`` (a ``RecordPieces``) that hold ``rows``."""
+    return [(first, part) for first, part in index.pieces
+            if np.any((rows >= first) & (rows < first + len(part)))]
+
+
 def _embed_rows(ctx: DistContext, index, rows: np.ndarray, tokenizer, table, batch_docs: int, progress: bool,
                 out=None) -> np.ndarray:
     """Tokenize (and embed into ``out``) ``rows``, this rank's own; their token counts."""
@@ -174,8 +233,9 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
                 _copy_rows(path, source, lo, writer)
                 hit |= source >= 0
                 del source
-            mine = _embed_rows(ctx, index, np.flatnonzero(~hit) + lo, tokenizer, table.weight, batch_docs, progress,
-                               writer)
+            source, rows = balanced_work(ctx, index, bounds, np.flatnonzero(~hit) + lo)
+            mine = _embed_rows(ctx, source, rows, tokenizer, table.weight, batch_docs, progress, writer)
+            del source
         finally:
             writer.close()
         new_counts = _gather(ctx, mine)

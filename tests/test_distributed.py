@@ -4,6 +4,7 @@ the pieces of the labels-only path (shared cache file, sampled fit) against plai
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -72,6 +73,30 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
               tmp_path / "ext.npy", *common])
     assert np.array_equal(np.load(multi / "d_token_counts.npy"), np.load(single / "d_token_counts.npy"))
     assert (multi / "e.jsonl").read_bytes() == (single / "c.jsonl").read_bytes()
+
+
+def test_records_appended_after_a_run_are_embedded_by_both_ranks(tmp_path, tiny_model_dir, monkeypatch):
+    """A rerun after records were appended finds every new record in the last rank's byte range: the
+    ranks hand records over so both embed about half, and the result is still a single process's."""
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+    records = topical_records(per_topic=25, long_every=7)
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot"]
+    single.mkdir()
+    multi.mkdir()
+    write_jsonl(single / "d.jsonl", records)
+    assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
+                                                           single / "c.jsonl", *common, "--no-progress"]]) == 0
+    write_jsonl(multi / "d.jsonl", records[:60])
+    torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
+    write_jsonl(multi / "d.jsonl", records)  # 90 records appended: the file's second half and more
+    log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
+    assert "Embedding 90 new or changed record(s) of 150 on 2 ranks" in log
+    assert "New records handed between ranks" in log
+    own = re.search(r"Rank 0 of 2: (\d+) record\(s\)", log)  # without the hand-over rank 0 embeds none
+    assert own and 30 <= int(own.group(1)) <= 60, log[-3000:]
+    for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
+        assert (multi / name).read_bytes() == (single / name).read_bytes(), name
 
 
 def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):

@@ -581,3 +581,19 @@ def test_a_slice_of_the_index_reads_and_names_its_records_as_the_whole_does(tmp_
     if outside.size:
         with pytest.raises(ValueError, match="not among the records held here"):
             source.where(int(outside[0]))
+
+
+def test_a_slice_across_files_holds_one_index_per_file(tmp_path):
+    from diversity_order import sources
+
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    paths[0].write_text("".join(json.dumps({"text": f"a{i}"}) + "\n" for i in range(3)))
+    paths[1].write_text("\n" + "".join(json.dumps({"text": f"b{i}"}) + "\n" for i in range(4)))
+    whole = sources.open_source([str(p) for p in paths], ("text",), progress=False)
+    parts = sources.records_slice(whole, 1, 6)
+    assert [part.path.name for part in parts] == ["a.jsonl", "b.jsonl"] and [len(p) for p in parts] == [2, 3]
+    held = sources.RecordPieces([(1, parts[0]), (3, parts[1])], len(whole), tmp_path)
+    rows = np.arange(1, 6)
+    assert [t for _, ts in held.iter_documents(rows) for t in ts] == ["a1", "a2", "b0", "b1", "b2"]
+    assert [held.where(int(r)) for r in rows] == [whole.where(int(r)) for r in rows]
+    assert held.where(3).endswith("b.jsonl:2")  # the blank first line counted
