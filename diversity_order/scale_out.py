@@ -1,15 +1,16 @@
 """torchrun without gathering vectors: only labels and token counts reach rank 0.
 
-Rank 0 holds the input's index (24 bytes per record); every other rank, when it can, only the
-index of its own records (those starting in its byte range: the ranks index the input together,
-see ``sources.open_rank_source``). Then:
+Rank 0 holds the input's index (24 bytes per record, file-backed); every other rank, when it can,
+only the index of its own records (those starting in its byte range: the ranks index the input
+together, see ``sources.open_rank_source``). Then:
 
 1. **Embeds into one shared file.** The embedding cache ``B_embeddings.npy`` (rows in input
    order, keyed by per-record text fingerprints, as in a single process) is the meeting point.
    Rows already cached are reused wherever they moved; when the cache does not already hold
    exactly the current records in order, rank 0 creates a temp file beside it and every rank
    writes into it, with ``pwrite``, the cached rows of its own records (rank 0, which looked them
-   up, sends each rank where they lie) and the vectors of the rest of them, which it computes.
+   up, sends each rank where they lie) and the vectors of the rest of them, which it computes (or,
+   when those lie unevenly across the ranks, an equal share of all of them: ``balanced_work``).
    Rank 0 then digests the file and renames it
    into place with the cache's manifest, as ``caches.store`` would. The file does not depend on
    the number of ranks, so a rerun with another ``--nproc-per-node`` or ``--nnodes`` reuses it
