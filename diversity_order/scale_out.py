@@ -123,7 +123,8 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     rows and, where rank d holds only its own records, their index: ``sources.records_slice``).
     Returns (the source to read them from, the rows). Run d lies before run d + 1, so the token
     counts gathered in rank order stay in input order."""
-    from .sources import RecordPieces, records_slice
+    from .records import RecordIndex
+    from .sources import JsonlFiles, RecordPieces, records_slice
 
     world = ctx.world_size
     sizes = index.row_bytes(rows) if isinstance(index, RecordPieces) else np.asarray(index.row_sizes[rows], np.int64)
@@ -136,8 +137,9 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     counts = np.bincount(run_of, minlength=world)
     plan = np.asarray(distributed.all_gather_object(ctx, counts.tolist()))  # plan[r, d]: rows r hands d
     shipped = {d: rows[run_of == d] for d in range(world) if d != ctx.rank and plan[ctx.rank, d]}
-    held_whole = not isinstance(index, RecordPieces)
-    outgoing = {d: (moved, None if held_whole else records_slice(index, int(moved[0]), int(moved[-1]) + 1))
+    # The receiver may hold only its own records (rank 0 holds all): JSONL records travel with their index.
+    sliceable = isinstance(index, (RecordIndex, JsonlFiles, RecordPieces))
+    outgoing = {d: (moved, records_slice(index, int(moved[0]), int(moved[-1]) + 1) if sliceable else None)
                 for d, moved in shipped.items()}
     incoming = [r for r in range(world) if r != ctx.rank and plan[r, ctx.rank]]
     received = distributed.exchange_objects(ctx, outgoing, incoming)
@@ -147,12 +149,12 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     if ctx.is_main:
         log.info("New records handed between ranks so that each embeds about 1/%d of their bytes (the busiest "
                  "held %.0f%% of them)", world, 100 * max(shares) / total)
-    if held_whole:
+    if not isinstance(index, RecordPieces):  # this rank reads any record itself
         return index, work
     pieces = []
     for r in ranks:
         moved, parts = received[r]
-        if parts is None:  # this rank's own records
+        if r == ctx.rank:
             pieces.extend(_own_pieces(index, moved))
         else:
             first = int(moved[0])

@@ -75,9 +75,10 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
     assert (multi / "e.jsonl").read_bytes() == (single / "c.jsonl").read_bytes()
 
 
-def test_records_appended_after_a_run_are_embedded_by_both_ranks(tmp_path, tiny_model_dir, monkeypatch):
-    """A rerun after records were appended finds every new record in the last rank's byte range: the
-    ranks hand records over so both embed about half, and the result is still a single process's."""
+def test_records_appended_or_prepended_after_a_run_are_embedded_by_both_ranks(tmp_path, tiny_model_dir, monkeypatch):
+    """A rerun after records were appended finds every new record in the last rank's byte range (and
+    after records were prepended, in the first's): the ranks hand records over so both embed about
+    half, and the result is still a single process's."""
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
     records = topical_records(per_topic=25, long_every=7)
     single, multi = tmp_path / "single", tmp_path / "multi"
@@ -95,6 +96,21 @@ def test_records_appended_after_a_run_are_embedded_by_both_ranks(tmp_path, tiny_
     assert "New records handed between ranks" in log
     own = re.search(r"Rank 0 of 2: (\d+) record\(s\)", log)  # without the hand-over rank 0 embeds none
     assert own and 30 <= int(own.group(1)) <= 60, log[-3000:]
+    for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
+        assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+
+    # The other way: new records at the start lie in rank 0's range, and rank 0 (which holds the whole
+    # index) hands some to rank 1 (which holds only its own records) with their index.
+    prepended = [dict(r, text=r["text"] + " (second edition)") for r in records[:50]] + records
+    for folder in (single, multi):
+        write_jsonl(folder / "d.jsonl", prepended)
+    assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
+                                                           single / "c.jsonl", *common, "--no-progress"]]) == 0
+    log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
+    assert "Embedding 50 new or changed record(s) of 200 on 2 ranks" in log
+    assert "New records handed between ranks" in log
+    own = re.search(r"Rank 0 of 2: (\d+) record\(s\)", log)
+    assert own and 15 <= int(own.group(1)) <= 35, log[-3000:]
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
 
