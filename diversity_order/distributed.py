@@ -176,7 +176,7 @@ def exchange_objects(ctx: DistContext, outgoing: dict[int, object], incoming: li
         return {}
     import torch.distributed as dist
 
-    device = comm_device() if comm_device().type == "cuda" else None
+    device = comm_device()
     pairs = sorted([(ctx.rank, d) for d in outgoing] + [(r, ctx.rank) for r in incoming])
     received = {}
     for sender, receiver in pairs:

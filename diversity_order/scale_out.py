@@ -124,7 +124,7 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     Returns (the source to read them from, the rows). Run d lies before run d + 1, so the token
     counts gathered in rank order stay in input order."""
     from .records import RecordIndex
-    from .sources import JsonlFiles, RecordPieces, records_slice
+    from .sources import RecordPieces, records_slice
 
     world = ctx.world_size
     sizes = index.row_bytes(rows) if isinstance(index, RecordPieces) else np.asarray(index.row_sizes[rows], np.int64)
@@ -138,7 +138,7 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     plan = np.asarray(distributed.all_gather_object(ctx, counts.tolist()))  # plan[r, d]: rows r hands d
     shipped = {d: rows[run_of == d] for d in range(world) if d != ctx.rank and plan[ctx.rank, d]}
     # The receiver may hold only its own records (rank 0 holds all): JSONL records travel with their index.
-    sliceable = isinstance(index, (RecordIndex, JsonlFiles, RecordPieces))
+    sliceable = isinstance(index, (RecordIndex, RecordPieces))
     outgoing = {d: (moved, records_slice(index, int(moved[0]), int(moved[-1]) + 1) if sliceable else None)
                 for d, moved in shipped.items()}
     incoming = [r for r in range(world) if r != ctx.rank and plan[r, ctx.rank]]
@@ -149,7 +149,7 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     if ctx.is_main:
         log.info("New records handed between ranks so that each embeds about 1/%d of their bytes (the busiest "
                  "held %.0f%% of them)", world, 100 * max(shares) / total)
-    if not isinstance(index, RecordPieces):  # this rank reads any record itself
+    if not isinstance(index, RecordPieces) or index.holds_all():  # this rank reads any record itself
         return index, work
     pieces = []
     for r in ranks:

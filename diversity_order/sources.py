@@ -291,15 +291,16 @@ def _pieces_of(shapes: list[list[tuple]], f: int) -> list[tuple]:
 
 class RecordPieces:
     """Some of the input's records: pieces of consecutive input rows, each a ``RecordIndex`` (or
-    ``JsonlFiles``) of its own, in ascending row order. It reads them by their input rows, as the
-    whole source would, and knows where each lies in its file; its length is the input's. A torchrun
+    ``JsonlFiles``) of its own, in ascending row order (``JsonlFiles``: all records of several files,
+    one piece per file). It reads them by their input rows, as the whole source would, and knows
+    where each lies in its file; its length is the input's. A torchrun
     rank holds its own records this way (those that start in its byte range; see
     ``open_rank_source``), and the records other ranks hand it to embed (``records_slice``)."""
 
     kind = "jsonl"
 
     def __init__(self, pieces: list[tuple[int, object]], n_records: int, name: Path):
-        self.pieces = [(int(first), part) for first, part in pieces if len(part)]
+        self.pieces = [(int(first), part) for first, part in pieces]
         self.firsts = np.asarray([first for first, _ in self.pieces], dtype=np.int64)
         self.ends = np.asarray([first + len(part) for first, part in self.pieces], dtype=np.int64)
         if np.any(self.firsts[1:] < self.ends[:-1]):
@@ -318,6 +319,9 @@ class RecordPieces:
     def total_bytes(self) -> int:
         """The held records' bytes."""
         return sum(part.total_bytes for _, part in self.pieces)
+
+    def holds_all(self) -> bool:
+        return int((self.ends - self.firsts).sum()) == self.n_records
 
     def _piece_of(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
@@ -359,32 +363,27 @@ class RecordPieces:
 
 
 def records_slice(source, a: int, b: int) -> list[records.RecordIndex]:
-    """Input rows ``a`` to ``b`` - 1 of a JSONL source that holds them (a ``RecordIndex``,
-    ``JsonlFiles`` or ``RecordPieces``), as indexes of their own, one per file they lie in."""
+    """Input rows ``a`` to ``b`` - 1 of a JSONL source that holds them (a ``RecordIndex`` or a
+    ``RecordPieces``, ``JsonlFiles`` included), as indexes of their own, one per file they lie in."""
     if a >= b:
         return []
     if isinstance(source, records.RecordIndex):
         return [source.rows_slice(a, b)]
-    if isinstance(source, JsonlFiles):
-        return [piece for part, first in zip(source.parts, source.offsets[:-1].tolist())
-                for piece in records_slice(part, max(a, first) - first, min(b, first + len(part)) - first)]
     found = []
     for first, part in source.pieces:
         found.extend(records_slice(part, max(a, first) - first, min(b, first + len(part)) - first))
     return found
 
 
-class JsonlFiles:
+class JsonlFiles(RecordPieces):
     """Several JSONL files as one source: their records one after another, each known by (file, line)."""
-
-    kind = "jsonl"
 
     def __init__(self, indexes: list[records.RecordIndex], name: Path, spill_folder: Path | None = None):
         """``spill_folder``: the joined per-record arrays go into file-backed arrays there."""
         self.parts = indexes
-        self.name = name
         sizes = [len(index) for index in indexes]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        super().__init__(list(zip(self.offsets[:-1].tolist(), indexes)), int(self.offsets[-1]), name)
         self.fingerprints = _joined([index.fingerprints for index in indexes], np.uint64, spill_folder)
         self.row_sizes = _joined([index.row_sizes for index in indexes], np.uint32, spill_folder)
 
@@ -392,33 +391,13 @@ class JsonlFiles:
     def files(self) -> list[Path]:
         return [index.path for index in self.parts]
 
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
     @property
     def total_bytes(self) -> int:
         return int(self.row_sizes.sum())
 
-    def _part_of(self, rows: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.offsets, rows, side="right") - 1
-
-    def where(self, row: int) -> str:
-        part = int(self._part_of(np.asarray([row]))[0])
-        return self.parts[part].where(row - int(self.offsets[part]))
-
     def record_keys(self, row: int) -> str:
-        part = int(self._part_of(np.asarray([row]))[0])
+        part = int(self._piece_of(np.asarray([row]))[0])
         return records.record_keys(self.parts[part], row - int(self.offsets[part]))
-
-    def iter_documents(self, rows: np.ndarray | None = None, max_batch_bytes: int = 4 << 20,
-                       max_batch_rows: int = 1 << 30):
-        rows = np.arange(len(self), dtype=np.int64) if rows is None else np.sort(np.asarray(rows, dtype=np.int64))
-        owner = self._part_of(rows)
-        for part in np.unique(owner).tolist():
-            first = int(self.offsets[part])
-            for batch, documents in self.parts[part].iter_documents(rows[owner == part] - first, max_batch_bytes,
-                                                                    max_batch_rows):
-                yield batch + first, documents
 
     def field_values(self, name: str) -> list:
         return [value for index in self.parts for value in index.field_values(name)]
@@ -430,7 +409,7 @@ class JsonlFiles:
     def read_raw(self, rows: np.ndarray) -> list[bytes]:
         """The bytes of records ``rows``, in that order."""
         rows = np.asarray(rows, dtype=np.int64)
-        owner = self._part_of(rows)
+        owner = self._piece_of(rows)
         found: list[bytes] = [b""] * rows.size
         for part in np.unique(owner).tolist():
             at = np.flatnonzero(owner == part)
