@@ -187,8 +187,7 @@ def _jsonl_source(indexes: list[records.RecordIndex], name: Path, spill_folder: 
 
 def _open_whole(inputs: Inputs, field, progress: bool):
     if inputs.kind == "jsonl":
-        return _jsonl_source([records.scan_jsonl(path, field, progress=progress) for path in inputs.files],
-                             inputs.name)
+        return _jsonl_source(records.scan_files(inputs.files, field, progress=progress), inputs.name)
     text_fields = field if isinstance(field, tuple) else (field,)
     # Counted in uncompressed row-group bytes, which the files' sizes do not tell: no total.
     with Progress(None, f"Indexing {inputs.describe()}", unit="MB", rate_unit="MB", bar=progress,

@@ -597,3 +597,88 @@ def test_a_slice_across_files_holds_one_index_per_file(tmp_path):
     assert [t for _, ts in held.iter_documents(rows) for t in ts] == ["a1", "a2", "b0", "b1", "b2"]
     assert [held.where(int(r)) for r in rows] == [whole.where(int(r)) for r in rows]
     assert held.where(3).endswith("b.jsonl:2")  # the blank first line counted
+
+
+# ---- indexing in several processes ---------------------------------------------------------------
+
+
+def _index_columns(index) -> dict:
+    from diversity_order.records import IndexPart
+
+    return {name: getattr(index, name).tolist() for name in IndexPart.COLUMNS} | {"first_line": index.first_line}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["record", "long", "blank", "spaces"]), min_size=1, max_size=30),
+                min_size=1, max_size=3), st.integers(2, 4), st.integers(40, 400))
+def test_files_indexed_by_several_processes_equal_one_pass_each(tmp_path_factory, files, workers, range_bytes):
+    """Files cut into byte ranges (and spread over processes) give the indexes one pass per file gives."""
+    from diversity_order import records
+
+    folder = tmp_path_factory.mktemp("parallel")
+    paths = []
+    for f, kinds in enumerate(files):
+        lines = [b"" if kind == "blank" else b"  " if kind == "spaces" else
+                 b'{"text": "f%d r%d%s"}' % (f, i, b"y" * (200 if kind == "long" else 0)) for i, kind in enumerate(kinds)]
+        paths.append(folder / f"in{f}.jsonl")
+        paths[-1].write_bytes(b"\n".join(lines + [b'{"text": "end"}']) + b"\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records, "PARALLEL_RANGE_BYTES", range_bytes)
+        together = records.scan_files(paths, "text", progress=False, workers=workers)
+    for path, index in zip(paths, together):
+        assert _index_columns(index) == _index_columns(records.scan_files([path], "text", progress=False, workers=1)[0])
+        assert index.identity == records.scan_jsonl(path, progress=False, workers=1).identity
+
+
+def test_several_processes_report_the_first_bad_record_in_file_order(tmp_path, monkeypatch):
+    from diversity_order import records
+
+    monkeypatch.setattr(records, "PARALLEL_RANGE_BYTES", 64)
+    src = tmp_path / "in.jsonl"
+    good = [b'{"text": "record %d"}' % i for i in range(40)]
+    for bad_lines in ([30], [5, 30], [0, 39]):
+        lines = list(good)
+        for line in bad_lines:
+            lines[line] = b'{"text": broken %d}' % line
+        src.write_bytes(b"\n".join(lines) + b"\n")
+        with pytest.raises(UserError) as one_pass:
+            records.scan_files([src], "text", progress=False, workers=1)
+        with pytest.raises(UserError) as together:
+            records.scan_files([src], "text", progress=False, workers=4)
+        assert str(together.value) == str(one_pass.value)
+        assert f"in.jsonl:{bad_lines[0] + 1}:" in str(together.value)
+
+
+def _dying_scan_piece(path, text_field, lo, hi):
+    import os
+
+    os._exit(3)
+
+
+def test_an_indexing_process_that_dies_stops_the_run_instead_of_hanging(tmp_path, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    from diversity_order import records
+
+    monkeypatch.setattr(records, "PARALLEL_RANGE_BYTES", 64)
+    monkeypatch.setattr(records, "_scan_piece", _dying_scan_piece)  # forked processes see the patched module
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(b'{"text": "record %d"}\n' % i for i in range(100)))
+    with pytest.raises(BrokenProcessPool):
+        records.scan_files([src], "text", progress=False, workers=2)
+
+
+def test_indexing_in_processes_logs_one_progress_line_for_all(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from diversity_order import records
+
+    monkeypatch.setattr(records, "PARALLEL_RANGE_BYTES", 64)
+    monkeypatch.setenv("DIVERSITY_ORDER_PROGRESS_SECONDS", "0")
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(b'{"text": "record %d %s"}\n' % (i, b"z" * 4000) for i in range(5000)))  # 20 MB
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        index = records.scan_files([src], "text", progress=False, workers=2)[0]
+    assert len(index) == 5000
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Indexing in.jsonl (2 processes)")]
+    assert lines and lines[-1].split(": ")[1].startswith("19 of 19 MB (100%)"), lines  # the 19.6 MiB file
