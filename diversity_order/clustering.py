@@ -57,7 +57,9 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
         with threadpool_limits(limits=1, user_api="blas"):
             return make_kmeans(n_clusters, seed).fit_predict(matrix.load(embeddings)).astype(np.int64)
     fit_rows = matrix.load(embeddings) if sample is None else matrix.read_rows(embeddings, sample)
-    return assign_to_centres(embeddings, fit_centres(fit_rows, n_clusters, seed, backend, device), device)
+    centres = fit_centres(fit_rows, n_clusters, seed, backend, device)
+    del fit_rows  # the sample is not needed to assign the rows: not held beside the blocks read for that
+    return assign_to_centres(embeddings, centres, device)
 
 
 def fit_centres(rows: np.ndarray, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",
@@ -119,8 +121,12 @@ class Plan:
 
 def plan_for(embeddings: Matrix, budget: int) -> Plan:
     """The exact path while the matrix (as float32) fits ``budget``; else a seeded sample of what fits in half."""
-    n, d = matrix.shape(embeddings)
-    size = matrix.nbytes_float32(embeddings)
+    return plan_for_shape(*matrix.shape(embeddings), budget)
+
+
+def plan_for_shape(n: int, d: int, budget: int) -> Plan:
+    """``plan_for`` an n x d matrix, before it exists."""
+    size = n * d * 4
     if size <= budget:
         return Plan(True, n, f"{size / 2**30:.2f} GiB of embeddings fit the memory budget of {budget / 2**30:.2f} GiB")
     rows = int(min(n, max(MIN_FIT_SAMPLE, min(MAX_FIT_SAMPLE, budget // (2 * 4 * d)))))
