@@ -385,9 +385,11 @@ def _fingerprint(name: str, tensor: torch.Tensor) -> str:
     The bytes are those of the checkpoint's own dtype, so the same table gives the same
     fingerprint whatever dtype it is converted to later.
     """
-    from .caches import digest_buffer
+    from .caches import BLAKE2B, digest_buffer
 
-    content = digest_buffer(tensor.contiguous().view(torch.uint8).numpy())  # numpy has no bfloat16
+    # blake2b, as always for this key: caches of vectors made with this table stay valid (the table
+    # is small; the cache files' own digests are XXH3).
+    content = digest_buffer(tensor.contiguous().view(torch.uint8).numpy(), BLAKE2B)  # numpy has no bfloat16
     key = f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{content}"
     return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 

@@ -64,7 +64,7 @@ def fit_rows(cluster_fit_sample: int, n: int) -> int:
 
 def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
     """An atomic-write temp file beside ``target``: the ``.npy`` header of an N x D float32 array
-    and room for its rows (sparse until written). Returns its path and the rows' offset."""
+    and room for its rows (reserved on disk, see ``matrix.reserve``). Returns its path and the rows' offset."""
     atomic.note_target(target)  # a killed run's temp is swept by a later run
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
@@ -74,6 +74,10 @@ def _create_rows_file(target: Path, n: int, dim: int) -> tuple[Path, int]:
         atomic.give_plain_permissions(name)
         os.write(fd, header.getvalue())
         os.ftruncate(fd, len(header.getvalue()) + n * dim * 4)
+        matrix.reserve(fd, len(header.getvalue()), n * dim * 4)
+    except OSError as exc:
+        os.unlink(name)
+        raise matrix.no_room(target, n * dim * 4, exc) from None
     finally:
         os.close(fd)
     return Path(name), len(header.getvalue())
@@ -266,7 +270,8 @@ def _digest_together(ctx: DistContext, path: Path) -> str | None:
     started = time.perf_counter()
     size = path.stat().st_size
     mine = range(ctx.rank, caches.chunk_count(size), ctx.world_size)
-    digests = np.frombuffer(bytearray(b"".join(caches.chunk_digests(path, mine))), np.uint8).reshape(-1, 32)
+    digests = np.frombuffer(bytearray(b"".join(caches.chunk_digests(path, mine))), np.uint8).reshape(
+        -1, caches.CHUNK_DIGEST_BYTES)
     parts = distributed.gather_to_main(ctx, digests, distributed.comm_device())
     if parts is None:
         return None

@@ -1,5 +1,6 @@
 """Row caches as units: manifests, dtype/shape, the registry, failed writes, stale temp files."""
 
+import hashlib
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,7 +132,7 @@ def test_matching_identities_read_no_data_and_a_copy_is_verified_once(tmp_path, 
     caches.store(path, KEY, fps, truth(fps))
     digests = []
     real = caches._digest_fd
-    monkeypatch.setattr(caches, "_digest_fd", lambda fd, size: digests.append(size) or real(fd, size))
+    monkeypatch.setattr(caches, "_digest_fd", lambda fd, size, *scheme: digests.append(size) or real(fd, size, *scheme))
 
     assert caches.lookup(path, KEY, fps, dtype=np.float32, row_shape=(3,)).in_order
     assert digests == []  # identities match: nothing digested
@@ -324,9 +326,69 @@ def test_manifest_lists_each_file_with_identity_and_digest(tmp_path):
     for role, path in (("data", files.data), ("fingerprints", files.fingerprints), ("extra:ids", files.extras["ids"])):
         entry, stat = manifest["files"][role], path.stat()
         assert (entry["size"], entry["mtime_ns"], entry["inode"]) == (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-        assert len(entry["blake2b"]) == 64
+        assert entry["digest"] == plain_digest(path.read_bytes(), xxhash.xxh3_128)
     assert manifest["rows"] == 3 and manifest["dtype"] == "float32" and manifest["shape"] == [3, 3]
+    assert manifest["digest"] == caches.XXH3
     np.testing.assert_array_equal(np.load(files.data), truth(fps))  # still a plain .npy
+
+
+def plain_digest(content: bytes, new_hash, chunk: int = 64 << 20) -> str:
+    """What a manifest records for a file: the hash of "size:" and each chunk's hash, one loop."""
+    combined = new_hash()
+    combined.update(f"{len(content)}:".encode())
+    for start in range(0, max(len(content), 1), chunk):
+        combined.update(new_hash(content[start: start + chunk]).digest())
+    return combined.hexdigest()
+
+
+def test_digests_of_many_chunks_match_the_plain_loop(tmp_path, monkeypatch):
+    monkeypatch.setattr(caches, "DIGEST_CHUNK", 1000)
+    fps = np.arange(1, 400, dtype=np.uint64)
+    files = caches.files_for(tmp_path / "x.npy")
+    caches.store(files, KEY, fps, truth(fps))
+    entry = json.loads(files.marker.read_text())["files"]["data"]
+    assert entry["digest"] == plain_digest(files.data.read_bytes(), xxhash.xxh3_128, 1000)
+    with open(files.data, "rb") as handle:
+        assert caches._digest_fd(handle.fileno(), files.data.stat().st_size, caches.BLAKE2B) == plain_digest(
+            files.data.read_bytes(), lambda *data: hashlib.blake2b(*data, digest_size=32), 1000)
+
+
+def _as_blake2b_manifest(files) -> None:
+    """Rewrite a set's manifest as versions before XXH3 wrote it: blake2b digests in a "blake2b" field."""
+    manifest = json.loads(files.marker.read_text())
+    for entry in manifest["files"].values():
+        path = files.data.parent / entry["name"]
+        del entry["digest"]
+        entry["blake2b"] = plain_digest(path.read_bytes(), lambda *data: hashlib.blake2b(*data, digest_size=32))
+    manifest["digest"] = caches.BLAKE2B
+    files.marker.write_text(json.dumps(manifest))
+
+
+def test_a_set_digested_with_blake2b_before_is_still_verified_and_reused(tmp_path):
+    fps = np.arange(1, 11, dtype=np.uint64)
+    files = caches.files_for(tmp_path / "a" / "x.npy")
+    caches.store(files, KEY, fps, truth(fps))
+    _as_blake2b_manifest(files)
+    assert caches.lookup(files.data, KEY, fps).in_order  # identities match: nothing to digest
+    shutil.copytree(files.data.parent, tmp_path / "b")  # new identities: the blake2b digests are checked
+    found = caches.lookup(tmp_path / "b" / "x.npy", KEY, fps)
+    assert found.in_order, found.reason
+    np.save(tmp_path / "b" / "x.npy", truth(fps) + 1)  # other content: the blake2b digest differs
+    found = caches.lookup(tmp_path / "b" / "x.npy", KEY, fps)
+    assert "is not the file" in found.reason
+    assert_rows_belong_to_their_records(found, fps)  # rows, if any, from the registered set "a", not the edit
+
+
+def test_a_digest_scheme_this_version_cannot_check_is_recomputed(tmp_path):
+    fps = np.arange(1, 11, dtype=np.uint64)
+    files = caches.files_for(tmp_path / "x.npy")
+    caches.store(files, KEY, fps, truth(fps))
+    manifest = json.loads(files.marker.read_text())
+    files.marker.write_text(json.dumps(dict(manifest, digest="sha3-512 of everything")))
+    assert caches.lookup(files.data, KEY, fps).in_order  # identities match: the scheme is never needed
+    os.utime(files.data)
+    found = caches.lookup(files.data, KEY, fps)
+    assert not found.hit.any() and "sha3-512 of everything" in found.reason
 
 
 def test_a_set_written_before_manifests_is_reused_and_rewritten(tmp_path):
@@ -406,7 +468,7 @@ def test_a_fill_digested_while_written_records_the_digest_of_its_file(tmp_path_f
         for at in range(0, n, batch):
             fill.rows[rows[at: at + batch]] = values[rows[at: at + batch]]
         fill.commit({"kind": "t"}, np.arange(n).astype(np.uint64))
-        recorded = json.loads(caches._files(folder / "c.npy").marker.read_text())["files"]["data"]["blake2b"]
+        recorded = json.loads(caches._files(folder / "c.npy").marker.read_text())["files"]["data"]["digest"]
         with open(folder / "c.npy", "rb") as handle:
             assert recorded == caches._digest_fd(handle.fileno(), os.fstat(handle.fileno()).st_size)
     np.testing.assert_array_equal(np.load(folder / "c.npy"), values)

@@ -844,16 +844,19 @@ def test_disk_full_while_checkpointing_stops_with_one_line_and_the_last_checkpoi
 
 
 def test_no_room_for_the_checkpoint_is_said_before_any_work(data, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    import ctypes
     import errno
     from types import SimpleNamespace
 
+    from diversity_order import matrix
     from diversity_order.deep import checkpoint as checkpoint_module
     from diversity_order.errors import UserError
 
-    def full(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full(fd, mode, offset, length):
+        ctypes.set_errno(errno.ENOSPC)
+        return -1
 
-    monkeypatch.setattr(checkpoint_module.os, "posix_fallocate", full, raising=False)
+    monkeypatch.setattr(matrix, "_FALLOCATE", full)
     rows = []
     with pytest.raises(UserError, match=r"cannot create the checkpoint .*emb.npy.partial.npy \(0.00 GB\): No space "
                                         r"left on device; free space or choose another --output folder"):

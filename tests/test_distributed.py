@@ -318,8 +318,8 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     for name in ["c.jsonl", "c_labels.npy", "c_order.npy", "c_embeddings.npy", "d_token_counts.npy"]:
         assert (nodes / name).read_bytes() == (single / name).read_bytes(), name
     manifest = json.loads((nodes / "c_embeddings.cache.json").read_text())  # digested by the ranks together
-    assert manifest["files"]["data"]["blake2b"] == json.loads((single / "c_embeddings.cache.json").read_text()
-                                                              )["files"]["data"]["blake2b"]
+    assert manifest["files"]["data"]["digest"] == json.loads((single / "c_embeddings.cache.json").read_text()
+                                                             )["files"]["data"]["digest"]
 
 
 def _collectives_worker(rank, store_path, out_dir):

@@ -114,3 +114,147 @@ def test_out_of_core_calibration_equals_a_sample_fit_for_each_k(tmp_path):
         assert row == clustering.CalibrationRow(row.k, silhouette.score(labels), int(sizes.min()),
                                                 float(np.median(sizes)), int(sizes.max()))
     assert recommended == clustering.recommend_k(rows)
+
+
+# ---- reserving a matrix file's disk space --------------------------------------------------------
+
+
+def test_create_npy_reserves_the_rows_and_reads_back_as_zeros_until_written(tmp_path):
+    if matrix._FALLOCATE is None:
+        pytest.skip("no fallocate on this system")
+    path = tmp_path / "m.npy"
+    with open(path, "w+b") as handle:
+        rows = matrix.create_npy(handle, (1000, 64), np.float32)
+        rows[np.arange(10, 20)] = np.ones((10, 64), np.float32)
+    allocated = path.stat().st_blocks * 512
+    if allocated < 1000 * 64 * 4:
+        pytest.skip("this filesystem does not reserve space (the file stays sparse, as designed)")
+    loaded = np.load(path)
+    assert loaded.shape == (1000, 64) and loaded[10:20].all() and not loaded[:10].any() and not loaded[20:].any()
+
+
+def _failing_fallocate(code):
+    import ctypes
+
+    def fallocate(fd, mode, offset, length):
+        ctypes.set_errno(code)
+        return -1
+    return fallocate
+
+
+def test_a_full_disk_fails_at_the_start_naming_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    import errno
+
+    from diversity_order import caches
+    from diversity_order.errors import UserError
+
+    monkeypatch.setattr(matrix, "_FALLOCATE", _failing_fallocate(errno.ENOSPC))
+    with pytest.raises(UserError, match=r"x_embeddings\.npy: no room on its disk for 0\.02 GB of rows"):
+        caches.Fill(tmp_path / "x_embeddings.npy", (10_000, 576), np.float32)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_filesystem_that_cannot_reserve_leaves_the_file_sparse_and_working(tmp_path, monkeypatch):
+    import errno
+
+    monkeypatch.setattr(matrix, "_FALLOCATE", _failing_fallocate(errno.EOPNOTSUPP))
+    path = tmp_path / "m.npy"
+    with open(path, "w+b") as handle:
+        rows = matrix.create_npy(handle, (100, 8), np.float32)
+        rows[np.arange(100)] = np.arange(800, dtype=np.float32).reshape(100, 8)
+    np.testing.assert_array_equal(np.load(path), np.arange(800, dtype=np.float32).reshape(100, 8))
+
+
+# ---- rows appended with O_DIRECT -----------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 600), st.integers(1, 40), st.sampled_from([np.float32, np.float16]), st.data())
+def test_rows_appended_directly_read_back_as_plain_assignment(tmp_path_factory, n, d, dtype, data):
+    """Rows written in file order from row 0 go through the direct appender (small stages, so many
+    aligned writes, a header block read back and an unaligned rest), until a write breaks the order:
+    the file reads back as plain assignment into zeros, whatever the order of the writes."""
+    rng = np.random.default_rng(n * 7 + d)
+    expected = np.zeros((n, d), dtype=dtype)
+    path = tmp_path_factory.mktemp("direct") / "w.npy"
+    with pytest.MonkeyPatch.context() as patch, open(path, "w+b") as handle:
+        patch.setattr(matrix.DirectAppender, "STAGE", 2 * matrix.DirectAppender.ALIGN)
+        writer = matrix.create_npy(handle, (n, d), dtype)
+        writer.append_directly()
+        at = 0
+        # Each step appends that many rows; 0 writes a few rows anywhere (out of order: the rest is pwrite).
+        steps = data.draw(st.lists(st.integers(0, 150), max_size=12))
+        for step in [*steps, n]:
+            if at >= n:
+                break
+            if step == 0:
+                rows = np.asarray(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=5, unique=True)))
+            else:
+                rows = np.arange(at, min(at + step, n))
+                at = int(rows[-1]) + 1
+            values = rng.normal(size=(rows.size, d)).astype(np.float32)
+            written = writer.write(rows, values)
+            expected[rows] = values
+            np.testing.assert_array_equal(written, values.astype(dtype))
+        writer.finish()
+    loaded = np.load(path)
+    assert loaded.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(loaded, expected)
+
+
+def test_a_device_refusing_the_alignment_gets_the_rows_through_the_page_cache(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    real_pwrite, real_open = os.pwrite, os.open
+    direct, refused = set(), []
+
+    def open_(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        if flags & os.O_DIRECT:
+            direct.add(fd)
+        return fd
+
+    def pwrite(fd, data, at):
+        if fd in direct:
+            refused.append(at)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, at)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(matrix.DirectAppender, "STAGE", matrix.DirectAppender.ALIGN)
+    values = np.arange(3000 * 5, dtype=np.float32).reshape(3000, 5)
+    path = tmp_path / "m.npy"
+    with open(path, "w+b") as handle:
+        writer = matrix.create_npy(handle, values.shape, np.float32)
+        if not writer.append_directly():
+            pytest.skip("no O_DIRECT here")
+        for lo in range(0, 3000, 700):
+            writer[np.arange(lo, min(lo + 700, 3000))] = values[lo: lo + 700]
+        writer.finish()
+    assert len(refused) == 1  # the first direct write failed; the appender used the page cache after it
+    np.testing.assert_array_equal(np.load(path), values)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 400), st.integers(1, 40), st.sampled_from(["float32", "float16"]), st.data())
+def test_direct_block_reads_and_parallel_row_runs_equal_the_array(tmp_path_factory, n, d, dtype, data):
+    """Blocks read with O_DIRECT (a span not aligned to the file's blocks) and scattered rows read as
+    runs by several threads give the rows as stored."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matrix, "DIRECT_READ_BYTES", 1)
+        patch.setattr(matrix, "READ_THREADS", 3)
+        _check_direct_and_parallel_reads(tmp_path_factory, n, d, dtype, data)
+
+
+def _check_direct_and_parallel_reads(tmp_path_factory, n, d, dtype, data):
+    array = np.random.default_rng(n * 7 + d).normal(size=(n, d)).astype(dtype)
+    file = _file(tmp_path_factory.mktemp("d"), array)
+    lo = data.draw(st.integers(0, n - 1))
+    hi = data.draw(st.integers(lo, n))
+    np.testing.assert_array_equal(file.block(lo, hi), array[lo:hi])
+    picked = np.unique(np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=60)), dtype=np.int64))
+    np.testing.assert_array_equal(file.rows(picked), array[picked])
+    rows = np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=60)), dtype=np.int64)
+    np.testing.assert_array_equal(matrix.read_rows(file, rows, 16), array[rows].astype(np.float32))

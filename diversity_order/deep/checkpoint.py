@@ -13,7 +13,6 @@ a checkpoint costs the new rows, not the whole share (which grew with every chec
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import distributed
+from .. import distributed, matrix
 from ..atomic import remove_stale_temps, save_json, save_npy
 from ..errors import UserError
 
@@ -98,7 +97,8 @@ class Partial:
                 np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(self.data))
                 self.offset = handle.tell()
                 handle.truncate(self.offset + nbytes)
-                _reserve(handle.fileno(), self.offset, nbytes)
+                # A full disk fails here, at the start, not at a later checkpoint.
+                matrix.reserve(handle.fileno(), self.offset, nbytes)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self.data_path.unlink()
@@ -165,18 +165,6 @@ def _data_offset(path: Path) -> int:
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         read(handle)
         return handle.tell()
-
-
-def _reserve(fd: int, offset: int, nbytes: int) -> None:
-    """Allocate the rows' disk space now: a full disk fails here, at the start, not at a later checkpoint."""
-    if nbytes == 0 or not hasattr(os, "posix_fallocate"):
-        return
-    try:
-        os.posix_fallocate(fd, offset, nbytes)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
-        # The filesystem cannot reserve space (EOPNOTSUPP, EINVAL): the rows take their space as they come.
 
 
 def _runs(positions: np.ndarray):
