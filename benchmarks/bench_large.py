@@ -11,7 +11,8 @@
 
 ``corpus`` writes short documents (~``--chars`` characters, consecutive lines of the Python
 standard library's own sources, so real code and prose) as JSONL. ``run`` runs curate_dataset.py
-under ``/usr/bin/time -v`` (peak RSS of the whole process) with ``--no-plot``, prints each stage's
+under ``/usr/bin/time -v`` (peak RSS of the whole process) with ``--no-plot``, cold (the token-count
+and embedding caches an earlier run left are removed first), prints each stage's
 time and the peak RSS after it, and with ``--baseline FOLDER`` runs that checkout's script on the
 same input and compares the curated bytes, labels and order. ``kmeans`` compares MiniBatchKMeans
 fitted on all rows in memory with the out-of-core path (fitted on the sample --memory-budget
@@ -92,9 +93,22 @@ def run_curate(repo: Path, data: Path, out: Path, extra: list[str]) -> dict:
             "documents": meta["input_count"], "tokens": meta["total_tokens"]}
 
 
+def cold(data: Path, out: Path) -> None:
+    """Remove the caches a run on ``data`` writing ``out`` would reuse (token counts beside the input,
+    embeddings beside the output), so each measured run computes everything."""
+    from diversity_order import caches, outputs
+
+    for role in ("token_counts", "embeddings"):
+        files = caches.files_for(outputs.output_paths(data, out)[role])
+        for path in (files.data, files.fingerprints, files.marker):
+            path.unlink(missing_ok=True)
+
+
 def cmd_run(args) -> None:
+    cold(args.input, args.work / "ours.jsonl")
     rows = [run_curate(ROOT, args.input, args.work / "ours.jsonl", args.extra)]
     if args.baseline:
+        cold(args.input, args.work / "baseline.jsonl")
         rows.append(run_curate(args.baseline, args.input, args.work / "baseline.jsonl", args.extra))
         same = {"curated_bytes": (args.work / "ours.jsonl").read_bytes() == (args.work / "baseline.jsonl").read_bytes()}
         for name in ("labels", "order"):

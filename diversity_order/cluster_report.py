@@ -31,7 +31,12 @@ SAMPLE_CHARS = 4_000  # of each, the opening (enough to say what it is about)
 TOP_TOKENS = 12
 EXAMPLES = 3
 OPENING_CHARS = 160
-CENTRE_ROWS = 1_000_000  # rows cohesion and nearest documents are computed on, at most (a seeded sample beyond)
+# Rows cohesion and nearest documents are computed on, at most (a seeded sample beyond, read twice from
+# the cache file; the cohesion of a cluster of 1% of the rows, ~2,500 of them, is then known to about
+# +-0.002). The sample is runs of up to CENTRE_RUN_ROWS consecutive rows: 1M single rows scattered
+# over a 23 GB file took 11 s to read from the page cache, 19 s from the disk.
+CENTRE_ROWS = 250_000
+CENTRE_RUN_ROWS = 64
 PRIOR_STRENGTH = 1000.0  # pseudo-counts of the corpus-wide prior, spread by token frequency
 _WORD = re.compile(r"\w+")
 
@@ -40,7 +45,10 @@ def _sample_rows(labels: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
     """Up to SAMPLE_DOCS seeded random documents of each cluster (input rows, ascending)."""
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(labels.size)
-    by_cluster = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    keys = labels[shuffled]
+    if n_clusters <= np.iinfo(np.uint16).max:
+        keys = keys.astype(np.uint16)  # a stable sort of 16-bit keys is a radix sort: 10M in 0.1 s, not 1
+    by_cluster = shuffled[np.argsort(keys, kind="stable")]
     starts = np.searchsorted(labels[by_cluster], np.arange(n_clusters + 1))
     picked = [by_cluster[starts[k]: min(starts[k + 1], starts[k] + SAMPLE_DOCS)] for k in range(n_clusters)]
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
@@ -122,11 +130,8 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
     """
     import torch
 
-    from .clustering import sample_rows
-
     n = labels.size
-    limit = CENTRE_ROWS if max_rows is None else max_rows
-    rows = sample_rows(n, limit, seed) if n > limit else np.arange(n)
+    rows = centre_sample(n, CENTRE_ROWS if max_rows is None else max_rows, seed)
     labels = labels[rows]
     sums = torch.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=torch.float64)
     for at, block in _row_blocks(embeddings, rows, chunk):  # index_add: O(rows x dim); np.add.at is ~100x slower
@@ -146,6 +151,16 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
         np.bincount(labels, minlength=n_clusters), 1)
     nearest = [rows[by_cluster[starts[k]: min(starts[k + 1], starts[k] + EXAMPLES)]] for k in range(n_clusters)]
     return cohesion, nearest
+
+
+def centre_sample(n: int, size: int, seed: int) -> np.ndarray:
+    """Every row when ``n`` <= ``size``; else about ``size`` rows in seeded runs of consecutive rows
+    (up to CENTRE_RUN_ROWS long, as long as n / size allows), ascending."""
+    if n <= size:
+        return np.arange(n)
+    run = max(1, min(CENTRE_RUN_ROWS, n // size))
+    starts = np.random.default_rng(seed).choice(n // run, -(-size // run), replace=False)
+    return (np.sort(starts)[:, None] * run + np.arange(run)).ravel()
 
 
 def _row_blocks(embeddings, rows: np.ndarray, chunk: int):

@@ -172,33 +172,70 @@ def prefetched(items, depth: int = 2):
 
 
 class Behind:
-    """Runs one job at a time on a background thread, one step behind the caller: ``submit`` waits for
-    the previous job (raising what it raised) and starts the next, so the caller's next step overlaps
-    this one's. ``wait`` waits for the last. Jobs run in submission order."""
+    """Runs jobs in submission order on one background thread while the caller goes on, at most
+    ``depth`` of them unfinished (``submit`` waits for room): the caller's next steps overlap them,
+    and with ``depth`` > 1 a slow job does not stall the caller at once (embedding: with one, the
+    tokenizer waited for the pooling of the batch before ~8% of the time). A job's error stops the
+    jobs after it and is raised by the next ``submit`` or ``wait``."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, depth: int = 1):
         import threading
 
-        self._name, self._threading, self._thread, self._error = name, threading, None, None
+        self._name, self._threading = name, threading
+        self._room = threading.BoundedSemaphore(depth)
+        self._jobs: list = []
+        self._wake = threading.Condition()
+        self._thread = None
+        self._error = None
+        self._unfinished = 0
 
     def submit(self, job, *args) -> None:
-        self.wait()
+        self._raise_error()
+        self._room.acquire()
+        with self._wake:
+            self._jobs.append((job, args))
+            self._unfinished += 1
+            self._wake.notify_all()
+        if self._thread is None:
+            self._thread = self._threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
 
-        def run() -> None:
-            try:
-                job(*args)
-            except BaseException as exc:  # noqa: BLE001 - raised by the next submit or wait
-                self._error = exc
-
-        self._thread = self._threading.Thread(target=run, name=self._name, daemon=True)
-        self._thread.start()
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._jobs:
+                    self._wake.wait()
+                job, args = self._jobs.pop(0)
+            if job is None:
+                return
+            if self._error is None:  # after a failed job, the rest are dropped
+                try:
+                    job(*args)
+                except BaseException as exc:  # noqa: BLE001 - raised by the next submit or wait
+                    self._error = exc
+            with self._wake:
+                self._unfinished -= 1
+                self._wake.notify_all()
+            self._room.release()
 
     def wait(self, raise_error: bool = True) -> None:
+        """Wait for every job submitted (the thread ends; a later submit starts another)."""
         if self._thread is not None:
+            with self._wake:
+                while self._unfinished:
+                    self._wake.wait()
+                self._jobs.append((None, ()))
+                self._wake.notify_all()
             self._thread.join()
             self._thread = None
+        if raise_error:
+            self._raise_error()
+        else:
+            self._error = None
+
+    def _raise_error(self) -> None:
         error, self._error = self._error, None
-        if error is not None and raise_error:
+        if error is not None:
             raise error
 
 
@@ -215,22 +252,74 @@ class StageTimer:
     """Times named stages, logs each one's wall time and keeps them for the metadata."""
 
     def __init__(self) -> None:
+        import threading
+
         self.seconds: dict[str, float] = {}
-        self.cpu_seconds: dict[str, float] = {}  # this process's CPU time: comparable on a busy machine
+        # CPU time: comparable on a busy machine. This process's, except for stages run side by side
+        # (``side_by_side``): their thread's own, since the process's counts the other stages' too.
+        self.cpu_seconds: dict[str, float] = {}
         self.peak_rss_mb: dict[str, float] = {}
+        self.beside: set[str] = set()  # stages that ran side by side with others
+        self._thread = threading.local()
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         log.info("%s ...", name)
-        started, cpu_started = time.perf_counter(), time.process_time()
+        beside = getattr(self._thread, "beside", False)
+        cpu_clock = time.thread_time if beside else time.process_time
+        started, cpu_started = time.perf_counter(), cpu_clock()
         yield
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        elapsed, cpu = time.perf_counter() - started, cpu_clock() - cpu_started
         self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
         self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0) + cpu, 3)
         self.peak_rss_mb[name] = peak_rss_mb()
-        log.info("%s done in %.1f s (%.1f CPU-s; peak memory so far %.0f MB)", name, elapsed, cpu,
-                 self.peak_rss_mb[name])
+        if beside:
+            self.beside.add(name)
+        log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB)", name, elapsed, cpu,
+                 " in its thread, beside other stages" if beside else "", self.peak_rss_mb[name])
         release_free_memory()
+
+    @contextlib.contextmanager
+    def side_by_side(self) -> Iterator[None]:
+        """Stages timed in this thread run beside others (see ``stage``)."""
+        self._thread.beside = True
+        try:
+            yield
+        finally:
+            self._thread.beside = False
+
+
+def side_by_side(timer: StageTimer, *jobs: tuple) -> None:
+    """Run ``jobs`` (each ``(function, *args)``) at once, one thread each, and wait for all of them.
+
+    The first error raised in any job is raised here as soon as it happens; the threads are daemons,
+    so that error, or Ctrl-C, ends the run without waiting for the other jobs (what they leave
+    half-written are atomic writes' temp files, swept by a later run as a killed run's are)."""
+    import queue
+    import threading
+
+    ended: queue.Queue = queue.Queue()
+
+    def run(function, *args) -> None:
+        try:
+            with timer.side_by_side():
+                function(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
+            ended.put(exc)
+            return
+        ended.put(None)
+
+    for job in jobs:
+        threading.Thread(target=run, args=job, name=f"stage {job[0].__name__}", daemon=True).start()
+    for _ in jobs:
+        while True:
+            try:
+                error = ended.get(timeout=0.5)  # a timeout, so Ctrl-C reaches this thread promptly
+                break
+            except queue.Empty:
+                continue
+        if error is not None:
+            raise error
 
 
 def release_free_memory() -> None:

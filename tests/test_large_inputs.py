@@ -84,6 +84,58 @@ def test_out_of_core_sampled_fit_labels_every_row_near_the_full_fit(tmp_path, da
     assert sorted(curated.splitlines()) == sorted(data.read_bytes().splitlines())
 
 
+@pytest.mark.parametrize("extra", [[], ["--pca-components", "8"], ["--embedding-dtype", "float16"],
+                                   ["--cluster-fit-sample", "100", "--memory-budget", "1G"]])
+def test_the_fit_sample_kept_while_embedding_gives_what_reading_it_back_gives(tmp_path, data, tiny_model_dir,
+                                                                                monkeypatch, extra):
+    """The rows the first fit reads are kept as they are embedded (not read back from the cache file):
+    the same labels, order and curated bytes as reading them from the file."""
+    from diversity_order import curate as pipeline
+
+    monkeypatch.setattr(clustering, "MIN_FIT_SAMPLE", 120)
+    handed = []
+    take = matrix.HeldRows.take
+
+    def spy(self, rows):
+        values = take(self, rows)
+        if values is not None:
+            handed.append(rows.size)
+        return values
+
+    monkeypatch.setattr(matrix.HeldRows, "take", spy)
+    flags = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--memory-budget", TINY_BUDGET, *extra]
+    held = tmp_path / "held.jsonl"
+    assert curate("--input", data, "--output", held, *flags) == 0
+    assert handed == [100 if "--cluster-fit-sample" in extra else 120]
+    monkeypatch.setattr(pipeline, "_rows_read_first", lambda run: None)
+    read = tmp_path / "read.jsonl"
+    handed.clear()
+    assert curate("--input", data, "--output", read, *flags) == 0
+    assert handed == []
+    assert _same(_outputs(held)[:3], _outputs(read)[:3])
+
+
+def test_held_rows_are_the_written_rows_taken_once_and_only_when_complete():
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(1000, 60, replace=False))
+    held = matrix.HeldRows(rows, 3, np.float16)
+    truth = np.zeros((1000, 3), np.float16)
+    for lo in rng.permutation(np.arange(0, 1000, 50)):  # blocks of 50 rows, in any order, one written twice
+        block = rng.normal(size=(50, 3)).astype(np.float16)
+        truth[lo: lo + 50] = block
+        held.capture(np.arange(lo, lo + 50), block)
+        if lo == 500:
+            block = rng.normal(size=(50, 3)).astype(np.float16)
+            truth[lo: lo + 50] = block
+            held.capture(np.arange(lo, lo + 50), block)
+    assert held.complete and held.take(rows[::-1]) is None and held.take(rows[1:]) is None
+    np.testing.assert_array_equal(held.take(rows), truth[rows])
+    assert held.take(rows) is None and not held.complete  # handed over once
+    partial = matrix.HeldRows(rows, 3, np.float16)
+    partial.capture(np.arange(500), truth[:500])
+    assert not partial.complete and partial.take(rows) is None
+
+
 def test_out_of_core_pca_and_calibration_run_from_the_file(tmp_path, data, tiny_model_dir, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(clustering, "MIN_FIT_SAMPLE", 150)
@@ -204,3 +256,52 @@ def test_stage_ends_give_freed_heap_memory_back():
                           cwd=Path(__file__).resolve().parent.parent)
     held, after = map(int, done.stdout.split())
     assert held > 150 and after < held - 100, (held, after)
+
+
+def _spin(seconds: float) -> None:
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_stages_side_by_side_overlap_and_count_their_own_threads_cpu():
+    import time
+
+    from diversity_order.runtime import StageTimer, side_by_side
+
+    timer = StageTimer()
+
+    def stage(name, cpu, sleep):
+        with timer.stage(name):
+            _spin(cpu)
+            time.sleep(sleep)
+
+    started = time.perf_counter()
+    side_by_side(timer, (stage, "a", 0.2, 0.6), (stage, "b", 0.05, 0.6))
+    assert time.perf_counter() - started < 1.15  # the sleeps overlapped
+    assert timer.beside == {"a", "b"}
+    assert 0.18 < timer.cpu_seconds["a"] < 0.5 and timer.cpu_seconds["b"] < 0.2  # each its own thread's CPU
+    with timer.stage("c"):  # a stage of the calling thread afterwards: the process's CPU, not marked
+        _spin(0.05)
+    assert "c" not in timer.beside
+
+
+def test_an_error_beside_other_stages_is_raised_at_once():
+    import threading
+    import time
+
+    from diversity_order.errors import UserError
+    from diversity_order.runtime import StageTimer, side_by_side
+
+    never = threading.Event()
+
+    def fails():
+        time.sleep(0.1)
+        raise UserError("in.jsonl:3: this record changed since the input was indexed")
+
+    started = time.perf_counter()
+    with pytest.raises(UserError, match="in.jsonl:3"):
+        side_by_side(StageTimer(), (never.wait, 60), (fails,))
+    assert time.perf_counter() - started < 5

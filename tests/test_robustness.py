@@ -264,12 +264,26 @@ def test_cluster_cohesion_and_nearest_rows_equal_a_plain_loop(n, k, chunk, seed)
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2, 80), st.integers(1, 4), st.integers(1, 79), st.integers(0, 2**31))
 def test_cluster_cohesion_beyond_its_row_limit_is_the_plain_loop_over_the_seeded_sample(n, k, limit, seed):
-    """Large inputs: cohesion and nearest rows come from clustering.sample_rows' rows, as if only they existed."""
-    from diversity_order.cluster_report import centre_examples
-    from diversity_order.clustering import sample_rows
+    """Large inputs: cohesion and nearest rows come from centre_sample's rows, as if only they existed."""
+    from diversity_order.cluster_report import centre_examples, centre_sample
 
     embeddings, labels = _random_clusters(n, k, seed)
     cohesion, nearest = centre_examples(embeddings, labels, k, chunk=3, max_rows=limit, seed=seed % 1000)
-    rows = sample_rows(n, limit, seed % 1000) if n > limit else np.arange(n)
+    rows = centre_sample(n, limit, seed % 1000)
     assert all(np.isin(found, rows).all() for found in nearest)
     _assert_plain_loop(embeddings[rows], labels[rows], k, cohesion, [np.searchsorted(rows, found) for found in nearest])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 600), st.integers(0, 2**31))
+def test_the_centre_sample_is_distinct_ascending_rows_in_runs_of_about_the_size_asked(n, size, seed):
+    from diversity_order.cluster_report import CENTRE_RUN_ROWS, centre_sample
+
+    rows = centre_sample(n, size, seed)
+    assert (np.diff(rows) > 0).all() and rows.min() >= 0 and rows.max() < n
+    if n <= size:
+        assert rows.tolist() == list(range(n))
+        return
+    run = max(1, min(CENTRE_RUN_ROWS, n // size))
+    assert size <= rows.size < size + run
+    assert (rows.reshape(-1, run) == rows.reshape(-1, run)[:, :1] + np.arange(run)).all()  # whole runs
