@@ -9,6 +9,7 @@ is computed blockwise with BLAS (memory O(block * n), not an n x n matrix); it e
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,10 +57,15 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
 
         with threadpool_limits(limits=1, user_api="blas"):
             return make_kmeans(n_clusters, seed).fit_predict(matrix.load(embeddings)).astype(np.int64)
+    started = time.perf_counter()
     fit_rows = matrix.load(embeddings) if sample is None else matrix.read_rows(embeddings, sample)
     centres = fit_centres(fit_rows, n_clusters, seed, backend, device)
+    fitted = time.perf_counter()
+    log.info("k-means centres fitted on %s rows in %.1f s", f"{fit_rows.shape[0]:,}", fitted - started)
     del fit_rows  # the sample is not needed to assign the rows: not held beside the blocks read for that
-    return assign_to_centres(embeddings, centres, device)
+    labels = assign_to_centres(embeddings, centres, device)
+    log.info("Every row assigned to its nearest centre in %.1f s", time.perf_counter() - fitted)
+    return labels
 
 
 def fit_centres(rows: np.ndarray, n_clusters: int, seed: int = DEFAULT_SEED, backend: str = "sklearn",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 import numpy as np
+import orjson
 
 from . import fields
 from .atomic import atomic_open
@@ -515,6 +516,32 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
     return fields.extract(record, text_field, lambda: f"{path}:{line_number}", _keys_text)
 
 
+class TextReader:
+    """``_record_text`` for one text field, reading the usual record (the field a string) with orjson,
+    ~4x faster than json. What orjson accepts, json reads to the same string; what it refuses but json
+    accepts (NaN, lone surrogates) or what is not that usual record goes to ``_record_text``. Only the one
+    string is taken from orjson (it reads integers past 64 bits as floats, which json keeps exact), so
+    after a record whose field is not a string (conversations) orjson is not tried again: it would
+    only parse each record twice."""
+
+    def __init__(self, path: Path, text_field: str | tuple[str, ...]):
+        self.path, self.text_field = path, text_field
+        self.fast = isinstance(text_field, str)
+
+    def __call__(self, raw: bytes, line_number: int):
+        if self.fast:
+            try:
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                text = record.get(self.text_field)
+                if isinstance(text, str):
+                    return text
+                self.fast = text is None  # a missing field is an error on the way below, not a pattern
+        return _record_text(raw, self.path, line_number, self.text_field)
+
+
 def _surrogate_error(text: str, exc: UnicodeEncodeError, where: str, text_field) -> UserError:
     """A JSON \\ud800-\\udfff escape without its pair decodes to a string no tokenizer can encode."""
     text_field = text_field if isinstance(text_field, str) else "+".join(text_field)
@@ -727,6 +754,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
     starts, lengths, raw_hashes = array.array("q"), array.array("I"), array.array("I")
     fingerprints, non_record_lines = bytearray(), array.array("q")
     blake2b, crc32 = hashlib.blake2b, zlib.crc32
+    read = TextReader(path, text_field)
     with open_binary(path, buffer_size=1 << 20) as handle:
         identity = _identity(os.fstat(handle.fileno()))
         if lo == 0:
@@ -755,7 +783,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
                         if len(content) > MAX_RECORD_BYTES:
                             raise UserError(f"{path}:{line_number}: a line of {len(content):,} bytes, more than "
                                             f"the {MAX_RECORD_BYTES:,} one record may hold; split the record")
-                        text = _record_text(content, path, line_number, text_field)
+                        text = read(content, line_number)
                         if not isinstance(text, str):  # a conversation: its canonical JSON
                             text = fields.fingerprint_text(text)
                         try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
@@ -839,9 +867,9 @@ def iter_text_batches(
     max_batch_rows: int = 1 << 30,
 ) -> Iterator[tuple[np.ndarray, list[str]]]:
     """Yield (row positions, texts) for ``rows`` (default all), in increasing row order."""
+    read = TextReader(index.path, index.text_field)
     for batch, raws in _iter_raw_batches(index, rows, max_batch_bytes, max_batch_rows):
-        yield batch, [_record_text(raw, index.path, line, index.text_field)
-                      for line, raw in zip(index.line_numbers(batch).tolist(), raws)]
+        yield batch, [read(raw, line) for line, raw in zip(index.line_numbers(batch).tolist(), raws)]
 
 
 def _iter_raw_batches(

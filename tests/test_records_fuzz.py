@@ -193,3 +193,52 @@ def test_fast_json_parse_is_json_loads(decoded):
     else:
         got = _parse_json(decoded)
         assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+_text_values = st.one_of(st.text(max_size=20), st.sampled_from(['"\\ud800"', '"a\\udc00b"', '"\\ud83d\\ude00"', "NaN",
+                                                                "1e999", "123456789012345678901234567890", "[]"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_like, st.builds(lambda value, other, dup: '{"text": ' + value + ', "n": ' + other + dup + "}",
+                                      _text_values.map(lambda v: v if not v or v[0] in '"[N1' else json.dumps(v)),
+                                      st.sampled_from(["1", "-0", "123456789012345678901234567890", "NaN", '"x"',
+                                                       '{"a": [1, 2.5e3]}', "null"]),
+                                      st.sampled_from(["", ', "text": "later"', ', "text": 5']))),
+       st.sampled_from(["text", "n"]))
+def test_a_records_text_is_the_same_as_json_reads_it(decoded, field):
+    """orjson reads the usual record; every record gives the text (or the error) json.loads gives."""
+    from diversity_order.records import TextReader
+
+    raw = decoded.encode("utf-8", "surrogatepass")
+
+    def outcome(read):
+        try:
+            return "text", read()
+        except UserError as exc:
+            return "error", str(exc)
+
+    def plain():  # the definition: json.loads, then the field must be a string
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            raise UserError(type(exc).__name__) from None
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise UserError("not a text")
+        return record[field]
+
+    reader = TextReader(Path("x.jsonl"), field)
+    got, expected = outcome(lambda: reader(raw, 1)), outcome(plain)
+    assert got[0] == expected[0], (decoded, got, expected)
+    if got[0] == "text":
+        assert got[1] == expected[1]
+
+
+def test_orjson_is_not_tried_again_after_a_conversation():
+    from diversity_order.records import TextReader
+
+    reader = TextReader(Path("x.jsonl"), "messages")
+    assert reader(b'{"messages": "plain"}', 1) == "plain" and reader.fast
+    conversation = reader(b'{"messages": [{"role": "user", "content": "hi"}]}', 2)
+    assert not isinstance(conversation, str) and not reader.fast
+    assert reader(b'{"messages": "plain again"}', 3) == "plain again"
