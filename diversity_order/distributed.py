@@ -10,6 +10,7 @@ Without torchrun nothing here does anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -63,11 +64,26 @@ def init_from_env(use_cuda: bool) -> DistContext:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        _import_modules_that_capture_the_world_group()
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=collective_timeout())
     ctx = DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
     if use_cuda:
         torch.cuda.set_device(ctx.local_rank)
     return ctx
+
+
+def _import_modules_that_capture_the_world_group() -> None:
+    """Import, before the process group exists, the modules whose functions take ``group.WORLD`` as
+    a default argument value (transformers imports ``torch.distributed.nn`` while loading a model).
+
+    Imported after, their defaults keep the world group alive past ``destroy_process_group``: its
+    worker threads then outlive the interpreter, and one that drops the last reference to a
+    collective's tensor during interpreter shutdown aborts the process ("terminate called without
+    an active exception") although every rank has finished its work."""
+    import importlib
+
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch.distributed.nn.functional")
 
 
 def shutdown(ctx: DistContext) -> None:

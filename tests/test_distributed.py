@@ -481,3 +481,38 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
         with pytest.raises(UserError, match=r"bad\.jsonl:31: not valid JSON") as single_error:
             scan_jsonl(bad, progress=False)
         assert found["bad"] == str(single_error.value)
+
+
+def test_shutdown_ends_the_world_groups_threads_although_transformers_imported_torch_distributed_nn(tmp_path):
+    """transformers imports torch.distributed.nn while loading a model; its functions take
+    group.WORLD as a default value. Imported after init, that default kept the group (and its
+    worker threads) alive past destroy_process_group, and a worker dropping a tensor during
+    interpreter shutdown aborted a finished rank now and then. Here the group must really end."""
+    script = tmp_path / "probe.py"
+    script.write_text(f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from diversity_order import distributed
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+ctx = distributed.init_from_env(False)
+import torch.distributed.nn.functional  # what transformers does while loading a model
+import torch
+import torch.distributed as dist
+dist.all_reduce(torch.ones(1))
+assert threads() > before, "the gloo group started no threads: this probe tests nothing"
+distributed.shutdown(ctx)
+print("threads left", threads() - before)
+""")
+    proc = _torchrun_script(script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("threads left 0") == 2, proc.stdout + proc.stderr[-2000:]
+
+
+def _torchrun_script(script: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
