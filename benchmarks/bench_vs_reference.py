@@ -357,7 +357,9 @@ def main() -> None:
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     model = args.model.resolve()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # No cache registry: a run would otherwise reuse the vectors an earlier run (or invocation) computed
+    # for the same corpus under another folder, and time a cache hit.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVERSITY_ORDER_CACHE_DIR": ""}
     load_before = os.getloadavg()
 
     # Warm-up, untimed: both tools once on a small corpus, so neither pays first-run costs in the
