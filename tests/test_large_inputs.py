@@ -305,3 +305,25 @@ def test_an_error_beside_other_stages_is_raised_at_once():
     with pytest.raises(UserError, match="in.jsonl:3"):
         side_by_side(StageTimer(), (never.wait, 60), (fails,))
     assert time.perf_counter() - started < 5
+
+
+def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tmp_path, data, tiny_model_dir,
+                                                                              monkeypatch):
+    """Large inputs run the statistics, the curated file and the cluster descriptions in threads: the
+    same files as one after another (forced here on a small input), and the metadata says so."""
+    from diversity_order import curate as curate_module
+
+    one_by_one = tmp_path / "a.jsonl"
+    assert curate("--input", data, "--output", one_by_one, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    monkeypatch.setattr(curate_module, "SIDE_BY_SIDE_ROWS", 1)
+    beside = tmp_path / "b.jsonl"
+    assert curate("--input", data, "--output", beside, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
+    first, second = _outputs(one_by_one), _outputs(beside)
+    assert _same(first[:3], second[:3])
+    assert first[3]["stages_side_by_side"] == []
+    assert second[3]["stages_side_by_side"] == sorted(["Diversity statistics", "Describing the clusters",
+                                                       f"Writing {beside}"])
+    for key in ("token_window_diversity", "similarity_stats", "ordering_quality", "cluster_sizes"):
+        assert first[3][key] == second[3][key]
+    assert (tmp_path / "a_clusters.json").read_text().replace("a.jsonl", "") == \
+        (tmp_path / "b_clusters.json").read_text().replace("b.jsonl", "")
