@@ -258,3 +258,16 @@ def _check_direct_and_parallel_reads(tmp_path_factory, n, d, dtype, data):
     np.testing.assert_array_equal(file.rows(picked), array[picked])
     rows = np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=60)), dtype=np.int64)
     np.testing.assert_array_equal(matrix.read_rows(file, rows, 16), array[rows].astype(np.float32))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 12), st.sampled_from(["float16", "float32", "float64"]), st.data())
+def test_non_finite_rows_are_the_rows_holding_nan_or_inf(n, d, dtype, data):
+    """The sum test finds exactly the rows a value-by-value check finds, whatever the values: NaN, inf
+    beside -inf (their sum is NaN), and finite values whose sum overflows (kept)."""
+    finfo = np.finfo(dtype)
+    values = st.sampled_from([0.0, 1.0, -2.5, np.nan, np.inf, -np.inf, float(finfo.max), -float(finfo.max)])
+    block = np.asarray(data.draw(st.lists(st.lists(values, min_size=d, max_size=d), min_size=n, max_size=n)),
+                       dtype=dtype).reshape(n, d)
+    expected = np.flatnonzero(~np.isfinite(block).all(axis=1))
+    np.testing.assert_array_equal(matrix.non_finite_rows(block, step=data.draw(st.integers(1, 8))), expected)
