@@ -1,22 +1,22 @@
 """Shallow embeddings: each document is the L2-normalised mean of its tokens' input-embedding rows.
 
-Pooling is batched with ``torch.nn.functional.embedding_bag`` over a float32 copy of the table
-(on the GPU when one is used), so a batch of thousands of documents costs one kernel call,
-and the sums are accumulated in float32 (the original toolkit computes in the table's dtype, bf16
-for most checkpoints, and differs from this by ~0.3%). A document with no tokens has no mean:
-it gets the zero vector and a warning (the original toolkit gets NaN, which breaks k-means).
+On the CPU the table is a float32 numpy array and a compiled loop pools a batch of documents
+(one thread, beside the tokenizer, which keeps the other cores busy); on a GPU it is a torch
+tensor and ``torch.nn.functional.embedding_bag`` pools the batch in one kernel call. Both sum in
+float32 (the original toolkit computes in the table's dtype, bf16 for most checkpoints, and
+differs from this by ~0.3%). A document with no tokens has no mean: it gets the zero vector and
+a warning (the original toolkit gets NaN, which breaks k-means).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+from numba import njit
 
 from .runtime import Behind, Progress, prefetched
 from .tokenizer import DocumentTokenizer
@@ -24,12 +24,20 @@ from .tokenizer import DocumentTokenizer
 log = logging.getLogger(__name__)
 
 
-def mean_pool_normalized(table: torch.Tensor, flat_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def mean_pool_normalized(table, flat_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Unit-length mean of ``table`` rows per document; zero vector for 0-token documents.
 
-    ``flat_ids`` holds the documents' ids back to back, ``lengths`` each document's count.
-    Ids outside the table are clamped to [0, vocab - 1], as the original toolkit does.
+    ``table`` is a float32 numpy array or a torch tensor (on its device). ``flat_ids`` holds the
+    documents' ids back to back, ``lengths`` each document's count. Ids outside the table are
+    clamped to [0, vocab - 1], as the original toolkit does.
     """
+    if isinstance(table, np.ndarray):
+        out = np.empty((lengths.size, table.shape[1]), dtype=np.float32)
+        _mean_pool_rows(table, np.ascontiguousarray(flat_ids, dtype=np.int64),
+                        np.ascontiguousarray(lengths, dtype=np.int64), out)
+        return out
+    import torch
+
     device = table.device
     ids = torch.from_numpy(np.ascontiguousarray(flat_ids, dtype=np.int64)).to(device)
     ids.clamp_(0, table.shape[0] - 1)
@@ -44,20 +52,39 @@ def mean_pool_normalized(table: torch.Tensor, flat_ids: np.ndarray, lengths: np.
     return unit.to(torch.float32).cpu().numpy()
 
 
-@contextlib.contextmanager
-def _pooling_threads(table: torch.Tensor | None):
-    """Fewer torch threads for pooling on the CPU while the tokenizer runs: the tokenizer keeps every
-    core busy, and pooling is ~6% of its work, so one pooling thread per 8 cores keeps up; more only
-    contend with it (1M short documents on 2 cores: 54.4 -> 53.1 CPU-s, 30.2 -> 29.3 s)."""
-    if table is None or table.device.type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(before, (os.cpu_count() or 1) // 8)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def warm_up_pooling() -> threading.Thread:
+    """Load the compiled pooling loop on a thread now: the first call of any compiled function in a
+    process costs ~0.2 s, which would otherwise stall the first batch while the tokenizer waits."""
+    def run() -> None:
+        table = np.zeros((1, 1), dtype=np.float32)
+        _mean_pool_rows(table, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), np.empty((1, 1), np.float32))
+
+    thread = threading.Thread(target=run, name="warm-up-pooling", daemon=True)
+    thread.start()
+    return thread
+
+
+@njit(cache=True, nogil=True)
+def _mean_pool_rows(table, ids, lengths, out):
+    """``out[i]`` = the unit-length sum (so also mean) of document i's rows, summed in float32 in token
+    order; the length is taken in float64. Zero for a document with no tokens (or a zero sum)."""
+    last = table.shape[0] - 1
+    dim = table.shape[1]
+    acc = np.empty(dim, dtype=np.float32)
+    at = 0
+    for i in range(lengths.size):
+        acc[:] = 0.0
+        for t in range(at, at + lengths[i]):
+            row = table[min(max(ids[t], 0), last)]
+            for j in range(dim):
+                acc[j] += row[j]
+        at += lengths[i]
+        squares = 0.0
+        for j in range(dim):
+            squares += np.float64(acc[j]) * acc[j]
+        norm = np.sqrt(squares)
+        for j in range(dim):
+            out[i, j] = acc[j] / norm if norm > 0 else 0.0
 
 
 @dataclass
@@ -72,7 +99,7 @@ def embed_and_count(
     index,
     rows: np.ndarray,
     tokenizer: DocumentTokenizer,
-    table: torch.Tensor | None,
+    table,
     batch_docs: int = 1024,
     batch_bytes: int = 4 << 20,
     progress: bool = True,
@@ -113,8 +140,7 @@ def embed_and_count(
         bar.update(n, work=int(lengths.sum()))
 
     behind = Behind("embedding", depth=2)
-    with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar, \
-            _pooling_threads(table):
+    with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar:
         try:
             for batch_rows, texts in prefetched(index.iter_documents(rows, batch_bytes, batch_docs)):
                 encoded = tokenizer.encode_texts(texts)

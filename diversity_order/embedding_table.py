@@ -20,6 +20,10 @@ which we never run) we fall back to the conventional names, checked less strictl
 ``.safetensors`` checkpoints are
 supported: ``.bin``/``.pt`` files are pickles, which can't be read one tensor at a time and
 can run code when unpickled.
+
+The headers and the table are read straight from the file (a safetensors file is an 8-byte
+header length, a JSON header, then the raw tensors), and float tables are widened to float32 in
+numpy: on the CPU, embedding needs no torch, whose import alone costs about a second.
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,12 @@ KNOWN_EMBEDDING_SUFFIXES = (
     "shared.weight",  # T5-likes (encoder and decoder share it)
 )
 
+# safetensors dtype codes numpy reads and widens to float32 itself (bfloat16 as its raw 16 bits), and
+# the dtype's torch name, which is part of the table's fingerprint. Others (float8, integers) are
+# converted through torch.
+_NUMPY_FLOATS = {"F64": ("<f8", "torch.float64"), "F32": ("<f4", "torch.float32"),
+                 "F16": ("<f2", "torch.float16"), "BF16": ("<u2", "torch.bfloat16")}
+
 _CONVERT_HINT = (
     "convert it with: python -c \"from transformers import AutoModelForCausalLM as M; "
     "M.from_pretrained('IN').save_pretrained('OUT')\" (transformers writes safetensors)"
@@ -65,7 +80,8 @@ _CONVERT_HINT = (
 class EmbeddingTable:
     """An input-embedding table and where it came from."""
 
-    weight: torch.Tensor = field(repr=False)  # [vocab_size, dim], in the requested dtype and device
+    # [vocab_size, dim] float32: a numpy array on the CPU, a torch tensor on a GPU
+    weight: np.ndarray | torch.Tensor = field(repr=False)
     tensor_name: str  # key in the checkpoint, e.g. "model.embed_tokens.weight"
     file: Path  # the .safetensors file that holds it
     source_dtype: str  # dtype in the checkpoint, e.g. "torch.bfloat16"
@@ -123,32 +139,63 @@ def find_embedding_tensor_name(model_dir: Path) -> tuple[str, Path]:
     )
 
 
-def load_embedding_table(
-    model_dir: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> EmbeddingTable:
-    """Read only the input-embedding tensor of ``model_dir`` and return it as ``dtype`` on ``device``."""
-    from safetensors import safe_open
-
+def load_embedding_table(model_dir: Path, device: str = "cpu") -> EmbeddingTable:
+    """Read only the input-embedding tensor of ``model_dir`` as float32: numpy on the CPU, else torch on ``device``."""
     name, file = find_embedding_tensor_name(model_dir)
-    try:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            original = handle.get_tensor(name)  # this one tensor only: the file is mmapped
-    except Exception as exc:  # a truncated or corrupt file raises safetensors' own errors
-        raise UserError(f"--model-dir {model_dir}: cannot read {name} from {file.name} ({_first_line(exc)})") from None
-    if original.ndim != 2:
-        raise UserError(f"--model-dir {model_dir}: {name} in {file.name} is not 2-D (shape {tuple(original.shape)})")
-    fingerprint = _fingerprint(name, original)
-    weight = original.to(device=device, dtype=dtype).contiguous()
-    log.info("Embedding table %s %s (%s) from %s", name, tuple(original.shape), original.dtype, file.name)
+    entry = _Checkpoint.read_header(model_dir, file)[name]
+    raw = _tensor_bytes(model_dir, file, name, entry)
+    shape = tuple(entry.shape)
+    if len(shape) != 2:
+        raise UserError(f"--model-dir {model_dir}: {name} in {file.name} is not 2-D (shape {shape})")
+    if entry.dtype in _NUMPY_FLOATS:
+        storage, dtype_name = _NUMPY_FLOATS[entry.dtype]
+        stored = raw.view(storage).reshape(shape)
+        if entry.dtype == "BF16":  # bfloat16 is the top half of a float32: widening is exact
+            widened = np.empty(shape, dtype=np.uint32)
+            weight = np.left_shift(stored, 16, out=widened, dtype=np.uint32).view(np.float32)
+        else:
+            weight = stored.astype(np.float32)  # a copy, so the file's map is not kept open
+    else:
+        original = _torch_tensor(model_dir, file, name)
+        dtype_name = str(original.dtype)
+        weight = original.float().numpy()
+    fingerprint = _fingerprint(name, shape, dtype_name, raw)
+    if str(device) != "cpu":
+        import torch
+
+        weight = torch.from_numpy(weight).to(device)
+    log.info("Embedding table %s %s (%s) from %s", name, shape, dtype_name, file.name)
     return EmbeddingTable(
         weight=weight,
         tensor_name=name,
         file=file,
-        source_dtype=str(original.dtype),
-        vocab_size=int(original.shape[0]),
-        dim=int(original.shape[1]),
+        source_dtype=dtype_name,
+        vocab_size=int(shape[0]),
+        dim=int(shape[1]),
         fingerprint=fingerprint,
     )
+
+
+def _tensor_bytes(model_dir: Path, file: Path, name: str, entry) -> np.ndarray:
+    """The tensor's bytes as stored, memory-mapped (only its pages are read)."""
+    size = file.stat().st_size
+    if entry.end > size:
+        raise UserError(f"--model-dir {model_dir}: cannot read {name} from {file.name} (the file is truncated: "
+                        f"{size} bytes, the header places the tensor up to byte {entry.end})")
+    if entry.end == entry.begin:
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(file, dtype=np.uint8, mode="r", offset=entry.begin, shape=(entry.end - entry.begin,))
+
+
+def _torch_tensor(model_dir: Path, file: Path, name: str):
+    """A tensor of a dtype numpy lacks (float8, ...), read by safetensors into torch."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            return handle.get_tensor(name)
+    except Exception as exc:  # safetensors' own errors, for a file its header check let through
+        raise UserError(f"--model-dir {model_dir}: cannot read {name} from {file.name} ({_first_line(exc)})") from None
 
 
 # --- the checkpoint's keys, from headers only -------------------------------------------------
@@ -202,16 +249,43 @@ class _Checkpoint:
         return self._shapes[key]
 
     def _header(self, path: Path) -> dict[str, tuple[int, ...]]:
-        """Keys and shapes of one file; safe_open parses the JSON header and reads no tensor data."""
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-        except Exception as exc:
-            raise UserError(f"--model-dir {self.model_dir}: cannot read {path.name} ({_first_line(exc)})") from None
+        shapes = {key: entry.shape for key, entry in self.read_header(self.model_dir, path).items()}
         self._shapes.update(shapes)
         return shapes
+
+    @staticmethod
+    def read_header(model_dir: Path, path: Path) -> dict[str, _TensorEntry]:
+        """Every tensor's dtype, shape and absolute byte span in ``path``, from its header alone."""
+        try:
+            with open(path, "rb") as handle:
+                size = path.stat().st_size
+                head = handle.read(8)
+                if len(head) < 8:
+                    raise ValueError(f"{size} bytes, shorter than a header")
+                (length,) = struct.unpack("<Q", head)
+                if length > size - 8:
+                    raise ValueError(f"header length {length} exceeds the file's {size} bytes")
+                header = json.loads(handle.read(length))
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
+            entries = {}
+            for key, info in header.items():
+                if key == "__metadata__":
+                    continue
+                begin, end = info["data_offsets"]
+                shape = tuple(int(d) for d in info["shape"])
+                entries[key] = _TensorEntry(str(info["dtype"]), shape, 8 + length + int(begin), 8 + length + int(end))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # json's errors are ValueErrors
+            raise UserError(f"--model-dir {model_dir}: cannot read {path.name} ({_first_line(exc)})") from None
+        return entries
+
+
+@dataclass(frozen=True)
+class _TensorEntry:
+    dtype: str  # safetensors' code: "BF16", "F32", ...
+    shape: tuple[int, ...]
+    begin: int  # byte span in the file
+    end: int
 
 
 # --- (1) the checkpoint's keys, when they leave one choice ----------------------------------------
@@ -251,6 +325,7 @@ def _expected_from_architecture(model_dir: Path) -> tuple[list[str], tuple[int, 
     None when transformers can't build the architecture from config.json.
     """
     try:
+        import torch
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
     except ImportError:
@@ -377,7 +452,7 @@ def _some_candidates(checkpoint: _Checkpoint, limit: int = 6) -> list[str]:
 # --- fingerprint ------------------------------------------------------------------------------
 
 
-def _fingerprint(name: str, tensor: torch.Tensor) -> str:
+def _fingerprint(name: str, shape: tuple[int, ...], dtype_name: str, raw: np.ndarray) -> str:
     """Short hash of the table: name, shape, dtype and every byte of it.
 
     Every row counts: a fine-tune that changed a few rare tokens' rows must not reuse vectors
@@ -389,8 +464,8 @@ def _fingerprint(name: str, tensor: torch.Tensor) -> str:
 
     # blake2b, as always for this key: caches of vectors made with this table stay valid (the table
     # is small; the cache files' own digests are XXH3).
-    content = digest_buffer(tensor.contiguous().view(torch.uint8).numpy(), BLAKE2B)  # numpy has no bfloat16
-    key = f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{content}"
+    content = digest_buffer(raw, BLAKE2B)
+    key = f"{name}|{shape}|{dtype_name}|{content}"
     return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 

@@ -51,12 +51,14 @@ class ModelParts:
 
     def table(self):
         if self._table is None:
-            import torch
-
             from .embedding_table import load_embedding_table
 
             self._table = load_embedding_table(self.require_dir("to embed the documents (or pass --load-embeddings FILE)"),
-                                               device=self.device, dtype=torch.float32)
+                                               device=self.device)
+            if isinstance(self._table.weight, np.ndarray):
+                from .embed import warm_up_pooling
+
+                warm_up_pooling()
         return self._table
 
     def release_table(self) -> None:

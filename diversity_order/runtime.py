@@ -241,7 +241,7 @@ class Behind:
 
 def memory_text(device=None) -> str:
     """Peak memory so far: the GPU's on a CUDA device, else this process's resident set."""
-    if device is not None and getattr(device, "type", "") == "cuda":
+    if device is not None and str(device).startswith("cuda"):
         import torch
 
         return f"peak GPU {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
@@ -351,8 +351,14 @@ def peak_rss_mb() -> float:
     return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
 
 
-def resolve_device(device: str, gpu: int):
-    """'auto' -> cuda:GPU when CUDA is available, else cpu; 'cuda' uses --gpu's index."""
+def resolve_device(device: str, gpu: int) -> str:
+    """'auto' -> 'cuda:GPU' when CUDA is available, else 'cpu'; 'cuda' uses --gpu's index.
+
+    A name, not a torch.device: a CPU run needs no torch (its import costs about a second), and
+    where the machine has no GPU driver at all, 'auto' is settled without it.
+    """
+    if device == "cpu" or (device == "auto" and not _gpu_driver_present()):
+        return "cpu"
     import torch
 
     if device == "auto":
@@ -365,19 +371,34 @@ def resolve_device(device: str, gpu: int):
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
             raise UserError(f"--gpu {index}: only {torch.cuda.device_count()} GPU(s) visible")
-    elif device != "cpu":
+        return f"cuda:{index}"
+    if device != "cpu":
         raise UserError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
-    return torch.device(device)
+    return device
+
+
+def _gpu_driver_present() -> bool:
+    """False only where torch could not see a GPU either: Linux without an NVIDIA or ROCm driver's
+    files (also none of WSL's), or macOS. Elsewhere, or once torch is imported, ask torch."""
+    if "torch" in sys.modules:
+        return True
+    if sys.platform == "darwin":
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    markers = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+    return any(os.path.exists(path) for path in markers)
 
 
 def start(device: str, gpu: int):
-    """The device this process computes on, and its torchrun context (trivial without torchrun).
+    """The device this process computes on ('cpu' or 'cuda:N'), and its torchrun context (trivial
+    without torchrun).
 
     Under torchrun every process joins the process group (NCCL on GPUs, gloo on CPUs) and takes
     its local GPU.
     """
     resolved = resolve_device(device, gpu)
-    ctx = distributed.init_from_env(resolved.type == "cuda")
-    if ctx.active and resolved.type == "cuda":
+    ctx = distributed.init_from_env(resolved.startswith("cuda"))
+    if ctx.active and resolved.startswith("cuda"):
         resolved = resolve_device(f"cuda:{ctx.local_rank}", ctx.local_rank)
     return resolved, ctx

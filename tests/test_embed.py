@@ -1,9 +1,15 @@
 """Shallow embeddings: batched tokenization and pooling equal the per-document reference."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 
 from diversity_order.embed import embed_and_count, mean_pool_normalized
@@ -12,19 +18,69 @@ from diversity_order.tokenizer import DocumentTokenizer
 from reference_impl import ref_shallow_embedding
 
 
-def test_pooling_equals_reference_loop_including_clamp_and_empty():
+@pytest.mark.parametrize("as_torch", [False, True], ids=["numpy table (CPU)", "torch table (GPU path)"])
+def test_pooling_equals_reference_loop_including_clamp_and_empty(as_torch):
     rng = np.random.default_rng(0)
     table = rng.normal(size=(50, 8)).astype(np.float32)
     docs = [[1, 2, 3], [], [49, 49, 0], [7], [-3, 60, 5]]  # out-of-range ids are clamped
     flat = np.array([i for d in docs for i in d], dtype=np.int64)
     lengths = np.array([len(d) for d in docs])
-    ours = mean_pool_normalized(torch.from_numpy(table), flat, lengths)
+    ours = mean_pool_normalized(torch.from_numpy(table) if as_torch else table, flat, lengths)
     assert ours.dtype == np.float32 and not np.isnan(ours).any()
     for row, ids in zip(ours, docs):
         if ids:
             np.testing.assert_allclose(row, ref_shallow_embedding(ids, table), rtol=1e-5, atol=1e-6)
         else:
             assert not row.any()  # the empty document is the zero vector, not NaN
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 40), st.lists(st.integers(0, 30), min_size=1, max_size=40),
+       st.integers(0, 2**32 - 1))
+def test_compiled_pooling_equals_a_plain_loop_and_torch(vocab, dim, lengths, seed):
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(vocab, dim)).astype(np.float32)
+    table[rng.random(vocab) < 0.1] = 0.0  # zero rows: a document of only those sums to zero
+    lengths = np.array(lengths, dtype=np.int64)
+    flat = rng.integers(-5, vocab + 5, lengths.sum())  # some out of range: clamped
+    ours = mean_pool_normalized(table, flat, lengths)
+    at = 0
+    for row, n in zip(ours, lengths):
+        ids = flat[at: at + n].tolist()
+        at += n
+        mean = np.mean([table[min(max(i, 0), vocab - 1)] for i in ids], axis=0, dtype=np.float64) if ids else None
+        if mean is None or not np.linalg.norm(mean) > 0:
+            assert not row.any()
+        else:
+            np.testing.assert_allclose(row, mean / np.linalg.norm(mean), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, mean_pool_normalized(torch.from_numpy(table), flat, lengths), rtol=1e-4, atol=1e-5)
+
+
+def test_embedding_on_the_cpu_never_imports_torch(tmp_path, tiny_model_dir):
+    """Its import costs about a second of a 6-second run: a CPU run must not need it."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"galaxy orbit {i} " * (i % 7 + 1)}) + "\n" for i in range(40)))
+    script = f"""
+import sys
+from diversity_order.cli.curate_dataset import main
+code = main(["--input", {str(src)!r}, "--output", {str(tmp_path / "out.jsonl")!r}, "--model-dir",
+             {str(tiny_model_dir)!r}, "--n-clusters", "3", "--no-plot", "--device", "cpu"])
+print("exit", code, "torch imported" if "torch" in sys.modules else "no torch")
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVERSITY_ORDER_CACHE_DIR": ""}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.stdout.strip().splitlines()[-1] == "exit 0 no torch", done.stderr[-2000:]
+
+
+def test_auto_device_without_a_gpu_driver_is_the_cpu_without_asking_torch(monkeypatch):
+    from diversity_order import runtime
+
+    monkeypatch.setattr(runtime, "_gpu_driver_present", lambda: False)
+    assert runtime.resolve_device("auto", 0) == "cpu"
+    assert runtime.resolve_device("cpu", 3) == "cpu"
+    with pytest.raises(runtime.UserError, match="--device tpu"):
+        monkeypatch.setattr(runtime, "_gpu_driver_present", lambda: True)
+        runtime.resolve_device("tpu", 0)
 
 
 def test_pipeline_embeddings_equal_per_document_reference(tmp_path, tiny_model_dir, caplog):

@@ -10,8 +10,8 @@ import shutil
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import numpy as np
 import pytest
-import safetensors
 import torch
 import transformers as tf
 from safetensors.torch import save_file
@@ -77,34 +77,24 @@ def write_checkpoint(path, tensors: dict[str, torch.Tensor], config: dict | None
     return path
 
 
-class GetTensorSpy:
-    """Counts get_tensor calls made through safetensors.safe_open handles."""
+class ReadSpy:
+    """Records which tensors' bytes are read from which file."""
 
     def __init__(self, monkeypatch):
         self.calls: list[tuple[str, str]] = []
-        real = safetensors.safe_open
-        spy = self
+        real = et._tensor_bytes
 
-        class Handle:
-            def __init__(self, filename, *args, **kwargs):
-                self._filename = str(filename)
-                self._handle = real(filename, *args, **kwargs)
+        def spy(model_dir, file, name, entry):
+            self.calls.append((file.name, name))
+            return real(model_dir, file, name, entry)
 
-            def __enter__(self):
-                self._inner = self._handle.__enter__()
-                return self
+        monkeypatch.setattr(et, "_tensor_bytes", spy)
 
-            def __exit__(self, *exc):
-                return self._handle.__exit__(*exc)
 
-            def get_tensor(self, name):
-                spy.calls.append((os.path.basename(self._filename), name))
-                return self._inner.get_tensor(name)
-
-            def __getattr__(self, attr):
-                return getattr(self._inner, attr)
-
-        monkeypatch.setattr(safetensors, "safe_open", Handle)
+def same(weight, tensor: torch.Tensor) -> bool:
+    """``weight`` is a float32 numpy array holding exactly ``tensor``'s values."""
+    return isinstance(weight, np.ndarray) and weight.dtype == np.float32 and np.array_equal(
+        weight, tensor.detach().float().numpy())
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +114,7 @@ def test_every_architecture_loads_its_input_embeddings(arch, tmp_path, monkeypat
     table = load_embedding_table(tmp_path)
     expected = model.get_input_embeddings().weight.detach()
     assert isinstance(table, EmbeddingTable)
-    assert table.weight.dtype == torch.float32 and table.weight.device.type == "cpu"
-    assert torch.equal(table.weight, expected.float())
+    assert same(table.weight, expected)
     assert (table.vocab_size, table.dim) == (VOCAB, HIDDEN)
     assert table.source_dtype == "torch.float32"
     assert table.file == tmp_path / "model.safetensors"
@@ -181,15 +170,15 @@ def test_table_narrower_than_the_hidden_size_is_settled_by_the_architecture(tmp_
     spy = BuildSpy(monkeypatch)
     table = load_embedding_table(tmp_path)
     assert table.tensor_name == "model.decoder.embed_tokens.weight" and spy.calls == 1
-    assert torch.equal(table.weight, model.get_input_embeddings().weight.detach())
+    assert same(table.weight, model.get_input_embeddings().weight.detach())
 
 
 def test_only_one_tensor_is_read(llama_dir, monkeypatch):
     path, expected = llama_dir
-    spy = GetTensorSpy(monkeypatch)
+    spy = ReadSpy(monkeypatch)
     table = load_embedding_table(path)
     assert spy.calls == [("model.safetensors", "model.embed_tokens.weight")]
-    assert torch.equal(table.weight, expected)
+    assert same(table.weight, expected)
 
 
 def test_sharded_checkpoint(tmp_path, monkeypatch):
@@ -198,27 +187,56 @@ def test_sharded_checkpoint(tmp_path, monkeypatch):
     shards = sorted(tmp_path.glob("*.safetensors"))
     assert (tmp_path / "model.safetensors.index.json").is_file() and len(shards) > 2
     weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
-    spy = GetTensorSpy(monkeypatch)
+    spy = ReadSpy(monkeypatch)
     table = load_embedding_table(tmp_path)
     assert table.tensor_name == "model.embed_tokens.weight"
     assert table.file == tmp_path / weight_map["model.embed_tokens.weight"]
     assert spy.calls == [(table.file.name, "model.embed_tokens.weight")]
-    assert torch.equal(table.weight, model.get_input_embeddings().weight.detach())
+    assert same(table.weight, model.get_input_embeddings().weight.detach())
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_tables(dtype, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_half_and_double_precision_tables_widen_exactly_to_float32(dtype, tmp_path):
     model = make_model("qwen2", seed=3).to(dtype)
     save(model, tmp_path)
-    saved = model.get_input_embeddings().weight.detach()
     table = load_embedding_table(tmp_path)
     assert table.source_dtype == str(dtype)
-    assert table.weight.dtype == torch.float32
-    assert torch.equal(table.weight, saved.float())
-    native = load_embedding_table(tmp_path, dtype=dtype)
-    assert native.weight.dtype == dtype and torch.equal(native.weight, saved)
-    # The fingerprint describes the checkpoint, not the dtype asked for.
-    assert native.fingerprint == table.fingerprint
+    assert same(table.weight, model.get_input_embeddings().weight)
+    assert table.weight.flags["C_CONTIGUOUS"]
+
+
+def test_a_dtype_numpy_lacks_is_read_through_torch(tmp_path):
+    torch.manual_seed(11)
+    embed = torch.randn(VOCAB, HIDDEN).to(torch.float8_e4m3fn)
+    write_checkpoint(tmp_path, {"model.embed_tokens.weight": embed}, {"vocab_size": VOCAB, "hidden_size": HIDDEN})
+    table = load_embedding_table(tmp_path)
+    assert table.source_dtype == "torch.float8_e4m3fn"
+    assert same(table.weight, embed.float())
+
+
+def test_fingerprint_is_the_one_earlier_versions_computed_through_torch(tmp_path):
+    # Vector caches are keyed by it: reading the table without torch must not invalidate them.
+    import hashlib
+
+    from safetensors import safe_open
+
+    from diversity_order.caches import BLAKE2B, digest_buffer
+
+    model = make_model("qwen2", seed=12).to(torch.bfloat16)
+    save(model, tmp_path)
+    name = "model.embed_tokens.weight"
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        tensor = handle.get_tensor(name)
+    content = digest_buffer(tensor.contiguous().view(torch.uint8).numpy(), BLAKE2B)
+    key = f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{content}"
+    assert load_embedding_table(tmp_path).fingerprint == hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+def test_a_device_other_than_the_cpu_gets_a_torch_tensor(llama_dir):
+    path, expected = llama_dir
+    table = load_embedding_table(path, device="meta")  # stands in for a GPU: a torch device without data
+    assert isinstance(table.weight, torch.Tensor) and table.weight.device.type == "meta"
+    assert tuple(table.weight.shape) == tuple(expected.shape) and table.weight.dtype == torch.float32
 
 
 def test_checkpoint_saved_from_the_base_model_without_prefix(tmp_path):
@@ -228,7 +246,7 @@ def test_checkpoint_saved_from_the_base_model_without_prefix(tmp_path):
     config["architectures"] = ["LlamaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert find_embedding_tensor_name(tmp_path) == ("embed_tokens.weight", tmp_path / "model.safetensors")
-    assert torch.equal(load_embedding_table(tmp_path).weight, model.get_input_embeddings().weight.detach())
+    assert same(load_embedding_table(tmp_path).weight, model.get_input_embeddings().weight.detach())
 
 
 def test_nested_prefix_and_shape_check(tmp_path):
@@ -240,7 +258,7 @@ def test_nested_prefix_and_shape_check(tmp_path):
     write_checkpoint(tmp_path, state, config)
     name, _ = find_embedding_tensor_name(tmp_path)
     assert name == "language_model.model.embed_tokens.weight"
-    assert torch.equal(load_embedding_table(tmp_path).weight, model.get_input_embeddings().weight.detach())
+    assert same(load_embedding_table(tmp_path).weight, model.get_input_embeddings().weight.detach())
 
 
 def test_tied_table_stored_only_under_lm_head(tmp_path):
@@ -251,7 +269,7 @@ def test_tied_table_stored_only_under_lm_head(tmp_path):
     write_checkpoint(tmp_path, state, json.loads(model.config.to_json_string()))
     name, _ = find_embedding_tensor_name(tmp_path)
     assert name == "lm_head.weight"
-    assert torch.equal(load_embedding_table(tmp_path).weight, weight)
+    assert same(load_embedding_table(tmp_path).weight, weight)
 
 
 def test_unknown_model_type_uses_conventional_names(tmp_path):
@@ -267,7 +285,7 @@ def test_unknown_model_type_uses_conventional_names(tmp_path):
     write_checkpoint(tmp_path, tensors, {"model_type": "no-such-arch", "vocab_size": VOCAB, "hidden_size": HIDDEN})
     table = load_embedding_table(tmp_path)
     assert table.tensor_name == "backbone.tok_embeddings.weight"
-    assert torch.equal(table.weight, embed)
+    assert same(table.weight, embed)
 
 
 def test_remote_code_config_is_not_run(tmp_path):
@@ -283,7 +301,7 @@ def test_no_config_json_falls_back_to_names_with_a_warning(tmp_path, caplog):
     write_checkpoint(tmp_path, {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN)}, None)
     with caplog.at_level(logging.WARNING, logger="diversity_order.embedding_table"):
         table = load_embedding_table(tmp_path)
-    assert table.tensor_name == "model.embed_tokens.weight" and torch.equal(table.weight, embed)
+    assert table.tensor_name == "model.embed_tokens.weight" and same(table.weight, embed)
     assert "no config.json" in caplog.text
 
 
@@ -341,6 +359,22 @@ def test_error_index_points_to_missing_shard(tmp_path):
 def test_error_corrupt_safetensors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x00garbage")
     _assert_user_error(tmp_path, "model.safetensors")
+
+
+@pytest.mark.parametrize("damage", ["header", "data", "not-json"])
+def test_error_truncated_or_damaged_safetensors(llama_dir, tmp_path, damage):
+    path, _ = llama_dir
+    folder = shutil.copytree(path, tmp_path / "copy")
+    target = folder / "model.safetensors"
+    data = target.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    if damage == "header":
+        target.write_bytes(data[: header_end - 5])
+    elif damage == "data":
+        target.write_bytes(data[: header_end + 10])  # the header is whole; the tensors are cut
+    else:
+        target.write_bytes(data[:8] + b"{" * (header_end - 8) + data[header_end:])
+    _assert_user_error(folder, "model.safetensors")
 
 
 # --- fingerprint ---------------------------------------------------------------------------

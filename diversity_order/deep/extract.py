@@ -77,6 +77,9 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
     # Said first: importing torch and loading the tokenizer take tens of seconds on a busy node.
     log.info("Deep embeddings of %s with %s -> %s: starting", config.input, config.model_dir, config.output)
     device, ctx = start(config.device, config.gpu)
+    import torch
+
+    device = torch.device(device)
     try:
         layout = Layout.of(ctx, config.tp, device)
         if ctx.active and config.tp > 1 and not layout.leader:
