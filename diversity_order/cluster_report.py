@@ -20,6 +20,7 @@ import re
 from collections import Counter
 
 import numpy as np
+from numba import njit
 
 from . import matrix
 from .fields import plain_text
@@ -55,55 +56,59 @@ def _sample_rows(labels: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
 
 
 def token_counts_per_cluster(index: object, labels: np.ndarray, n_clusters: int, tokenizer,
-                             seed: int) -> list[Counter]:
-    """Counts of the words a sample of each cluster's documents holds.
+                             seed: int) -> tuple[list[str], np.ndarray]:
+    """(words, counts): how often each word occurs in a sample of each cluster's documents, as an
+    n_clusters x len(words) float64 matrix; ``words`` sorted.
 
     With a tokenizer, tokens are counted and then merged by how they read (" self" and "self" are
     one word here); tokens without a letter or shorter than two characters (punctuation,
     indentation, digits) are left out: they rarely say what a topic is. Without one, words.
     """
-    counters = [Counter() for _ in range(n_clusters)]
     rows = _sample_rows(labels, n_clusters, seed)
-    for batch_rows, texts in index.iter_documents(rows):
-        texts = [plain_text(text)[:SAMPLE_CHARS] for text in texts]
-        if tokenizer is not None:
-            flat, lengths = tokenizer.encode_batch(texts)
-            pieces = [piece.tolist() for piece in np.split(flat, np.cumsum(lengths)[:-1])]
-        else:
-            pieces = [_WORD.findall(text.lower()) for text in texts]
-        for row, tokens in zip(batch_rows.tolist(), pieces):
-            counters[labels[row]].update(tokens)
     if tokenizer is None:
-        return [Counter({w: n for w, n in c.items() if _readable(w)}) for c in counters]
-    seen = sorted(set().union(*counters))
-    surface = {t: text.strip() for t, text in zip(seen, tokenizer.token_texts(seen))}
-    merged = [Counter() for _ in range(n_clusters)]
-    for counter, words in zip(counters, merged):
-        for token, n in counter.items():
-            if _readable(surface[token]):
-                words[surface[token]] += n
-    return merged
+        counters = [Counter() for _ in range(n_clusters)]
+        for batch_rows, texts in index.iter_documents(rows):
+            for row, text in zip(batch_rows.tolist(), texts):
+                counters[labels[row]].update(_WORD.findall(plain_text(text)[:SAMPLE_CHARS].lower()))
+        words = sorted({word for counter in counters for word in counter if _readable(word)})
+        position = {word: i for i, word in enumerate(words)}
+        counts = np.zeros((n_clusters, len(words)))
+        for k, counter in enumerate(counters):
+            for word, n in counter.items():
+                if word in position:
+                    counts[k, position[word]] = n
+        return words, counts
+    id_parts, label_parts = [], []
+    for batch_rows, texts in index.iter_documents(rows):
+        flat, lengths = tokenizer.encode_batch([plain_text(text)[:SAMPLE_CHARS] for text in texts])
+        id_parts.append(flat)
+        label_parts.append(np.repeat(labels[batch_rows], lengths))
+    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
+    token_labels = np.concatenate(label_parts) if label_parts else np.zeros(0, np.int64)
+    seen, token_of = np.unique(ids, return_inverse=True)
+    surfaces = [text.strip() for text in tokenizer.token_texts(seen.tolist())]
+    words = sorted({surface for surface in surfaces if _readable(surface)})
+    position = {word: i for i, word in enumerate(words)}
+    word_of = np.array([position.get(surface, -1) for surface in surfaces], dtype=np.int64)[token_of]
+    kept = word_of >= 0
+    counts = np.bincount(token_labels[kept] * len(words) + word_of[kept], minlength=n_clusters * len(words))
+    return words, counts.reshape(n_clusters, len(words)).astype(np.float64)
 
 
 def _readable(word: str) -> bool:
     return len(word) >= 2 and any(ch.isalpha() for ch in word)
 
 
-def distinguishing_tokens(counters: list[Counter], top: int = TOP_TOKENS) -> list[list[tuple[object, float]]]:
-    """Per cluster, the ``top`` tokens with the highest log-odds z-score against the other clusters."""
-    vocabulary = sorted(set().union(*counters))
-    if not vocabulary:
-        return [[] for _ in counters]
-    position = {token: i for i, token in enumerate(vocabulary)}
-    counts = np.zeros((len(counters), len(vocabulary)))
-    for k, counter in enumerate(counters):
-        for token, n in counter.items():
-            counts[k, position[token]] = n
+def distinguishing_tokens(words: list[str], counts: np.ndarray, top: int = TOP_TOKENS) -> list[list[tuple[str, float]]]:
+    """Per cluster (row of ``counts``), the ``top`` words with the highest log-odds z-score against the
+    other clusters."""
+    if not words:
+        return [[] for _ in range(counts.shape[0])]
     total = counts.sum(0)
     prior = PRIOR_STRENGTH * total / max(total.sum(), 1.0)
     prior_sum = prior.sum()
     out = []
-    for k in range(len(counters)):
+    for k in range(counts.shape[0]):
         own, rest = counts[k], total - counts[k]
         n_own, n_rest = own.sum(), rest.sum()
         if n_own == 0:
@@ -115,7 +120,7 @@ def distinguishing_tokens(counters: list[Counter], top: int = TOP_TOKENS) -> lis
             z = delta / np.sqrt(1.0 / (own + prior) + 1.0 / (rest + prior))
         z = np.where(own > 0, np.nan_to_num(z, nan=-np.inf), -np.inf)
         best = np.argsort(-z, kind="stable")[:top]
-        out.append([(vocabulary[i], round(float(z[i]), 2)) for i in best if np.isfinite(z[i])])
+        out.append([(words[i], round(float(z[i]), 2)) for i in best if np.isfinite(z[i])])
     return out
 
 
@@ -128,15 +133,12 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
     Blocks are small: each makes three float64 copies (rows, their centres, the product), which at
     65,536 rows x 576 took ~0.9 GB and set a whole run's peak memory.
     """
-    import torch
-
     n = labels.size
     rows = centre_sample(n, CENTRE_ROWS if max_rows is None else max_rows, seed)
     labels = labels[rows]
-    sums = torch.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=torch.float64)
-    for at, block in _row_blocks(embeddings, rows, chunk):  # index_add: O(rows x dim); np.add.at is ~100x slower
-        sums.index_add_(0, torch.from_numpy(labels[at: at + len(block)]), torch.from_numpy(block.astype(np.float64)))
-    sums = sums.numpy()
+    sums = np.zeros((n_clusters, matrix.shape(embeddings)[1]), dtype=np.float64)
+    for at, block in _row_blocks(embeddings, rows, chunk):
+        _add_rows_by_label(sums, labels[at: at + len(block)], block)
     norms = np.linalg.norm(sums, axis=1, keepdims=True)
     centres = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
     cosine = np.empty(rows.size)
@@ -151,6 +153,16 @@ def centre_examples(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int,
         np.bincount(labels, minlength=n_clusters), 1)
     nearest = [rows[by_cluster[starts[k]: min(starts[k + 1], starts[k] + EXAMPLES)]] for k in range(n_clusters)]
     return cohesion, nearest
+
+
+@njit(cache=True, nogil=True)
+def _add_rows_by_label(sums, labels, block):
+    """``sums[labels[i]] += block[i]`` in float64 (np.add.at does the same ~100x slower)."""
+    for i in range(labels.size):
+        target = sums[labels[i]]
+        row = block[i]
+        for j in range(row.size):
+            target[j] += row[j]
 
 
 def centre_sample(n: int, size: int, seed: int) -> np.ndarray:
@@ -194,8 +206,7 @@ def describe_clusters(index: object, labels: np.ndarray, token_counts: np.ndarra
     """One dict per non-empty cluster, largest first (see the module doc)."""
     sizes = np.bincount(labels, minlength=n_clusters)
     tokens = np.bincount(labels, weights=token_counts.astype(np.float64), minlength=n_clusters)
-    counters = token_counts_per_cluster(index, labels, n_clusters, tokenizer, seed)
-    top = distinguishing_tokens(counters)
+    top = distinguishing_tokens(*token_counts_per_cluster(index, labels, n_clusters, tokenizer, seed))
     cohesion, nearest = centre_examples(embeddings, labels, n_clusters, seed=seed)
     if labels.size > CENTRE_ROWS:
         log.info("Cluster cohesion and nearest documents from a seeded sample of %s of the %s rows", f"{CENTRE_ROWS:,}",

@@ -287,3 +287,61 @@ def test_the_centre_sample_is_distinct_ascending_rows_in_runs_of_about_the_size_
     run = max(1, min(CENTRE_RUN_ROWS, n // size))
     assert size <= rows.size < size + run
     assert (rows.reshape(-1, run) == rows.reshape(-1, run)[:, :1] + np.arange(run)).all()  # whole runs
+
+
+class _ListIndex:
+    """Documents by row, handed out in batches as the record index does."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def iter_documents(self, rows):
+        rows = np.asarray(rows)
+        for lo in range(0, rows.size, 3):
+            yield rows[lo: lo + 3], [self.texts[r] for r in rows[lo: lo + 3].tolist()]
+
+
+class _WordTokenizer:
+    """Splits on spaces; token ids are indices into a fixed surface list whose entries differ by a leading
+    space or are unreadable (too short, no letter), so merging and filtering both have work to do."""
+
+    SURFACES = ["ab", " ab", "cd", " cd", "e", " 12", "x1", " x1", ".."]
+
+    def encode_batch(self, texts):
+        pieces = [[int(t) % len(self.SURFACES) for t in text.split()] for text in texts]
+        flat = np.array([t for piece in pieces for t in piece], dtype=np.int64)
+        return flat, np.array([len(piece) for piece in pieces], dtype=np.int64)
+
+    def token_texts(self, ids):
+        return [self.SURFACES[i] for i in ids]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 30), max_size=6), min_size=1, max_size=25), st.integers(1, 4),
+       st.booleans(), st.integers(0, 2**31))
+def test_cluster_word_counts_equal_a_plain_loop_over_the_sampled_documents(docs, k, with_tokenizer, seed):
+    from collections import Counter
+
+    from diversity_order.cluster_report import _readable, _sample_rows, distinguishing_tokens, token_counts_per_cluster
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, k, len(docs))
+    words_of = {0: "alpha", 1: "Beta", 2: "q", 3: "7x", 4: "gamma"}
+    texts = ([" ".join(str(t) for t in doc) for doc in docs] if with_tokenizer
+             else [" ".join(words_of[t % 5] for t in doc) for doc in docs])
+    tokenizer = _WordTokenizer() if with_tokenizer else None
+    words, counts = token_counts_per_cluster(_ListIndex(texts), labels, k, tokenizer, seed)
+
+    expected = [Counter() for _ in range(k)]
+    for row in _sample_rows(labels, k, seed).tolist():
+        if with_tokenizer:
+            found = [_WordTokenizer.SURFACES[int(t) % len(_WordTokenizer.SURFACES)].strip() for t in texts[row].split()]
+        else:
+            found = texts[row].lower().split()
+        expected[labels[row]].update(w for w in found if _readable(w))
+    assert words == sorted(set().union(*expected))
+    assert counts.shape == (k, len(words))
+    assert [{w: int(n) for w, n in zip(words, row) if n} for row in counts] == [dict(c) for c in expected]
+    tops = distinguishing_tokens(words, counts)
+    assert len(tops) == k and all(not top for c, top in zip(expected, tops) if not c)
+    assert all({w for w, _ in top} <= set(c) for c, top in zip(expected, tops))
