@@ -226,10 +226,16 @@ def curate(config: CurateConfig) -> CurateResult | None:
         else:
             _embed(run, fail_fast=True, hold_fit_sample=True)
             reduce(run)
-            cluster(run)
+            if run.n < SIDE_BY_SIDE_ROWS:
+                # k-means keeps about one core busy; the sampled similarity needs no labels and takes another.
+                side_by_side(run.timer, (cluster, run), (similarity, run))
+            else:
+                cluster(run)
         order(run)
         settle_output_paths(run)
         last_stages = ((measure, run), (write_outputs, run), (describe, run))
+        if not run.similarity:
+            last_stages += ((similarity, run),)
         if run.n >= SIDE_BY_SIDE_ROWS:
             side_by_side(run.timer, *last_stages)
         else:
@@ -504,8 +510,13 @@ def measure(run: Run) -> None:
                        for name, order in orders.items()}
         run.quality = {name: diversity.ordering_quality(labels, counts, seq_len, order, k, run.windows[name], packing)
                        for name, order in orders.items()}
-        run.similarity = diversity.similarity_stats(run.embeddings, config.seed)
         run.field_quality = _balance_field_quality(run, orders)
+
+
+def similarity(run: Run) -> None:
+    """Pairwise cosine similarity of a seeded sample of the (reduced) embeddings."""
+    with run.timer.stage("Similarity statistics"):
+        run.similarity = diversity.similarity_stats(run.embeddings, run.config.seed)
 
 
 def report_measures(run: Run) -> None:

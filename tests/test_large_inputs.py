@@ -310,7 +310,8 @@ def test_an_error_beside_other_stages_is_raised_at_once():
 def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tmp_path, data, tiny_model_dir,
                                                                               monkeypatch):
     """Large inputs run the statistics, the curated file and the cluster descriptions in threads: the
-    same files as one after another (forced here on a small input), and the metadata says so."""
+    same files as one after another (forced here on a small input), and the metadata says so. Smaller
+    ones run only the sampled similarity beside k-means."""
     from diversity_order import curate as curate_module
 
     one_by_one = tmp_path / "a.jsonl"
@@ -320,9 +321,9 @@ def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tm
     assert curate("--input", data, "--output", beside, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
     first, second = _outputs(one_by_one), _outputs(beside)
     assert _same(first[:3], second[:3])
-    assert first[3]["stages_side_by_side"] == []
-    assert second[3]["stages_side_by_side"] == sorted(["Diversity statistics", "Describing the clusters",
-                                                       f"Writing {beside}"])
+    assert first[3]["stages_side_by_side"] == ["Clustering (MiniBatchKMeans, k=6)", "Similarity statistics"]
+    assert second[3]["stages_side_by_side"] == sorted(["Diversity statistics", "Similarity statistics",
+                                                       "Describing the clusters", f"Writing {beside}"])
     for key in ("token_window_diversity", "similarity_stats", "ordering_quality", "cluster_sizes"):
         assert first[3][key] == second[3][key]
     assert (tmp_path / "a_clusters.json").read_text().replace("a.jsonl", "") == \
