@@ -30,6 +30,19 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 
+# Words a BPE model has split already are remembered (the same ids, without the merges again). tokenizers
+# keeps 10,000; code and prose repeat many more distinct words (identifiers, names): with 100,000 the
+# tokenizer took 4-6% less CPU on a mixed 100K-document corpus, for ~60 MB that stay resident (shrinking the
+# cache afterwards returned none of it to the system: the heap is fragmented by then).
+BPE_WORD_CACHE = 100_000
+
+
+def _enlarge_word_cache(backend) -> None:
+    resize = getattr(getattr(backend, "model", None), "_resize_cache", None)  # BPE models only (tokenizers >= 0.20)
+    if resize is not None:
+        resize(BPE_WORD_CACHE)
+
+
 class DocumentTokenizer:
     """A local Hugging Face tokenizer, used only to turn documents into ids."""
 
@@ -45,6 +58,7 @@ class DocumentTokenizer:
             hf = self._hf  # loads through transformers
             self._backend = getattr(hf, "backend_tokenizer", None) if hf.is_fast else None
         if self._backend is not None:
+            _enlarge_word_cache(self._backend)
             # Same ids as encode_batch (tokenizers >= 0.21 has it); offsets come back as zeros.
             self._encode_ids_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         self.fingerprint = self._fingerprint()
