@@ -67,7 +67,10 @@ def warm_up_pooling() -> threading.Thread:
 @njit(cache=True, nogil=True)
 def _mean_pool_rows(table, ids, lengths, out):
     """``out[i]`` = the unit-length sum (so also mean) of document i's rows, summed in float32 in token
-    order; the length is taken in float64. Zero for a document with no tokens (or a zero sum)."""
+    order; the length is taken in float64. Zero for a document with no tokens (or a zero sum).
+
+    No step's rounding depends on a SIMD width (torch's norm reduces in vector lanes), so every machine
+    writes the same bits; they differ from torch's by at most one float32 step."""
     last = table.shape[0] - 1
     dim = table.shape[1]
     acc = np.empty(dim, dtype=np.float32)

@@ -1,6 +1,7 @@
 """Shallow embeddings: batched tokenization and pooling equal the per-document reference."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -54,6 +55,31 @@ def test_compiled_pooling_equals_a_plain_loop_and_torch(vocab, dim, lengths, see
         else:
             np.testing.assert_allclose(row, mean / np.linalg.norm(mean), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours, mean_pool_normalized(torch.from_numpy(table), flat, lengths), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 50), st.integers(1, 24), st.lists(st.integers(0, 20), min_size=1, max_size=20),
+       st.integers(0, 2**32 - 1))
+def test_compiled_pooling_is_bit_for_bit_its_documented_arithmetic(vocab, dim, lengths, seed):
+    """float32 sum in token order, float64 sum of squares in dimension order, float32(sum / norm): no step
+    whose rounding depends on a SIMD width, so every machine writes the same cache bytes."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(vocab, dim)).astype(np.float32)
+    lengths = np.array(lengths, dtype=np.int64)
+    flat = rng.integers(0, vocab, lengths.sum())
+    ours = mean_pool_normalized(table, flat, lengths)
+    at = 0
+    for row, n in zip(ours, lengths):
+        acc = [np.float32(0.0)] * dim
+        for t in flat[at: at + n].tolist():
+            acc = [np.float32(a + np.float32(v)) for a, v in zip(acc, table[t].tolist())]
+        at += n
+        squares = 0.0
+        for a in acc:
+            squares += float(a) * float(a)
+        norm = math.sqrt(squares)
+        expected = [np.float32(float(a) / norm) if norm > 0 else np.float32(0.0) for a in acc]
+        assert row.tobytes() == np.array(expected, dtype=np.float32).tobytes()
 
 
 def test_embedding_on_the_cpu_never_imports_torch(tmp_path, tiny_model_dir):
