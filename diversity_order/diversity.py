@@ -243,6 +243,50 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     return deviation if deviation.size else np.zeros(1)
 
 
+def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int | None = None,
+                           packing: str = "whole") -> float:
+    """A mean token-share uniformity (``window_share_deviation``'s mean) that no order of these documents
+    can beat, from their lengths and clusters alone: what long documents force on any order.
+
+    A window that holds one cluster c only deviates by a_c = max(1 - tau_c, max_{k != c} tau_k), and a
+    window where one document holds p tokens deviates by at least p / seq_len - tau_c. Windows counted:
+    - whole packing: a document of l tokens fills l // seq_len windows alone (in every order); its
+      remainder r = l % seq_len, when over half a window, is in a window no other such piece shares.
+      Windows are at most A + S: A those filled alone, S < 2 T_s / seq_len + runs, the shared windows
+      (two adjacent shared windows hold over seq_len tokens: the second opened because a document did not
+      fit; runs of them are separated by long documents), T_s the tokens of the remainders.
+    - split packing: ceil(T / seq_len) windows; a document of l >= seq_len tokens (l = m seq_len + r)
+      covers at least m - 1 windows whole, and when only m - 1, its two partial windows hold seq_len + r
+      of its tokens, one of them over half a window when r > 0.
+    Each counted window is claimed by one document only (a window holds at most one piece over half a
+    window), so the sum over documents is a bound on the sum over windows.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    lengths = np.asarray(token_counts, dtype=np.int64)
+    k = int(n_clusters if n_clusters is not None else (labels.max() + 1 if labels.size else 1))
+    tau = global_token_shares(labels, lengths, k)
+    total = int(lengths.sum())
+    if total == 0:
+        return 0.0
+    top_two = np.sort(tau)[-2:] if k > 1 else np.array([0.0, tau[0]])
+    others_max = np.where(tau >= top_two[-1], top_two[0], top_two[-1])  # max over the other clusters
+    alone = np.maximum(1.0 - tau, others_max)[labels]
+    share_over = lambda piece: np.maximum(piece / seq_len - tau[labels], 0.0)  # noqa: E731
+    m, r = lengths // seq_len, lengths % seq_len
+    if packing_model(packing) == 0:  # whole
+        big = 2 * r > seq_len
+        forced = float((m * alone).sum() + share_over(r)[big].sum())
+        shared = r > 0
+        runs = int((m > 0).sum()) + 1
+        windows = int(m.sum()) + min(int(shared.sum()), int(np.floor(2 * r[shared].sum() / seq_len + runs)))
+    else:
+        long = m >= 1
+        partial = np.where(r > 0, share_over((seq_len + r + 1) // 2), 0.0)  # the larger of the two parts
+        forced = float(((m - 1) * alone + partial)[long].sum())
+        windows = -(-total // seq_len)
+    return forced / max(windows, 1)
+
+
 def _token_slice_mix(labels: np.ndarray, bounds: np.ndarray, start: float, stop: float, n_clusters: int) -> np.ndarray:
     """Cluster token shares of the token range [start, stop) of the packed stream (documents cut at the
     edges). ``bounds``: the documents' token offsets in stream order, with 0 first (document i holds

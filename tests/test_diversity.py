@@ -100,3 +100,35 @@ def test_documents_per_window_and_efficiency(docs, seq_len, split):
     present = len(set(labels.tolist()))
     bound = sum(min(d, present) for d in documents.tolist())
     assert efficiency(unique, documents, present) == (unique.sum() / bound if bound else 1.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40)), min_size=1, max_size=6), st.integers(4, 16),
+       st.sampled_from(["whole", "split"]))
+def test_no_order_beats_the_uniformity_lower_bound(docs, seq_len, packing):
+    """Every order of a few documents (all permutations) has a mean window deviation >= the bound."""
+    from itertools import permutations
+
+    from diversity_order.diversity import uniformity_lower_bound, window_share_deviation
+
+    labels = np.array([c for c, _ in docs])
+    counts = np.array([n for _, n in docs])
+    bound = uniformity_lower_bound(labels, counts, seq_len, 3, packing)
+    best = min(window_share_deviation(labels, counts, seq_len, np.array(order), 3, packing).mean()
+               for order in permutations(range(len(docs))))
+    assert 0.0 <= bound <= best + 1e-12
+
+
+def test_the_uniformity_bound_is_what_lone_long_documents_force():
+    from diversity_order.diversity import uniformity_lower_bound, window_share_deviation
+
+    # Two clusters of equal tokens, each one document of exactly three windows: every window holds one
+    # cluster and deviates by 1/2, in every order and under both packings.
+    labels, counts = np.array([0, 1]), np.array([30, 30])
+    for packing in ("whole", "split"):
+        actual = window_share_deviation(labels, counts, 10, None, 2, packing).mean()
+        assert actual == 0.5
+    assert uniformity_lower_bound(labels, counts, 10, 2, "whole") == 0.5
+    assert uniformity_lower_bound(labels, counts, 10, 2, "split") == 0.5 * 4 / 6  # m - 1 windows whole each
+    # Short documents force nothing.
+    assert uniformity_lower_bound(np.array([0, 1, 0, 1]), np.array([2, 2, 2, 2]), 10, 2, "whole") == 0.0

@@ -448,6 +448,8 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
         order = ORDERINGS[row["ordering"]](labels, counts, k, replace(options, seq_len=row["seq_len"]))
         quality = diversity.ordering_quality(labels, counts, row["seq_len"], order, k)
         assert {key: row[key] for key in quality} == quality, row["ordering"]
+        assert row["uniformity_bound"] == diversity.uniformity_lower_bound(labels, counts, row["seq_len"], k)
+        assert 0 < row["uniformity_bound"] <= row["uniformity_mean"]  # long-cluster: long documents force some
         assert row["seconds"] >= 0
         assert curves[(row["ordering"], row["seq_len"])].tolist() == \
             diversity.window_diversity(labels, counts, row["seq_len"], order).tolist()
@@ -475,6 +477,9 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
         assert lines[heading + 4 + len(names)] == ""
         verdict = lines[heading + 5 + len(names)]
         assert verdict == f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
+        bound = next(r["uniformity_bound"] for r in rows if r["seq_len"] == seq_len)
+        assert lines[heading + 7 + len(names)].startswith(f"No order of these documents has a mean uniformity "
+                                                          f"below {bound:.4f} ")
     assert sum(line.startswith("## seq-len") for line in lines) == len(seq_lens)
 
 
