@@ -74,7 +74,7 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
     fits and is due before this window ends; else the earliest-due one. Packing split: the straddler is the
     document due before STRADDLE_HORIZON windows after this one ends with the largest excess t / L - T_k / T,
     of a cluster the window lacks if any (of any cluster when N L >= K T, windows holding more documents than
-    there are clusters); if the room left is at most half of it (of t mod L when t >= L), it
+    there are clusters); if the room left is at most half of it (of L + t mod L when t >= L), it
     goes now; else the earliest-due document of a lacking cluster, due before the next window ends, that fits
     in the room left minus that half; else the straddler if the room is at most 1.5 halves; else the
     earliest-due lacking document due before the next window ends; else the earliest-due one. Ties: lowest
@@ -112,7 +112,7 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
                 excess = {h[1]: Fraction(h[2], seq_len) - Fraction(cluster_tokens[h[1]], total or 1) for h in pool}
                 straddler = max(pool, key=lambda h: (excess[h[1]], -h[1]))
                 t = straddler[2]
-                half = (t % seq_len if t >= seq_len else t) // 2
+                half = (seq_len + t % seq_len) // 2 if t >= seq_len else t // 2
                 if room <= half:
                     pick = straddler
                 else:
@@ -267,16 +267,29 @@ def test_documents_run_at_most_the_horizon_ahead(corpus, seed, split):
         placed += int(counts[doc])
 
 
-def test_a_long_document_straddles_the_boundary_at_its_middle():
-    # L = 10, split packing: cluster 0 has one 8-token document, clusters 1-9 two one-token ones each. The
-    # 8-token document is the straddler; six one-token documents of clusters the window lacks go first, it
-    # starts when 4 tokens are left (its half) and ends 4 tokens into the next window, so neither window
-    # holds more than 4 of its tokens.
-    labels = np.array([0] + [k for k in range(1, 10) for _ in range(2)])
-    counts = np.array([8] + [1] * 18)
+def _one_long_among_short(long_tokens: int, short_per_cluster: int):
+    """L = 10, split packing: cluster 0 holds one document of ``long_tokens``, clusters 1-9 one-token ones.
+    Returns (labels, counts, order, where the long document starts in the stream)."""
+    labels = np.array([0] + [k for k in range(1, 10) for _ in range(short_per_cluster)])
+    counts = np.array([long_tokens] + [1] * (9 * short_per_cluster))
     order = paced_order(labels, counts, 10, 10, split=True, seed=0)
-    start = int(np.cumsum(counts[order])[np.flatnonzero(order == 0)[0]] - 8)
-    assert start % 10 == 6
+    start = int(np.cumsum(counts[order])[np.flatnonzero(order == 0)[0]] - long_tokens)
+    return labels, counts, order, start
+
+
+def test_a_long_document_straddles_the_boundary_at_its_middle():
+    # The 8-token document is the straddler; six one-token documents of clusters the window lacks go
+    # first, it starts when 4 tokens are left (its half) and ends 4 tokens into the next window, so neither
+    # window holds more than 4 of its tokens.
+    assert _one_long_among_short(8, 2)[3] % 10 == 6
+
+
+def test_a_document_longer_than_a_window_fills_one_window_fewer_alone():
+    # 23 tokens: m = 2 windows and r = 3 tokens. Started at offset 0 or from 7 on it would fill two windows
+    # alone; it goes when the room left is at most (10 + 3) // 2 = 6, at offset 4, and fills one.
+    labels, counts, order, start = _one_long_among_short(23, 4)
+    assert start % 10 == 4
+    assert (diversity.window_counts(labels, counts, 10, order, "split")[0] == 1).sum() == 1
 
 
 def test_a_lacking_cluster_goes_first():

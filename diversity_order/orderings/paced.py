@@ -24,9 +24,10 @@ Four rules; no constant in them was fitted to a corpus:
    the documents due within ``STRADDLE_HORIZON`` windows after the open one, the *straddler* is the
    one of largest excess t / L - T_k / T (t its tokens, T_k its cluster's, T all), of a cluster the
    window lacks if any (any cluster when windows hold more documents than there are clusters,
-   N L >= K T). With h half its length (of t mod L when t >= L): if the room left is at most h it
-   goes now; else the earliest-due document of a lacking cluster, due before the next window ends,
-   that fits in the room minus h; else the straddler if the room is at most 1.5 h; else rule 3.
+   N L >= K T). With h half its length (t < L), or half of L + (t mod L) (t >= L: starting there, it
+   fills floor(t / L) - 1 windows alone, not floor(t / L)): if the room left is at most h it goes
+   now; else the earliest-due document of a lacking cluster, due before the next window ends, that
+   fits in the room minus h; else the straddler if the room is at most 1.5 h; else rule 3.
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
 greedy, compiled with numba.
@@ -199,7 +200,9 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
                 straddler, straddler_lacks, straddler_excess = k, rank_lacks, next_excess[k]
     if straddler >= 0:
         t = next_length[straddler]
-        half = (t % seq_len if t >= seq_len else t) // 2
+        # A document of m windows and r tokens more starts (L - r) / 2 or more into a window, so it fills
+        # m - 1 windows alone, not m (a window one document fills holds one cluster).
+        half = (seq_len + t % seq_len) // 2 if t >= seq_len else t // 2
         if room <= half:
             return straddler  # cut at the boundary near its middle
         # the earliest-due lacking document due before the next window ends that fits before the straddle point
