@@ -14,7 +14,7 @@ from numba import njit
 from . import matrix
 from .defaults import DEFAULT_SEED
 from .matrix import Matrix
-from .packing import n_pieces, packing_model, piece_tokens, place
+from .packing import WHOLE, n_pieces, packing_model, piece_tokens, place
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -270,19 +270,21 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
         return 0.0
     top_two = np.sort(tau)[-2:] if k > 1 else np.array([0.0, tau[0]])
     others_max = np.where(tau >= top_two[-1], top_two[0], top_two[-1])  # max over the other clusters
-    alone = np.maximum(1.0 - tau, others_max)[labels]
-    share_over = lambda piece: np.maximum(piece / seq_len - tau[labels], 0.0)  # noqa: E731
+    alone = np.maximum(1.0 - tau, others_max)  # per cluster: a window it fills alone
     m, r = lengths // seq_len, lengths % seq_len
-    if packing_model(packing) == 0:  # whole
+    if packing_model(packing) == WHOLE:
         big = 2 * r > seq_len
-        forced = float((m * alone).sum() + share_over(r)[big].sum())
+        forced = float(np.dot(m, alone[labels]) +
+                       np.maximum(r[big] / seq_len - tau[labels[big]], 0.0).sum())
         shared = r > 0
         runs = int((m > 0).sum()) + 1
         windows = int(m.sum()) + min(int(shared.sum()), int(np.floor(2 * r[shared].sum() / seq_len + runs)))
     else:
         long = m >= 1
-        partial = np.where(r > 0, share_over((seq_len + r + 1) // 2), 0.0)  # the larger of the two parts
-        forced = float(((m - 1) * alone + partial)[long].sum())
+        c, m, r = labels[long], m[long], r[long]
+        larger_part = (seq_len + r + 1) // 2  # of the two partial windows, when only m - 1 are whole
+        partial = np.where(r > 0, np.maximum(larger_part / seq_len - tau[c], 0.0), 0.0)
+        forced = float(((m - 1) * alone[c] + partial).sum())
         windows = -(-total // seq_len)
     return forced / max(windows, 1)
 
