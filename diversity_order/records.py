@@ -30,7 +30,7 @@ import orjson
 from . import fields
 from .atomic import atomic_open
 from .errors import UserError
-from .runtime import Progress
+from .runtime import Progress, usable_cores
 
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
@@ -576,11 +576,7 @@ PARALLEL_RANGE_BYTES = 32 << 20
 def index_workers() -> int:
     """Processes that index at once: one per core this process may use, at most 8 (past that the
     disk, not the parsing, sets the pace)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return max(1, min(8, usable_cores()))
 
 
 def scan_files(paths: list[Path], text_field: str | tuple[str, ...] = "text", progress: bool = True,

@@ -351,6 +351,14 @@ def peak_rss_mb() -> float:
     return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS has one, e.g. under taskset or Slurm)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def resolve_device(device: str, gpu: int) -> str:
     """'auto' -> 'cuda:GPU' when CUDA is available, else 'cpu'; 'cuda' uses --gpu's index.
 

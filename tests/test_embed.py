@@ -58,6 +58,26 @@ def test_compiled_pooling_equals_a_plain_loop_and_torch(vocab, dim, lengths, see
 
 
 @settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=0, max_size=80), st.integers(2, 6), st.integers(0, 2**32 - 1))
+def test_pooling_on_several_threads_gives_the_same_bits(lengths, threads, seed):
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(40, 7)).astype(np.float32)
+    lengths = np.array(lengths, dtype=np.int64)
+    flat = rng.integers(0, 40, lengths.sum())
+    one = mean_pool_normalized(table, flat, lengths)
+    several = mean_pool_normalized(table, flat, lengths, threads=threads)
+    assert several.shape == one.shape and several.tobytes() == one.tobytes()
+
+
+def test_one_pooling_thread_per_eight_usable_cores(monkeypatch):
+    from diversity_order import embed
+
+    for cores, expected in ((1, 1), (2, 1), (15, 1), (16, 2), (64, 8)):
+        monkeypatch.setattr(embed, "usable_cores", lambda cores=cores: cores)
+        assert embed.pooling_threads() == expected
+
+
+@settings(max_examples=40, deadline=None)
 @given(st.integers(1, 50), st.integers(1, 24), st.lists(st.integers(0, 20), min_size=1, max_size=20),
        st.integers(0, 2**32 - 1))
 def test_compiled_pooling_is_bit_for_bit_its_documented_arithmetic(vocab, dim, lengths, seed):
