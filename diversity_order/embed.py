@@ -1,7 +1,7 @@
 """Shallow embeddings: each document is the L2-normalised mean of its tokens' input-embedding rows.
 
 On the CPU the table is a float32 numpy array and a compiled loop pools a batch of documents
-(one thread, beside the tokenizer, which keeps the other cores busy); on a GPU it is a torch
+(beside the tokenizer, on one thread per ``CORES_PER_POOLING_THREAD`` cores); on a GPU it is a torch
 tensor and ``torch.nn.functional.embedding_bag`` pools the batch in one kernel call. Both sum in
 float32 (the original toolkit computes in the table's dtype, bf16 for most checkpoints, and
 differs from this by ~0.3%). A document with no tokens has no mean: it gets the zero vector and
