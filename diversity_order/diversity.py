@@ -16,6 +16,9 @@ from .defaults import DEFAULT_SEED
 from .matrix import Matrix
 from .packing import WHOLE, n_pieces, packing_model, piece_tokens, place
 
+# The head and the tail of the order (fractions of its tokens) whose cluster mixes boundary_shift compares.
+BOUNDARY_FRACTION = 0.05
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _push(out, n_out, value):
@@ -303,7 +306,7 @@ def _token_slice_mix(labels: np.ndarray, bounds: np.ndarray, start: float, stop:
 
 
 def boundary_shift(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray | None = None,
-                   n_clusters: int | None = None, fraction: float = 0.05) -> float:
+                   n_clusters: int | None = None, fraction: float = BOUNDARY_FRACTION) -> float:
     """Total-variation distance between the cluster mix of the first and the last ``fraction`` of tokens.
 
     What a model sees change at an epoch boundary (end of one pass -> start of the next): 0 when

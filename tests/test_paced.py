@@ -25,6 +25,11 @@ def paced_order(labels, counts, n_clusters, seq_len, split, seed=42):
     return paced.paced_order(labels, counts, n_clusters, options_for(seq_len, split, seed))
 
 
+def greedy_order(labels, counts, n_clusters, seq_len, split, seed=42):
+    """Rules 1-4 only (rule 5's trades: tests/test_exchange.py)."""
+    return paced.paced_greedy_order(labels, counts, n_clusters, options_for(seq_len, split, seed))
+
+
 # --- plain loops, written from the definitions ----------------------------------------------------
 
 
@@ -230,7 +235,7 @@ def test_due_positions_match_plain_merge(corpus, seed):
 @given(st.one_of(corpora(), short_documents()), st.integers(0, 2**32 - 1), st.booleans())
 def test_greedy_matches_plain_loop(corpus, seed, split):
     labels, counts, n_clusters, seq_len = corpus
-    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
+    order = greedy_order(labels, counts, n_clusters, seq_len, split, seed)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     want = plain_paced(members.tolist(), pool_starts.tolist(), counts[members].tolist(), seq_len, split)
     assert order.tolist() == want
@@ -253,7 +258,7 @@ def test_documents_run_at_most_the_horizon_ahead(corpus, seed, split):
     """The pacing guarantee: each document starts at most STRADDLE_HORIZON + 1 windows (split) or 2 windows
     (whole) before its due position, unless no document at all was due by then (it is then the earliest due)."""
     labels, counts, n_clusters, seq_len = corpus
-    order = paced_order(labels, counts, n_clusters, seq_len, split, seed)
+    order = greedy_order(labels, counts, n_clusters, seq_len, split, seed)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     due_of = dict(zip(members.tolist(), paced.due_positions(members, pool_starts, counts).tolist()))
     ahead = (paced.STRADDLE_HORIZON + 1 if split else 2) * seq_len
@@ -272,7 +277,7 @@ def _one_long_among_short(long_tokens: int, short_per_cluster: int):
     Returns (labels, counts, order, where the long document starts in the stream)."""
     labels = np.array([0] + [k for k in range(1, 10) for _ in range(short_per_cluster)])
     counts = np.array([long_tokens] + [1] * (9 * short_per_cluster))
-    order = paced_order(labels, counts, 10, 10, split=True, seed=0)
+    order = greedy_order(labels, counts, 10, 10, split=True, seed=0)
     start = int(np.cumsum(counts[order])[np.flatnonzero(order == 0)[0]] - long_tokens)
     return labels, counts, order, start
 
@@ -297,7 +302,7 @@ def test_a_lacking_cluster_goes_first():
     labels = np.array([0] * 8 + [1] * 8)
     counts = np.ones(16, dtype=np.int64)
     for split in (False, True):
-        order = paced_order(labels, counts, 2, 2, split, seed=0)
+        order = greedy_order(labels, counts, 2, 2, split, seed=0)
         assert diversity.window_diversity(labels, counts, 2, order).tolist() == [2] * 8
 
 
@@ -307,7 +312,7 @@ def test_long_documents_stay_off_the_ends():
     labels = np.zeros(51, dtype=np.int64)
     counts = np.ones(51, dtype=np.int64)
     counts[7] = 100
-    order = paced_order(labels, counts, 1, 16, split=True, seed=3)
+    order = greedy_order(labels, counts, 1, 16, split=True, seed=3)
     start = int(np.cumsum(counts[order])[np.flatnonzero(order == 7)[0]] - 100)
     assert 0.05 * counts.sum() <= start and start + 100 <= 0.95 * counts.sum()
 

@@ -2,7 +2,8 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Four rules; no constant in them was fitted to a corpus:
+Five rules; no constant in rules 1-4 was fitted to a corpus (rule 5's effort bounds were set on
+the tuning corpora):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -28,9 +29,13 @@ Four rules; no constant in them was fitted to a corpus:
    fills floor(t / L) - 1 windows alone, not floor(t / L)): if the room left is at most h it goes
    now; else the earliest-due document of a lacking cluster, due before the next window ends, that
    fits in the room minus h; else the straddler if the room is at most 1.5 h; else rule 3.
+5. Documents trade places between nearby windows where that lowers both windows' summed token-share
+   deviation without moving any window's cut, losing clusters or touching the head and the tail of
+   the order (uniformity; ``exchange.py``). Rules 1-4 work on document counts and token schedules,
+   so they leave windows whose shares one trade steadies.
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
-greedy, compiled with numba.
+greedy, O(N) for the trades, compiled with numba.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..diversity import global_token_shares
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
+from .exchange import exchange_pass
 from .options import OrderingOptions
 from .pools import cluster_pools
 
@@ -276,10 +283,9 @@ def due_positions(members: np.ndarray, pool_starts: np.ndarray, token_counts: np
     return _due_positions(pool_starts, np.asarray(token_counts, dtype=np.int64)[members])
 
 
-def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
-                options: OrderingOptions = OrderingOptions()) -> np.ndarray:
-    """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
-    and ``options.seed``: an int64 permutation of input positions."""
+def paced_greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+                       options: OrderingOptions = OrderingOptions()) -> np.ndarray:
+    """Rules 1-4 (see the module docstring): the order before rule 5's trades."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if labels.size == 0:
@@ -293,3 +299,13 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     saturated = labels.size * seq_len >= int(n_clusters) * int(running[-1])
     return _paced(members, pool_starts, member_counts, _due_positions(pool_starts, member_counts), cluster_tokens,
                   seq_len, packing_model(options.packing), saturated)
+
+
+def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
+                options: OrderingOptions = OrderingOptions()) -> np.ndarray:
+    """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
+    and ``options.seed``: an int64 permutation of input positions."""
+    order = paced_greedy_order(labels, token_counts, n_clusters, options)
+    shares = global_token_shares(labels, token_counts, n_clusters)
+    return exchange_pass(order, labels, token_counts, options.seq_len, shares, packing_model(options.packing),
+                         options.seed)

@@ -1,0 +1,332 @@
+"""Rule 5 of ``paced``: documents trade places between nearby windows where that steadies token shares.
+
+One sweep over the order, first position to last. Each movable document draws up to ``TRIES``
+partners among the next ``SPAN_WINDOWS`` windows' worth of documents (a seeded generator, the same
+sequence on every machine) and trades places with the first partner whose trade is admissible and
+lowers the two windows' summed uniformity (max_k |share of k in the window - tau_k|, as
+``diversity.window_share_deviation`` measures it) by more than ``EPSILON``. Admissible:
+
+- every window is cut where it was, so no other window changes:
+  - documents whole: both fit where they go; neither opened its window (it did not fit in the one
+    before); neither window holds a piece of a document longer than a window; the document that
+    opened the window after each still does not fit in it;
+  - documents split: neither crosses a window boundary; they are of equal length, or in adjacent
+    windows with the boundary between them still inside the document that crossed it (at least one
+    token each side), so the cut moves inside that document only;
+- the two windows hold at least as many unique clusters between them as before (diversity);
+- both windows lie in the same part of the order: its first ``BOUNDARY_FRACTION`` of tokens, its
+  last, or between them (a window reaching across is left alone), so the two ends that meet at the
+  epoch boundary keep the documents the earlier rules gave them (boundary shift);
+- the partner's window is at most ``MAX_WINDOW_GAP`` windows on; documents without tokens stay put;
+- the trade moves tokens of the cluster that sets either window's deviation (the lowest id among
+  equals). Packing split no other trade can lower a window's deviation; packing whole it skips the
+  few that could only by changing the window's fill, for half the run time.
+
+Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and
+O(min(K, documents in the two windows)) to measure. Only a band of windows' cluster counts is held
+(O(K) each), so memory does not grow with the number of windows times K.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..diversity import BOUNDARY_FRACTION
+from ..packing import SPLIT, n_pieces, piece_tokens, place
+
+# Partners drawn per document, and how far they are drawn from (in windows' worth of documents),
+# set on the tuning corpora: more of either raised uniformity gains slowly and run time linearly.
+TRIES = 8
+SPAN_WINDOWS = 8
+# A partner's window is at most this many windows after the document's (the band of windows held).
+MAX_WINDOW_GAP = 4 * SPAN_WINDOWS
+# Floating-point noise: a trade must lower the summed deviation by more than this.
+EPSILON = 1e-12
+
+HEAD, MIDDLE, TAIL, ACROSS = 0, 1, 2, -1  # the part of the order a window lies in
+
+
+@njit(cache=True, nogil=True)
+def _next_random(state):
+    """xorshift64*: the next state and a 31-bit draw (the same sequence on every machine)."""
+    state ^= state >> np.uint64(12)
+    state ^= state << np.uint64(25)
+    state ^= state >> np.uint64(27)
+    return state, np.int64((state * np.uint64(2685821657736338717)) >> np.uint64(33))
+
+
+@njit(cache=True, nogil=True)
+def _layout(tok, seq_len, model):
+    """The windows of the order as the trainer cuts them (``packing.place``), numbered as they open.
+
+    Per position: its window (of its first piece) and whether it may move. Per window: the span of
+    positions with tokens or presence in it, its tokens, the tokens of the document that opened it
+    (documents whole; seq_len + 1 when nothing fits after it), whether it holds a piece of a document
+    longer than a window, and (documents split) the document crossing its end boundary into the next
+    window only, with its tokens before the boundary (-1 when none).
+    """
+    n = tok.shape[0]
+    cap = n + 2
+    for p in range(n):
+        cap += tok[p] // seq_len + 1
+    win = np.empty(n, dtype=np.int64)
+    movable = np.ones(n, dtype=np.bool_)
+    lo = np.full(cap, -1, dtype=np.int64)
+    hi = np.full(cap, -1, dtype=np.int64)
+    fill = np.zeros(cap, dtype=np.int64)
+    opener = np.full(cap, seq_len + 1, dtype=np.int64)
+    frozen = np.zeros(cap, dtype=np.bool_)
+    cut = np.full(cap, -1, dtype=np.int64)
+    cut_head = np.zeros(cap, dtype=np.int64)
+    w = 0
+    f = 0
+    for p in range(n):
+        t = tok[p]
+        close_first, head, n_full, tail, close_last = place(f, t, seq_len, model)
+        if close_first:
+            w += 1
+            f = 0
+            if model != SPLIT:
+                opener[w] = t if t <= seq_len else seq_len + 1
+                movable[p] = False  # it opened the window
+        win[p] = w
+        pieces = n_pieces(n_full, tail)
+        if t == 0 or pieces > 1:
+            movable[p] = False
+        if pieces > 1 and model == SPLIT and n_full == 0:
+            cut[w] = p
+            cut_head[w] = head
+        if model != SPLIT and t > seq_len:
+            movable[p] = False
+        for piece in range(pieces):
+            if piece > 0:
+                w += 1
+                f = 0
+            if lo[w] < 0:
+                lo[w] = p
+            hi[w] = p
+            tokens = piece_tokens(piece, head, n_full, tail, seq_len)
+            f += tokens
+            fill[w] += tokens
+            if model != SPLIT and t > seq_len:
+                frozen[w] = True
+        if close_last:
+            w += 1
+            f = 0
+    n_windows = w + 1
+    return win, movable, lo[:n_windows].copy(), hi[:n_windows].copy(), fill[:n_windows].copy(), \
+        opener[:n_windows].copy(), frozen[:n_windows].copy(), cut[:n_windows].copy(), cut_head[:n_windows].copy()
+
+
+@njit(cache=True, nogil=True)
+def _parts(fill, frozen, fraction):
+    """Each window's part of the order (HEAD, MIDDLE, TAIL; ACROSS when it reaches across, or is frozen)."""
+    total = fill.sum()
+    part = np.empty(fill.shape[0], dtype=np.int64)
+    start = 0
+    for w in range(fill.shape[0]):
+        end = start + fill[w]
+        if frozen[w]:
+            part[w] = ACROSS
+        elif end <= fraction * total:
+            part[w] = HEAD
+        elif start >= (1.0 - fraction) * total:
+            part[w] = TAIL
+        elif start >= fraction * total and end <= (1.0 - fraction) * total:
+            part[w] = MIDDLE
+        else:
+            part[w] = ACROSS
+        start = end
+    return part
+
+
+@njit(cache=True, nogil=True)
+def _load(slot, w, lo, hi, lab, tok, seq_len, model, offsets, cnt, nd):
+    """Window w's cluster tokens and documents into band row ``slot`` (from the order as first cut)."""
+    cnt[slot, :] = 0
+    nd[slot, :] = 0
+    if lo[w] < 0:
+        return
+    start, stop = w * seq_len, (w + 1) * seq_len
+    for p in range(lo[w], hi[w] + 1):
+        t = tok[p]
+        if model == SPLIT:
+            t = min(offsets[p] + t, stop) - max(offsets[p], start)
+            if t < 0:
+                t = 0
+        elif t > seq_len:
+            continue  # frozen windows are never measured
+        cnt[slot, lab[p]] += t
+        nd[slot, lab[p]] += 1
+
+
+@njit(cache=True, nogil=True)
+def _deviation(slot, w, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mark):
+    """(max_k |cnt_k - tau_k fill| / fill, the lowest k attaining it) of window w (band row ``slot``):
+    max_k |cnt_k / fill - tau_k|, over the clusters present (read from the window's documents when
+    fewer than K) and the largest share of a cluster it lacks (the lowest id among equal shares)."""
+    f = fill[w]
+    if f == 0:
+        return 0.0, -1
+    worst = 0.0
+    arg = -1
+    k_total = shares.shape[0]
+    if hi[w] - lo[w] + 1 < k_total:
+        for p in range(lo[w], hi[w] + 1):
+            k = lab[p]
+            if visit[k] != mark:
+                visit[k] = mark
+                d = abs(cnt[slot, k] - shares[k] * f)
+                if d > worst or arg < 0 or (d == worst and k < arg):
+                    worst, arg = d, k
+    else:
+        for k in range(k_total):
+            if nd[slot, k] > 0:
+                d = abs(cnt[slot, k] - shares[k] * f)
+                if d > worst or arg < 0:
+                    worst, arg = d, k
+    for k in by_share:
+        if nd[slot, k] == 0:
+            d = shares[k] * f
+            if d > worst or arg < 0 or (d == worst and k < arg):
+                worst, arg = d, k
+            break
+    return worst / f, arg
+
+
+@njit(cache=True, nogil=True)
+def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max_gap, fraction):
+    n = doc.shape[0]
+    win, movable, lo, hi, fill, opener, frozen, cut, cut_head = _layout(tok, seq_len, model)
+    n_windows = fill.shape[0]
+    part = _parts(fill, frozen, fraction)
+    offsets = np.zeros(n, dtype=np.int64)  # token offset of each position as first cut (split packing)
+    for p in range(1, n):
+        offsets[p] = offsets[p - 1] + tok[p - 1]
+    k_total = shares.shape[0]
+    by_share = np.argsort(-shares, kind="mergesort")
+    band = 1  # rows held: a power of two above max_gap, so a window's row is w & (band - 1)
+    while band <= max_gap:
+        band *= 2
+    cnt = np.zeros((band, k_total), dtype=np.int64)
+    nd = np.zeros((band, k_total), dtype=np.int64)
+    dev = np.zeros(band, dtype=np.float64)
+    worst = np.full(band, -1, dtype=np.int64)  # a cluster that sets the row's deviation
+    visit = np.zeros(k_total, dtype=np.int64)
+    mark = 0
+    loaded = -1  # windows 0..loaded have been read into the band
+    with_tokens = 0
+    for w in range(n_windows):
+        with_tokens += fill[w] > 0
+    span = min(max(1, span_windows * n // max(with_tokens, 1)), 1 << 31)
+    state = np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)  # never zero
+    for p in range(n):
+        if not movable[p]:
+            continue
+        a = win[p]
+        if part[a] == ACROSS:
+            continue
+        for _ in range(tries):
+            state, draw = _next_random(state)
+            q = p + 1 + ((draw * span) >> 31)  # uniform in p + 1 .. p + span
+            if q >= n:
+                break
+            b = win[q]
+            if b == a or b - a > max_gap or not movable[q] or part[b] != part[a]:
+                continue
+            ti, tj = tok[p], tok[q]
+            ki, kj = lab[p], lab[q]
+            if ki == kj:
+                continue
+            delta = tj - ti
+            ks = -1  # the cluster of the document the shared boundary cuts (split, unequal lengths)
+            if model == SPLIT:
+                if delta != 0:
+                    if b != a + 1 or cut[a] < 0:
+                        continue
+                    s = cut[a]
+                    if cut_head[a] - delta < 1 or tok[s] - cut_head[a] + delta < 1:
+                        continue
+                    ks = lab[s]
+            else:
+                fa, fb = fill[a] + delta, fill[b] - delta
+                if fa > seq_len or fb > seq_len:
+                    continue
+                if a + 1 < n_windows and fa + opener[a + 1] <= seq_len:
+                    continue
+                if b + 1 < n_windows and fb + opener[b + 1] <= seq_len:
+                    continue
+            while loaded < b:
+                loaded += 1
+                row = loaded & (band - 1)
+                _load(row, loaded, lo, hi, lab, tok, seq_len, model, offsets, cnt, nd)
+                mark += 1
+                dev[row], worst[row] = _deviation(row, loaded, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mark)
+            ra, rb = a & (band - 1), b & (band - 1)
+            # A window's deviation can only fall if the trade moves tokens of a cluster that sets it.
+            if not (ki == worst[ra] or kj == worst[ra] or ki == worst[rb] or kj == worst[rb]
+                    or (ks >= 0 and (ks == worst[ra] or ks == worst[rb]))):
+                continue
+            before = (nd[ra, ki] > 0) + (nd[rb, ki] > 0) + (nd[ra, kj] > 0) + (nd[rb, kj] > 0)
+            cnt[ra, ki] -= ti
+            cnt[rb, ki] += ti
+            cnt[rb, kj] -= tj
+            cnt[ra, kj] += tj
+            nd[ra, ki] -= 1
+            nd[rb, ki] += 1
+            nd[rb, kj] -= 1
+            nd[ra, kj] += 1
+            if ks >= 0:
+                cnt[ra, ks] -= delta
+                cnt[rb, ks] += delta
+            if model != SPLIT:
+                fill[a] += delta
+                fill[b] -= delta
+            # the exchange, so _deviation reads the windows' new documents
+            lab[p], lab[q] = kj, ki
+            after = (nd[ra, ki] > 0) + (nd[rb, ki] > 0) + (nd[ra, kj] > 0) + (nd[rb, kj] > 0)
+            take = after >= before
+            if take:
+                mark += 1
+                da, wa = _deviation(ra, a, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mark)
+                mark += 1
+                db, wb = _deviation(rb, b, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mark)
+                take = da + db < dev[ra] + dev[rb] - EPSILON
+            if take:
+                dev[ra], dev[rb] = da, db
+                worst[ra], worst[rb] = wa, wb
+                doc[p], doc[q] = doc[q], doc[p]
+                tok[p], tok[q] = tj, ti
+                if ks >= 0:
+                    cut_head[a] -= delta
+                break
+            lab[p], lab[q] = ki, kj
+            if model != SPLIT:
+                fill[a] -= delta
+                fill[b] += delta
+            cnt[ra, ki] += ti
+            cnt[rb, ki] -= ti
+            cnt[rb, kj] += tj
+            cnt[ra, kj] -= tj
+            nd[ra, ki] += 1
+            nd[rb, ki] -= 1
+            nd[rb, kj] += 1
+            nd[ra, kj] -= 1
+            if ks >= 0:
+                cnt[ra, ks] += delta
+                cnt[rb, ks] -= delta
+    return doc
+
+
+def exchange_pass(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray, seq_len: int, shares: np.ndarray,
+                  model: int, seed: int) -> np.ndarray:
+    """``order`` after rule 5 (see the module docstring) under packing ``model``; a new array."""
+    order = np.asarray(order, dtype=np.int64)
+    doc = order.copy()
+    if doc.size < 2:
+        return doc
+    lab = np.asarray(labels, dtype=np.int64)[doc]
+    tok = np.asarray(token_counts, dtype=np.int64)[doc]
+    return _sweep(doc, lab, tok, int(seq_len), int(model), np.asarray(shares, dtype=np.float64),
+                  int(seed) & 0x7FFFFFFFFFFFFFFF, TRIES, SPAN_WINDOWS, MAX_WINDOW_GAP, BOUNDARY_FRACTION)
