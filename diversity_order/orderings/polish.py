@@ -1,9 +1,10 @@
 """A pass after ``paced``: local polishing of an order for token-share uniformity, documents packed whole.
 
-Not part of the ``paced`` ordering: on the evaluation suite it meets issue 14's uniformity bar in 4
-more of 72 cells (3 tuning, 1 held out) and loses no diversity or boundary-shift cell, but it costs
-0.6-0.8 s of CPU per 1M documents, which takes ``paced`` past the 1 s budget (BENCHMARKS.md,
-"Ordering quality"); ``benchmarks/bench_ordering_quality.py`` measures it as ``paced+polish``.
+Not part of the ``paced`` ordering. Before ``paced`` traded documents between windows itself (its
+rule 5, ``exchange.py``) this pass met issue 14's uniformity bar in 4 more of 72 cells; after it, in
+none more (median uniformity lower by at most 0.01 x a random shuffle's), for 0.05-0.5 s of CPU per
+1M documents (BENCHMARKS.md, "Rule 5"); ``benchmarks/bench_ordering_quality.py`` measures it as
+``paced+polish``.
 
 Walks the trainer's windows (``packing.py``'s whole-document rule) once, first to last, and for each
 pair of adjacent windows made only of documents that fit a window takes up to ``ROUNDS`` steps. A
@@ -419,7 +420,7 @@ def paced_polished_order(labels: np.ndarray, token_counts: np.ndarray, n_cluster
                          options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """``paced``, then the polishing pass when documents are packed whole (split packing: ``paced``'s order).
 
-    Steadier token shares than ``paced`` for about twice its run time.
+    Slightly steadier token shares than ``paced``, for up to twice its run time.
     """
     from ..diversity import global_token_shares
     from .paced import paced_order

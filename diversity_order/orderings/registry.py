@@ -59,11 +59,13 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  highlight=True),
     OrderingSpec("paced", paced_order, CLUSTER,
                  "as many clusters per window as stratified, the head of the order like its tail, long documents "
-                 "spread by token share; honours the packing model", seq_len_aware=True, color="#c51b7d",
+                 "spread by token share, documents traded between nearby windows to steady token shares; "
+                 "honours the packing model", seq_len_aware=True, color="#c51b7d",
                  highlight=True),
     OrderingSpec("paced-polished", paced_polished_order, CLUSTER,
                  "paced, then adjacent windows trade documents where that steadies token shares without losing "
-                 "clusters (documents packed whole; about twice paced's run time)", seq_len_aware=True,
+                 "clusters (documents packed whole; slightly steadier shares than paced for up to twice its run "
+                 "time)", seq_len_aware=True,
                  color="#e7298a", line="--"),
     OrderingSpec("token-balanced", token_balanced_order, CLUSTER,
                  "keeps every cluster's (length bin's, balance field's) token share on track",
