@@ -246,23 +246,62 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     return deviation if deviation.size else np.zeros(1)
 
 
+@njit(cache=True, nogil=True)
+def _layered_excess(excess, sizes, seq_len):
+    """sum_i (e_i - e_{i+1}) W_i over pieces sorted by excess e descending (e_{n+1} = 0), W_i a lower bound
+    on the windows that hold the first i pieces: the most of ceil(i / c_i) (c_i: how many of them fit in
+    one window at most, the smallest first), the pieces over half a window (no two share one) and
+    ceil(their tokens / seq_len). A Fenwick tree over the pieces' size ranks gives c_i in O(log n)."""
+    n = excess.shape[0]
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.argsort(sizes, kind="mergesort")] = np.arange(1, n + 1)
+    count = np.zeros(n + 1, dtype=np.int64)
+    tokens = np.zeros(n + 1, dtype=np.int64)
+    top = 1
+    while top * 2 <= n:
+        top *= 2
+    total, big, held = 0.0, 0, 0
+    for i in range(n):
+        node = rank[i]
+        while node <= n:
+            count[node] += 1
+            tokens[node] += sizes[i]
+            node += node & (-node)
+        big += 2 * sizes[i] > seq_len
+        held += sizes[i]
+        position, filled, fit, step = 0, 0, 0, top  # descend: the most of the smallest that fit
+        while step > 0:
+            nxt = position + step
+            if nxt <= n and filled + tokens[nxt] <= seq_len:
+                position, filled, fit = nxt, filled + tokens[nxt], fit + count[nxt]
+            step //= 2
+        fit = max(fit, 1)
+        windows = max((i + fit) // fit, big, (held + seq_len - 1) // seq_len)
+        total += (excess[i] - (excess[i + 1] if i + 1 < n else 0.0)) * windows
+    return total
+
+
 def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int | None = None,
                            packing: str = "whole") -> float:
     """A mean token-share uniformity (``window_share_deviation``'s mean) that no order of these documents
-    can beat, from their lengths and clusters alone: what long documents force on any order.
+    can beat, from their lengths and clusters alone: what long and large documents force on any order.
 
-    A window that holds one cluster c only deviates by a_c = max(1 - tau_c, max_{k != c} tau_k), and a
-    window where one document holds p tokens deviates by at least p / seq_len - tau_c. Windows counted:
-    - whole packing: a document of l tokens fills l // seq_len windows alone (in every order); its
-      remainder r = l % seq_len, when over half a window, is in a window no other such piece shares.
-      Windows are at most A + S: A those filled alone, S < 2 T_s / seq_len + runs, the shared windows
-      (two adjacent shared windows hold over seq_len tokens: the second opened because a document did not
-      fit; runs of them are separated by long documents), T_s the tokens of the remainders.
-    - split packing: ceil(T / seq_len) windows; a document of l >= seq_len tokens (l = m seq_len + r)
-      covers at least m - 1 windows whole, and when only m - 1, its two partial windows hold seq_len + r
-      of its tokens, one of them over half a window when r > 0.
-    Each counted window is claimed by one document only (a window holds at most one piece over half a
-    window), so the sum over documents is a bound on the sum over windows.
+    A window that one cluster c fills deviates by a_c = max(1 - tau_c, max_{k != c} tau_k); a window
+    holding a piece of p tokens of a cluster c deviates by at least e = p / seq_len - tau_c (its share
+    is p over at most seq_len tokens). The windows:
+    - whole packing: a document of l >= seq_len tokens fills l // seq_len windows alone (in every
+      order) and its remainder l % seq_len opens a window others share. Each shared window holds
+      pieces: shorter documents and remainders. Shared windows are at most (long documents) + 1 + j,
+      j the most with j (seq_len + 1) <= T_s + (the j longest shorter documents' tokens): each of j
+      windows closed because the next (a shorter document, opening the next) did not fit.
+    - split packing: ceil(T / seq_len) windows. A document of m seq_len + r tokens (m >= 1) covers at
+      least m - 1 windows whole and one more window with at least (seq_len + r) / 2 of its tokens (the
+      m-th whole, or the larger of its two partial pieces); a shorter one of t tokens puts at least
+      ceil(t / 2) in one window.
+    The windows filled alone are distinct from those holding the pieces. For the pieces, the sum over
+    windows of their largest excess is the integral over s of the windows holding a piece of excess
+    over s, at least ``_layered_excess``'s bin-packing count of those pieces; the mean divides by the
+    most windows an order can make.
     """
     labels = np.asarray(labels, dtype=np.int64)
     lengths = np.asarray(token_counts, dtype=np.int64)
@@ -275,20 +314,25 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     others_max = np.where(tau >= top_two[-1], top_two[0], top_two[-1])  # max over the other clusters
     alone = np.maximum(1.0 - tau, others_max)  # per cluster: a window it fills alone
     m, r = lengths // seq_len, lengths % seq_len
+    long = m >= 1
     if packing_model(packing) == WHOLE:
-        big = 2 * r > seq_len
-        forced = float(np.dot(m, alone[labels]) +
-                       np.maximum(r[big] / seq_len - tau[labels[big]], 0.0).sum())
-        shared = r > 0
-        runs = int((m > 0).sum()) + 1
-        windows = int(m.sum()) + min(int(shared.sum()), int(np.floor(2 * r[shared].sum() / seq_len + runs)))
+        forced = float(np.dot(m, alone[labels]))
+        pieces = np.where(long, r, lengths)
+        shorter = np.sort(lengths[~long])[::-1]
+        shared_tokens = int(pieces.sum())
+        j = np.arange(shorter.size + 1)
+        closed = j * (seq_len + 1) <= shared_tokens + np.concatenate(([0], np.cumsum(shorter)))
+        openers = int(j[closed].max())  # j(L + 1) - (the j longest) grows with j: the closed ones are a prefix
+        shared = min(int((pieces > 0).sum()), int(long.sum()) + 1 + openers)
+        windows = int(m.sum()) + shared
     else:
-        long = m >= 1
-        c, m, r = labels[long], m[long], r[long]
-        larger_part = (seq_len + r + 1) // 2  # of the two partial windows, when only m - 1 are whole
-        partial = np.where(r > 0, np.maximum(larger_part / seq_len - tau[c], 0.0), 0.0)
-        forced = float(((m - 1) * alone[c] + partial).sum())
+        forced = float(np.dot(np.maximum(m - 1, 0), alone[labels]))
+        pieces = np.where(long, (seq_len + r + 1) // 2, (lengths + 1) // 2)
         windows = -(-total // seq_len)
+    excess = pieces / seq_len - tau[labels]
+    keep = (excess > 0) & (pieces > 0)
+    by_excess = np.argsort(-excess[keep], kind="mergesort")
+    forced += _layered_excess(excess[keep][by_excess], pieces[keep][by_excess], int(seq_len))
     return forced / max(windows, 1)
 
 
