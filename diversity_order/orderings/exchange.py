@@ -23,8 +23,10 @@ lowers the two windows' summed uniformity (max_k |share of k in the window - tau
   few that could only by changing the window's fill, for half the run time.
 
 Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and
-O(min(K, documents in the two windows)) to measure. Only a band of windows' cluster counts is held
-(O(K) each), so memory does not grow with the number of windows times K.
+O(min(K, documents in the two windows)) to measure. Memory: per document its position's document,
+cluster, tokens, window and movability (33 bytes; 8 more packing split, its token offset), per window
+seven numbers, and the cluster counts of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so nothing
+grows with windows x K.
 """
 
 from __future__ import annotations
@@ -67,9 +69,22 @@ def _layout(tok, seq_len, model):
     window only, with its tokens before the boundary (-1 when none).
     """
     n = tok.shape[0]
-    cap = n + 2
+    w = 0  # a first walk counts the windows, so the per-window arrays are no longer than needed
+    f = 0
     for p in range(n):
-        cap += tok[p] // seq_len + 1
+        close_first, head, n_full, tail, close_last = place(f, tok[p], seq_len, model)
+        if close_first:
+            w += 1
+            f = 0
+        for piece in range(n_pieces(n_full, tail)):
+            if piece > 0:
+                w += 1
+                f = 0
+            f += piece_tokens(piece, head, n_full, tail, seq_len)
+        if close_last:
+            w += 1
+            f = 0
+    cap = w + 1
     win = np.empty(n, dtype=np.int64)
     movable = np.ones(n, dtype=np.bool_)
     lo = np.full(cap, -1, dtype=np.int64)
@@ -114,9 +129,7 @@ def _layout(tok, seq_len, model):
         if close_last:
             w += 1
             f = 0
-    n_windows = w + 1
-    return win, movable, lo[:n_windows].copy(), hi[:n_windows].copy(), fill[:n_windows].copy(), \
-        opener[:n_windows].copy(), frozen[:n_windows].copy(), cut[:n_windows].copy(), cut_head[:n_windows].copy()
+    return win, movable, lo, hi, fill, opener, frozen, cut, cut_head
 
 
 @njit(cache=True, nogil=True)
@@ -201,8 +214,8 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
     win, movable, lo, hi, fill, opener, frozen, cut, cut_head = _layout(tok, seq_len, model)
     n_windows = fill.shape[0]
     part = _parts(fill, frozen, fraction)
-    offsets = np.zeros(n, dtype=np.int64)  # token offset of each position as first cut (split packing)
-    for p in range(1, n):
+    offsets = np.zeros(n if model == SPLIT else 0, dtype=np.int64)  # token offsets as first cut (split)
+    for p in range(1, offsets.shape[0]):
         offsets[p] = offsets[p - 1] + tok[p - 1]
     k_total = shares.shape[0]
     by_share = np.argsort(-shares, kind="mergesort")
