@@ -505,11 +505,14 @@ import torch.distributed as dist
 dist.all_reduce(torch.ones(1))
 assert threads() > before, "the gloo group started no threads: this probe tests nothing"
 distributed.shutdown(ctx)
-print("threads left", threads() - before)
+# one file per rank: two ranks printing to one pipe can interleave their lines character by character
+with open(os.path.join({str(tmp_path)!r}, "left-" + os.environ["RANK"]), "w") as out:
+    out.write(str(threads() - before))
 """)
     proc = _torchrun_script(script)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("threads left 0") == 2, proc.stdout + proc.stderr[-2000:]
+    left = {path.name: path.read_text() for path in tmp_path.glob("left-*")}
+    assert left == {"left-0": "0", "left-1": "0"}, (left, proc.stdout + proc.stderr[-2000:])
 
 
 def _torchrun_script(script: Path) -> subprocess.CompletedProcess:
