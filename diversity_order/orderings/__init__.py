@@ -6,7 +6,8 @@ record in ``registry.REGISTRY``. Orderings never see the texts: only a few bytes
 (score orderings: a score too), so one process can order the documents of many ranks.
 
 - ``window_greedy``: stratified (the default), bin-packing, balanced;
-- ``paced``: paced (count-paced clusters, token-paced pools, window-filling);
+- ``paced``: paced (count-paced clusters, token-paced pools, window-filling; then ``exchange``'s trades
+  between nearby windows and, packing split, ``recut``'s re-cut long documents);
 - ``token_share``: token-balanced;
 - ``baselines``: original, random, round-robin;
 - ``score``: the curriculum orderings (sorted, folding, zigzag, segment, stair, saw);

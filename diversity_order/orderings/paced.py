@@ -2,8 +2,8 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Five rules; no constant in rules 1-4 was fitted to a corpus (rule 5's effort bounds were set on
-the tuning corpora):
+Six rules; no constant in rules 1-4 and 6 was fitted to a corpus (rule 5's effort bounds were set
+on the tuning corpora):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -33,9 +33,13 @@ the tuning corpora):
    deviation without moving any window's cut, losing clusters or touching the head and the tail of
    the order (uniformity; ``exchange.py``). Rules 1-4 work on document counts and token schedules,
    so they leave windows whose shares one trade steadies.
+6. Packing split, a document of a window or more that fills one window more alone than its length
+   forces (rules 3 and 4 may start it anywhere when it is the earliest due) is re-cut near its middle
+   by moving the documents next to it to its other side, where the windows it touches gain clusters
+   (diversity; ``recut.py``).
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
-greedy, O(N) for the trades, compiled with numba.
+greedy, O(N) for the trades and the re-cuts, compiled with numba.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
 from .options import OrderingOptions
 from .pools import cluster_pools
+from .recut import recut_pass
 
 NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
 # Split packing: the straddler is chosen among the documents due before this many windows after the open one.
@@ -307,5 +312,6 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     and ``options.seed``: an int64 permutation of input positions."""
     order = paced_greedy_order(labels, token_counts, n_clusters, options)
     shares = global_token_shares(labels, token_counts, n_clusters)
-    return exchange_pass(order, labels, token_counts, options.seq_len, shares, packing_model(options.packing),
-                         options.seed)
+    model = packing_model(options.packing)
+    order = exchange_pass(order, labels, token_counts, options.seq_len, shares, model, options.seed)
+    return recut_pass(order, labels, token_counts, options.seq_len, shares) if model == SPLIT else order
