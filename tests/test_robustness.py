@@ -213,6 +213,76 @@ def test_ctrl_c_at_any_moment_is_one_line(tmp_path, tiny_model_dir, topical_json
     assert len([line for line in err.splitlines() if line.startswith("interrupted")]) <= 1
 
 
+# A command whose main receives Ctrl-C (SIGINT to itself) at a moment of the test's choosing; the grace is short.
+_COMMAND = """
+import os, signal, sys, threading, time
+sys.path.insert(0, {root!r})
+from diversity_order import cli
+cli.INTERRUPT_GRACE_S = 0.5
+
+def main(argv):
+{body}
+    return 0
+
+sys.exit(cli.run_command(main))
+"""
+
+
+def _run_command(body: str) -> tuple[subprocess.CompletedProcess, float]:
+    script = _COMMAND.format(root=str(ROOT), body="\n".join("    " + line for line in body.strip().splitlines()))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    return result, time.monotonic() - started
+
+
+def _one_interrupted_line(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("interrupted")] == [cli_interrupted()]
+
+
+def cli_interrupted() -> str:
+    from diversity_order.cli import INTERRUPTED
+
+    return INTERRUPTED
+
+
+def test_ctrl_c_that_a_library_swallows_still_ends_the_run_with_130():
+    # Code that catches BaseException (a Cython module's set-up during an import does) eats the
+    # KeyboardInterrupt; the run goes on to its end, and the command still reports the interrupt.
+    result, _ = _run_command("""
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+except BaseException:
+    pass
+""")
+    _one_interrupted_line(result)
+
+
+def test_ctrl_c_that_a_library_swallows_in_a_long_run_ends_it_after_the_grace():
+    result, seconds = _run_command("""
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+except BaseException:
+    pass
+time.sleep(30)  # the rest of a long run
+""")
+    _one_interrupted_line(result)
+    assert seconds < 20
+
+
+def test_ctrl_c_ends_the_process_though_a_thread_holds_up_the_exit():
+    result, seconds = _run_command("""
+threading.Thread(target=time.sleep, args=(30,)).start()  # not a daemon: the interpreter would wait for it
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(5)
+""")
+    _one_interrupted_line(result)
+    assert seconds < 20
+
+
 def test_a_step_without_progress_of_its_own_logs_that_it_is_alive(monkeypatch, caplog):
     # A UMAP fit reports nothing for minutes; with stderr to a file the log must still move.
     import time as time_module

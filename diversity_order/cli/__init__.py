@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 from ..errors import UserError
@@ -74,6 +78,32 @@ def setup_logging(verbose: bool = False) -> None:
 INTERRUPTED = "interrupted: files already written are complete; nothing half-written was kept"
 
 
+# After Ctrl-C, how long a command may take to stop by itself before it is ended. Python turns Ctrl-C into
+# a KeyboardInterrupt wherever the main thread is, and some code swallows it (a Cython module's set-up
+# during an import does), so the run would go on; a thread can also hold up the exit.
+INTERRUPT_GRACE_S = 10.0
+_interrupt = {"received": False, "reported": False}
+
+
+def _report_interrupt() -> None:
+    if not _interrupt["reported"]:
+        _interrupt["reported"] = True
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+
+
+def _end_after_grace() -> None:
+    time.sleep(INTERRUPT_GRACE_S)
+    _report_interrupt()
+    os._exit(130)  # atomic writes leave at most a temp file, which a later run removes
+
+
+def _on_interrupt(signum, frame) -> None:
+    if not _interrupt["received"]:
+        _interrupt["received"] = True
+        threading.Thread(target=_end_after_grace, name="interrupt-grace", daemon=True).start()
+    raise KeyboardInterrupt
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run a script's main; user errors become one line on stderr and exit code 2, Ctrl-C exit code 130."""
     try:
@@ -82,5 +112,18 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
+        _report_interrupt()
         return 130
+
+
+def run_command(main: Callable[[list[str] | None], int]) -> int:
+    """An installed command's ``run_main``, with Ctrl-C certain to end it: exit code 130 even where the
+    KeyboardInterrupt was swallowed, and the process ended ``INTERRUPT_GRACE_S`` after Ctrl-C if it is
+    still running by then."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_interrupt)
+    code = run_main(main)
+    if _interrupt["received"]:
+        _report_interrupt()
+        return 130
+    return code

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
-from . import ArgumentParser, add_output_flags, run_main, setup_logging
+from . import ArgumentParser, add_output_flags, run_command, setup_logging
 
 log = logging.getLogger("diversity_order")
 
@@ -109,4 +109,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> int:
     """The ``animate-ordering`` command."""
-    return run_main(main)
+    return run_command(main)

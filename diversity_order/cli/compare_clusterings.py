@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from ..defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED
-from . import ArgumentParser, add_output_flags, run_main, setup_logging
+from . import ArgumentParser, add_output_flags, run_command, setup_logging
 
 log = logging.getLogger("diversity_order")
 
@@ -66,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> int:
     """The ``compare-clusterings`` command."""
-    return run_main(main)
+    return run_command(main)

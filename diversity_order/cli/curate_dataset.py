@@ -11,7 +11,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from . import ArgumentParser, add_input_flags, add_output_flags, input_values, run_main, setup_logging
+from . import ArgumentParser, add_input_flags, add_output_flags, input_values, run_command, setup_logging
 
 
 def _add_ordering_flags(group, config_defaults: dict) -> None:
@@ -172,4 +172,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> int:
     """The ``curate-dataset`` command."""
-    return run_main(main)
+    return run_command(main)

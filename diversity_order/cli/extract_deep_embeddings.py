@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import ArgumentParser, add_input_flags, add_output_flags, input_values, run_main, setup_logging
+from . import ArgumentParser, add_input_flags, add_output_flags, input_values, run_command, setup_logging
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,4 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> int:
     """The ``extract-deep-embeddings`` command."""
-    return run_main(main)
+    return run_command(main)
