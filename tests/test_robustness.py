@@ -260,6 +260,39 @@ except BaseException:
     _one_interrupted_line(result)
 
 
+def test_ctrl_c_raised_where_python_cannot_raise_it_is_reported_once_without_a_traceback():
+    # In a __del__ (or the import machinery's weakref callbacks) Python prints "Exception ignored in ...:
+    # Traceback ... KeyboardInterrupt" and goes on.
+    result, _ = _run_command("""
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+Finalized()
+""")
+    _one_interrupted_line(result)
+    assert "Exception ignored" not in result.stderr
+
+
+def test_ctrl_c_that_an_import_turns_into_another_error_is_still_one_line():
+    # An extension module whose import the interrupt cuts short fails with ImportError instead.
+    result, _ = _run_command("""
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+except KeyboardInterrupt:
+    raise ImportError("numba._devicearray failed to import")
+""")
+    _one_interrupted_line(result)
+
+
+def test_errors_without_ctrl_c_still_show_their_traceback():
+    result, _ = _run_command("""
+raise RuntimeError("a bug")
+""")
+    assert result.returncode == 1 and "RuntimeError: a bug" in result.stderr and "interrupted" not in result.stderr
+
+
 def test_ctrl_c_that_a_library_swallows_in_a_long_run_ends_it_after_the_grace():
     result, seconds = _run_command("""
 try:

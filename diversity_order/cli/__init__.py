@@ -80,7 +80,8 @@ INTERRUPTED = "interrupted: files already written are complete; nothing half-wri
 
 # After Ctrl-C, how long a command may take to stop by itself before it is ended. Python turns Ctrl-C into
 # a KeyboardInterrupt wherever the main thread is, and some code swallows it (a Cython module's set-up
-# during an import does), so the run would go on; a thread can also hold up the exit.
+# during an import does; so does a weakref callback of the import machinery, printing "Exception
+# ignored"), so the run would go on; a thread can also hold up the exit.
 INTERRUPT_GRACE_S = 10.0
 _interrupt = {"received": False, "reported": False}
 
@@ -95,6 +96,13 @@ def _end_after_grace() -> None:
     time.sleep(INTERRUPT_GRACE_S)
     _report_interrupt()
     os._exit(130)  # atomic writes leave at most a temp file, which a later run removes
+
+
+def _quiet_about_interrupts(unraisable) -> None:
+    """``sys.unraisablehook`` that says nothing of a KeyboardInterrupt raised where Python cannot raise it
+    (a ``__del__``, a weakref callback inside the import machinery): ``run_command`` reports it."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 def _on_interrupt(signum, frame) -> None:
@@ -117,12 +125,19 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
 
 
 def run_command(main: Callable[[list[str] | None], int]) -> int:
-    """An installed command's ``run_main``, with Ctrl-C certain to end it: exit code 130 even where the
-    KeyboardInterrupt was swallowed, and the process ended ``INTERRUPT_GRACE_S`` after Ctrl-C if it is
+    """An installed command's ``run_main``, with Ctrl-C certain to end it: one line and exit code 130 even
+    where the KeyboardInterrupt was swallowed or turned into another error (an extension module whose import
+    it cut short raises ImportError), and the process ended ``INTERRUPT_GRACE_S`` after Ctrl-C if it is
     still running by then."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_interrupt)
-    code = run_main(main)
+        sys.unraisablehook = _quiet_about_interrupts
+    try:
+        code = run_main(main)
+    except Exception:
+        if not _interrupt["received"]:
+            raise
+        code = 130  # what the interrupt broke on its way (an import it cut short fails as ImportError)
     if _interrupt["received"]:
         _report_interrupt()
         return 130
