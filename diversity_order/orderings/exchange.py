@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from ..diversity import BOUNDARY_FRACTION
-from ..packing import SPLIT, n_pieces, piece_tokens, place
+from ..packing import SPLIT, advance, n_pieces, piece_tokens, place
 
 # Partners drawn per document, and how far they are drawn from (in windows' worth of documents),
 # set on the tuning corpora: more of either raised uniformity gains slowly and run time linearly.
@@ -69,21 +69,11 @@ def _layout(tok, seq_len, model):
     window only, with its tokens before the boundary (-1 when none).
     """
     n = tok.shape[0]
-    w = 0  # a first walk counts the windows, so the per-window arrays are no longer than needed
+    stamp = np.zeros(1, dtype=np.int64)  # a first walk counts the windows, so the arrays are no longer than needed
+    w = 0
     f = 0
     for p in range(n):
-        close_first, head, n_full, tail, close_last = place(f, tok[p], seq_len, model)
-        if close_first:
-            w += 1
-            f = 0
-        for piece in range(n_pieces(n_full, tail)):
-            if piece > 0:
-                w += 1
-                f = 0
-            f += piece_tokens(piece, head, n_full, tail, seq_len)
-        if close_last:
-            w += 1
-            f = 0
+        w, f = advance(stamp, 0, tok[p], w, f, seq_len, model)
     cap = w + 1
     win = np.empty(n, dtype=np.int64)
     movable = np.ones(n, dtype=np.bool_)
@@ -208,6 +198,28 @@ def _deviation(slot, w, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mar
     return worst / f, arg
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, sign):
+    """Window rows ra (window a) and rb (b) after (sign 1) or before (sign -1) a document of cluster ki and ti
+    tokens in a trades places with one of kj and tj in b; ks >= 0: the cut document's cluster, whose piece in
+    a shrinks by tj - ti (documents split). Documents whole, the windows' fills change instead."""
+    delta = tj - ti
+    cnt[ra, ki] -= sign * ti
+    cnt[rb, ki] += sign * ti
+    cnt[rb, kj] -= sign * tj
+    cnt[ra, kj] += sign * tj
+    nd[ra, ki] -= sign
+    nd[rb, ki] += sign
+    nd[rb, kj] -= sign
+    nd[ra, kj] += sign
+    if ks >= 0:
+        cnt[ra, ks] -= sign * delta
+        cnt[rb, ks] += sign * delta
+    if model != SPLIT:
+        fill[a] += sign * delta
+        fill[b] -= sign * delta
+
+
 @njit(cache=True, nogil=True)
 def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max_gap, fraction):
     n = doc.shape[0]
@@ -282,20 +294,7 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
                     or (ks >= 0 and (ks == worst[ra] or ks == worst[rb]))):
                 continue
             before = (nd[ra, ki] > 0) + (nd[rb, ki] > 0) + (nd[ra, kj] > 0) + (nd[rb, kj] > 0)
-            cnt[ra, ki] -= ti
-            cnt[rb, ki] += ti
-            cnt[rb, kj] -= tj
-            cnt[ra, kj] += tj
-            nd[ra, ki] -= 1
-            nd[rb, ki] += 1
-            nd[rb, kj] -= 1
-            nd[ra, kj] += 1
-            if ks >= 0:
-                cnt[ra, ks] -= delta
-                cnt[rb, ks] += delta
-            if model != SPLIT:
-                fill[a] += delta
-                fill[b] -= delta
+            _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, 1)
             # the exchange, so _deviation reads the windows' new documents
             lab[p], lab[q] = kj, ki
             after = (nd[ra, ki] > 0) + (nd[rb, ki] > 0) + (nd[ra, kj] > 0) + (nd[rb, kj] > 0)
@@ -315,20 +314,7 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
                     cut_head[a] -= delta
                 break
             lab[p], lab[q] = ki, kj
-            if model != SPLIT:
-                fill[a] -= delta
-                fill[b] += delta
-            cnt[ra, ki] += ti
-            cnt[rb, ki] -= ti
-            cnt[rb, kj] += tj
-            cnt[ra, kj] -= tj
-            nd[ra, ki] += 1
-            nd[rb, ki] -= 1
-            nd[rb, kj] += 1
-            nd[ra, kj] -= 1
-            if ks >= 0:
-                cnt[ra, ks] += delta
-                cnt[rb, ks] -= delta
+            _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, -1)
     return doc
 
 
