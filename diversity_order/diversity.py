@@ -127,6 +127,14 @@ def summarize_windows(diversity: np.ndarray) -> dict:
     }
 
 
+def sequence_fill(token_counts: np.ndarray, n_sequences: int, seq_len: int) -> float:
+    """Share of the packed sequences' ``seq_len`` slots that hold tokens (1 - padding). Packing split,
+    only the last sequence is short; packing whole, a window closes when the next document does not
+    fit, so the order decides how many sequences (training steps' worth of compute) the tokens take."""
+    slots = int(n_sequences) * int(seq_len)
+    return float(np.asarray(token_counts, dtype=np.int64).sum() / slots) if slots else 0.0
+
+
 def similarity_stats(embeddings: Matrix, seed: int = DEFAULT_SEED, max_samples: int = 5000, block_rows: int = 512) -> dict:
     """Pairwise cosine similarity over a seeded sample of at most ``max_samples`` unit rows.
 
@@ -420,7 +428,8 @@ def clusters_present(labels: np.ndarray) -> int:
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,
                      n_clusters: int, windows: tuple[np.ndarray, np.ndarray] | None = None,
                      packing: str = "whole") -> dict:
-    """Every ordering metric for one order: diversity summary, uniformity (max/mean), boundary shift, coverage.
+    """Every ordering metric for one order: diversity summary, efficiency, sequence fill, uniformity (max/mean),
+    boundary shift, coverage.
 
     ``windows``: this order's ``window_counts``, when the caller has them already.
     """
@@ -430,6 +439,7 @@ def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int,
     return {
         "diversity": summarize_windows(unique),
         "efficiency": round(efficiency(unique, documents, present), 4),
+        "fill": round(sequence_fill(token_counts, deviation.size, seq_len), 4),  # one per window holding tokens
         "uniformity_max": round(float(deviation.max()), 4),
         "uniformity_mean": round(float(deviation.mean()), 4),
         "boundary_shift": round(boundary_shift(labels, token_counts, order, n_clusters), 4),

@@ -1,9 +1,10 @@
 """Compare every applicable ordering on one dataset (``--compare-strategies``): a strategy table for the user's data.
 
 For each ``seq_len`` and each ordering: unique clusters per window (mean/min/std) and their
-efficiency against the bound, token-share uniformity (mean/max over windows), epoch-boundary shift,
-coverage, the ordering's run time, and which of the three criteria (``CRITERIA``: as diverse as
-stratified, clearly more uniform and less shifted than a random shuffle) it meets.
+efficiency against the bound, the sequences' fill (1 - padding), token-share uniformity (mean/max
+over windows), epoch-boundary shift, coverage, the ordering's run time, and which of the three
+criteria (``CRITERIA``: as diverse as stratified, clearly more uniform and less shifted than a random
+shuffle) it meets.
 Written as Markdown (also printed), JSON and a PNG of per-window diversity curves.
 """
 
@@ -98,6 +99,10 @@ def _marks(met: dict[str, bool] | None) -> str:
     return " ".join(c if ok else f"**{c}✗**" for c, ok in met.items()) if met else "-"
 
 
+def _fill(row: dict) -> str:
+    return f"{row['fill']:.3f}" if "fill" in row else "-"  # rows read back from a report written before it existed
+
+
 def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict | None = None) -> str:
     lines = [f"# Ordering strategies: {title}", "",
              f"K = {n_clusters} clusters. Diversity: unique clusters per packed window (higher is better). "
@@ -106,6 +111,8 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "(lower is better). Coverage: fraction of tokens before the last cluster first appears "
              "(lower is better). Efficiency: unique clusters over the most any order could put in these windows, "
              "min(clusters, documents in the window), summed over windows (1.0: nothing left to gain). "
+             "Fill: share of the packed sequences' tokens that are not padding (packing whole, a window closes when "
+             "the next document does not fit, so the order sets how many sequences the data takes). "
              f"Criteria, each ordering against stratified and the random shuffle at the same length: {CRITERIA} "
              "(a missed one is marked ✗). Time: the ordering's run time (compiled code warmed up first); orderings that do "
              "not depend on the sequence length run once and show that time at every length.", ""]
@@ -116,13 +123,13 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
     met = row_criteria(rows)
     for seq_len in sorted({r["seq_len"] for r in rows}):
         lines += [f"## seq-len {seq_len:,}", "",
-                  "| ordering | diversity mean | min | std | efficiency | uniformity mean | uniformity max "
+                  "| ordering | diversity mean | min | std | efficiency | fill | uniformity mean | uniformity max "
                   "| boundary shift | coverage | criteria | time (s) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
         for r in (r for r in rows if r["seq_len"] == seq_len):
             d = r["diversity"]
             lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} "
-                         f"| {r['efficiency']:.3f} | {r['uniformity_mean']:.4f} "
+                         f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
                          f"| {_marks(met.get(seq_len, {}).get(r['ordering']))} | {r['seconds']:.2f} |")
         if seq_len in wins:

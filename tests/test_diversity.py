@@ -132,3 +132,30 @@ def test_the_uniformity_bound_is_what_lone_long_documents_force():
     assert uniformity_lower_bound(labels, counts, 10, 2, "split") == 0.5 * 4 / 6  # m - 1 windows whole each
     # Short documents force nothing.
     assert uniformity_lower_bound(np.array([0, 1, 0, 1]), np.array([2, 2, 2, 2]), 10, 2, "whole") == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(lambda k: st.lists(
+        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60)),
+    st.sampled_from([1, 5, 10, 11, 24]),
+    st.booleans(),
+)
+def test_sequence_fill_is_tokens_over_the_windows_slots(docs, seq_len, split):
+    """Fill: the tokens over seq_len times the windows holding tokens, windows packed by the plain packers."""
+    from diversity_order.diversity import ordering_quality
+    from reference_impl import RefWindow, ref_split_windows
+
+    labels = np.array([c for c, _ in docs], dtype=np.int64)
+    counts = np.array([t for _, t in docs], dtype=np.int64)
+    if split:
+        windows = [w for w in ref_split_windows(labels.tolist(), counts.tolist(), seq_len) if sum(w.values())]
+    else:
+        packer = RefWindow(seq_len)
+        for c, t in docs:
+            packer.add(c, t)
+        windows = packer.finish()
+    expected = counts.sum() / (len(windows) * seq_len) if windows else 0.0
+    quality = ordering_quality(labels, counts, seq_len, None, 4, packing="split" if split else "whole")
+    assert quality["fill"] == round(expected, 4)
+    assert 0.0 <= quality["fill"] <= 1.0
