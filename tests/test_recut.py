@@ -144,9 +144,20 @@ def test_paced_recuts_only_when_split():
     labels = rng.integers(0, 5, 500)
     counts = np.where(rng.random(500) < 0.1, rng.integers(600, 2000, 500), rng.integers(1, 120, 500))
     shares = diversity.global_token_shares(labels, counts, 5)
-    for packing in ("whole", "split"):
-        options = OrderingOptions(seq_len=512, packing=packing, seed=4)
-        traded = exchange.exchange_pass(paced.paced_greedy_order(labels, counts, 5, options), labels, counts, 512,
-                                        shares, 0 if packing == "whole" else 1, 4)
-        want = recut.recut_pass(traded, labels, counts, 512, shares) if packing == "split" else traded
-        assert paced.paced_order(labels, counts, 5, options).tolist() == want.tolist()
+    # Packing whole these windows hold fewer documents than clusters, so rule 7 orders them (test_grouping.py).
+    options = OrderingOptions(seq_len=512, packing="split", seed=4)
+    traded = exchange.exchange_pass(paced.paced_greedy_order(labels, counts, 5, options), labels, counts, 512,
+                                    shares, 1, 4)
+    want = recut.recut_pass(traded, labels, counts, 512, shares)
+    assert paced.paced_order(labels, counts, 5, options).tolist() == want.tolist()
+
+
+def test_documents_without_tokens_at_the_start_count_in_window_0():
+    """A zero-token document at offset 0 is present in window 0: the windows a re-cut touches are measured
+    with it (here it keeps cluster 0 in window 0 once the 3-token document moves after the long one)."""
+    labels = np.array([0, 3, 0, 3, 1], dtype=np.int64)
+    counts = np.array([0, 1, 3, 6, 200], dtype=np.int64)
+    shares = diversity.global_token_shares(labels, counts, 4)
+    got = recut.recut_pass(np.arange(5), labels, counts, 5, shares)
+    assert got.tolist() == [0, 1, 3, 2, 4]
+    assert got.tolist() == plain_recut(list(range(5)), labels, counts, 5, 4)

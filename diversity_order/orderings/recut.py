@@ -129,8 +129,8 @@ def _recut(doc, lab, tok, seq_len, shares, fraction):
                     or (seg_start >= fraction * total and seg_end <= (1.0 - fraction) * total)):
                 continue
             w_lo, w_hi = seg_start // seq_len, (seg_end - 1) // seq_len
-            a = lo  # every document with tokens or presence in windows w_lo..w_hi
-            while a > 0 and offsets[a] > w_lo * seq_len:
+            a = lo  # every document with tokens or presence in windows w_lo..w_hi (those without tokens at
+            while a > 0 and (offsets[a] > w_lo * seq_len or w_lo == 0):  # the very start are in window 0)
                 a -= 1
             b = hi
             while b + 1 < n and (offsets[b + 1] < (w_hi + 1) * seq_len
