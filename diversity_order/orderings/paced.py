@@ -2,8 +2,8 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Six rules; no constant in rules 1-4 and 6 was fitted to a corpus (rule 5's effort bounds were set
-on the tuning corpora):
+Seven rules; no constant in rules 1-4 and 6 was fitted to a corpus (rule 5's effort bounds and rule 7's
+large-document threshold were set on the tuning corpora):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -37,9 +37,14 @@ on the tuning corpora):
    forces (rules 3 and 4 may start it anywhere when it is the earliest due) is re-cut near its middle
    by moving the documents next to it to its other side, where the windows it touches gain clusters
    (diversity; ``recut.py``).
+7. Packing whole, where windows hold fewer documents than there are clusters (all documents, and the
+   others once the large ones are out): documents of at least a fifth of a window are grouped so that
+   two or three share a window, and the groups go among the windows rules 1-5 make of the others, off
+   the head and the tail of the order (uniformity; ``grouping.py``). A window's deviation is set by its
+   largest document; grouped, the large ones set it in fewer windows.
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
-greedy, O(N) for the trades and the re-cuts, compiled with numba.
+greedy, O(N) for the trades and the re-cuts, O(N log L) for the groups, compiled with numba.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from numba import njit
 from ..diversity import global_token_shares
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
+from .grouping import group_keys, group_large, place_groups
 from .options import OrderingOptions
 from .pools import cluster_pools
 from .recut import recut_pass
@@ -300,18 +306,51 @@ def paced_greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
     running = np.concatenate(([0], np.cumsum(member_counts)))
     cluster_tokens = running[pool_starts[1:]] - running[pool_starts[:-1]]
     seq_len = int(options.seq_len)
-    # Windows hold more documents than there are clusters on average: any cluster may straddle.
-    saturated = labels.size * seq_len >= int(n_clusters) * int(running[-1])
+    saturated = windows_saturated(labels.size, seq_len, n_clusters, int(running[-1]))
     return _paced(members, pool_starts, member_counts, _due_positions(pool_starts, member_counts), cluster_tokens,
                   seq_len, packing_model(options.packing), saturated)
+
+
+def windows_saturated(n_docs: int, seq_len: int, n_clusters: int, total_tokens: int) -> bool:
+    """Windows hold at least as many documents as there are clusters, on average (N L >= K T)."""
+    return int(n_docs) * int(seq_len) >= int(n_clusters) * int(total_tokens)
 
 
 def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
                 options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
-    and ``options.seed``: an int64 permutation of input positions."""
-    order = paced_greedy_order(labels, token_counts, n_clusters, options)
-    shares = global_token_shares(labels, token_counts, n_clusters)
+    and ``options.seed``: an int64 permutation of input positions. Rules 1-5, then 6 packing split; rule 7
+    packing whole where it applies, rules 1-5 ordering the documents it does not group."""
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.int64)
+    shares = global_token_shares(labels, counts, n_clusters)
     model = packing_model(options.packing)
-    order = exchange_pass(order, labels, token_counts, options.seq_len, shares, model, options.seed)
-    return recut_pass(order, labels, token_counts, options.seq_len, shares) if model == SPLIT else order
+    total = int(counts.sum())
+    if model == WHOLE and not windows_saturated(labels.size, options.seq_len, n_clusters, total):
+        grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total)
+        if grouped is not None:
+            return grouped
+    order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model)
+    return recut_pass(order, labels, counts, options.seq_len, shares) if model == SPLIT else order
+
+
+def _rules_1_to_5(labels, counts, n_clusters, options, shares, model) -> np.ndarray:
+    order = paced_greedy_order(labels, counts, n_clusters, options)
+    return exchange_pass(order, labels, counts, options.seq_len, shares, model, options.seed)
+
+
+def _with_large_grouped(labels, counts, n_clusters, options, shares, total) -> np.ndarray | None:
+    """Rule 7 (``grouping.py``): the large documents' groups placed among the others' windows, those
+    ordered by rules 1-5 (the shares are all documents' own); None where rule 7 does not apply."""
+    groups = group_large(labels, counts, options.seq_len)
+    large = groups[groups >= 0]
+    rest = np.ones(labels.size, dtype=bool)
+    rest[large] = False
+    rest = np.flatnonzero(rest)
+    # The other documents' windows would hold as many documents as there are clusters: moving them out of
+    # the large documents' windows would cost clusters per window for no gain.
+    if large.size < 2 or windows_saturated(rest.size, options.seq_len, n_clusters, total - int(counts[large].sum())):
+        return None
+    rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE)]
+    keys = group_keys(labels, counts, groups)
+    return place_groups(rest_order, counts, groups, keys, options.seq_len, total)

@@ -1,0 +1,242 @@
+"""Rule 7 of ``paced`` (documents whole, windows of fewer documents than there are clusters): large
+documents share windows with large documents.
+
+A window's token-share deviation is at least its largest document's share of the window minus that
+cluster's share of all tokens, and that largest document is usually a large one: spread one per
+window, the large documents set the deviation of most windows. Put together, two or three of them
+(of different clusters) set it in one window, and the windows left to the other documents are
+uniform. So, when windows hold fewer documents than there are clusters (N L < K T) and documents
+are packed whole:
+
+1. Documents of at least ``LARGE_FRACTION`` of a window (and shorter than one) are *large*. In
+   decreasing length (ties by input position), each goes into the open group with the least room
+   that holds it and has no document of its cluster (among equal rooms, the group that reached that
+   room first), else opens a group. A group holds at most a window: it fills one window, its largest
+   document first.
+2. The other documents are ordered by rules 1-5 (``paced``'s greedy and trades).
+3. The groups go between those documents' windows, evenly by count, in the order of their largest
+   document's slot among its cluster's large documents dealt as rule 1 deals long ones (shortest at
+   both ends, longest in the middle), and only where at least ``BOUNDARY_FRACTION`` of all tokens
+   lie before and after them, so the head and the tail of the order, which meet at the epoch
+   boundary, hold the other documents alone.
+
+Without room for that (the other documents hold under twice ``BOUNDARY_FRACTION`` of the tokens)
+or with fewer than two large documents, ``paced`` is rules 1-5 alone. O(N log L) for the groups.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..diversity import BOUNDARY_FRACTION
+from ..packing import WHOLE, advance, place
+
+# A document of at least this share of a window is large (set on the tuning corpora: 0.1 lost a cell
+# there, 0.2 none; see BENCHMARKS.md, "Rule 7").
+LARGE_FRACTION = 0.2
+# A large document looks at most this many groups (least room first) for one without its cluster, so a
+# cluster holding most large documents cannot make the grouping quadratic.
+MAX_CHECKED = 64
+
+
+@njit(cache=True, nogil=True)
+def _tree_add(tree, top, room, delta):
+    node = top + room
+    while node >= 1:
+        tree[node] += delta
+        node //= 2
+
+
+@njit(cache=True, nogil=True)
+def _first_at_least(tree, top, room):
+    """The least room >= ``room`` some group has (-1 if none), by the segment tree of group counts per room."""
+    if room >= top:
+        return -1
+    node = top + room
+    if tree[node] > 0:
+        return room
+    while node > 1:
+        if node % 2 == 0 and tree[node + 1] > 0:
+            node += 1
+            while node < top:
+                node = 2 * node if tree[2 * node] > 0 else 2 * node + 1
+            return node - top
+        node //= 2
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _group(large, token_counts, labels, seq_len, max_members):
+    """Step 1: ``large`` in decreasing length; returns (members per group, -1 padded, in placing order)."""
+    n = large.shape[0]
+    members = np.full((n, max_members), -1, dtype=np.int64)
+    size = np.zeros(n, dtype=np.int64)
+    room = np.zeros(n, dtype=np.int64)
+    top = 1
+    while top < seq_len + 1:
+        top *= 2
+    tree = np.zeros(2 * top, dtype=np.int64)
+    first = np.full(seq_len + 1, -1, dtype=np.int64)  # per room, a FIFO list of the groups with that room
+    last = np.full(seq_len + 1, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    n_groups = 0
+    for d in large:
+        t = token_counts[d]
+        c = labels[d]
+        chosen = -1
+        r = _first_at_least(tree, top, t)
+        checked = 0
+        while r >= 0 and chosen < 0 and checked < MAX_CHECKED:
+            g = first[r]
+            while g >= 0 and checked < MAX_CHECKED:
+                checked += 1
+                clash = False
+                for m in range(size[g]):
+                    if labels[members[g, m]] == c:
+                        clash = True
+                        break
+                if not clash:
+                    chosen = g
+                    break
+                g = nxt[g]
+            if chosen < 0:
+                r = _first_at_least(tree, top, r + 1)
+        if chosen >= 0:  # unlink it from its room's list
+            g = chosen
+            if prv[g] >= 0:
+                nxt[prv[g]] = nxt[g]
+            else:
+                first[r] = nxt[g]
+            if nxt[g] >= 0:
+                prv[nxt[g]] = prv[g]
+            else:
+                last[r] = prv[g]
+            _tree_add(tree, top, r, -1)
+        else:
+            g = n_groups
+            n_groups += 1
+            room[g] = seq_len
+        members[g, size[g]] = d
+        size[g] += 1
+        room[g] -= t
+        if room[g] > 0 and size[g] < max_members:  # append to its new room's list
+            r = room[g]
+            nxt[g] = -1
+            prv[g] = last[r]
+            if last[r] >= 0:
+                nxt[last[r]] = g
+            else:
+                first[r] = g
+            last[r] = g
+            _tree_add(tree, top, r, 1)
+    return members[:n_groups]
+
+
+@njit(cache=True, nogil=True)
+def _window_starts(token_counts, seq_len):
+    """Positions of ``token_counts`` (an order, packed whole) where a window starts, and the tokens before each."""
+    n = token_counts.shape[0]
+    starts = np.empty(n, dtype=np.int64)
+    before = np.empty(n, dtype=np.int64)
+    stamp = np.zeros(1, dtype=np.int64)
+    n_starts = 0
+    window = 0
+    fill = 0
+    placed = 0
+    for p in range(n):
+        t = token_counts[p]
+        if fill == 0 or place(fill, t, seq_len, WHOLE)[0]:
+            starts[n_starts] = p
+            before[n_starts] = placed
+            n_starts += 1
+        window, fill = advance(stamp, 0, t, window, fill, seq_len, WHOLE)
+        placed += t
+    return starts[:n_starts], before[:n_starts]
+
+
+@njit(cache=True, nogil=True)
+def _merge(rest_order, members, member_starts, targets, limit, token_counts, seq_len):
+    """The rest of the order with the groups (``members[member_starts[j]:member_starts[j + 1]]``, in key
+    order) put in: group j goes before the first rest position from ``targets[j]`` on where its largest
+    document does not fit in the open window (so it opens one), and at ``limit`` at the latest."""
+    n_rest = rest_order.shape[0]
+    n_groups = targets.shape[0]
+    out = np.empty(n_rest + members.shape[0], dtype=np.int64)
+    stamp = np.zeros(1, dtype=np.int64)
+    window = 0
+    fill = 0
+    n_out = 0
+    j = 0
+    for p in range(n_rest + 1):
+        while j < n_groups and targets[j] <= p:
+            first = token_counts[members[member_starts[j]]]
+            if not (fill == 0 or fill + first > seq_len or p >= limit):
+                break
+            for m in range(member_starts[j], member_starts[j + 1]):
+                d = members[m]
+                out[n_out] = d
+                n_out += 1
+                window, fill = advance(stamp, 0, token_counts[d], window, fill, seq_len, WHOLE)
+            j += 1
+        if p < n_rest:
+            d = rest_order[p]
+            out[n_out] = d
+            n_out += 1
+            window, fill = advance(stamp, 0, token_counts[d], window, fill, seq_len, WHOLE)
+    return out
+
+
+def large_documents(token_counts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Step 1's large documents, in the order they are placed: decreasing length, ties by input position."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    large = np.flatnonzero((counts * 1.0 >= LARGE_FRACTION * seq_len) & (counts < seq_len))
+    return large[np.argsort(-counts[large], kind="stable")]
+
+
+def group_large(labels: np.ndarray, token_counts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Step 1: the groups of large documents, one row each in placing order (its largest first), -1 padded."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    max_members = int(1 // LARGE_FRACTION) + 1
+    return _group(large_documents(counts, seq_len), counts, np.asarray(labels, dtype=np.int64), int(seq_len),
+                  max_members)
+
+
+def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Step 3's key of each group: its largest document's slot (j + 1/2) / n among its cluster's n large
+    documents, dealt shortest at both ends and longest in the middle (ties in length by input position)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.asarray(token_counts, dtype=np.int64)
+    large = groups[groups >= 0]
+    by_cluster = large[np.lexsort((large, counts[large], labels[large]))]
+    cluster = labels[by_cluster]
+    first = np.flatnonzero(np.concatenate(([True], cluster[1:] != cluster[:-1])))
+    sizes = np.diff(np.append(first, by_cluster.size))
+    n = np.repeat(sizes, sizes)
+    rank = np.arange(by_cluster.size) - np.repeat(first, sizes)
+    slot = np.where(rank % 2 == 0, rank // 2, n - 1 - rank // 2)
+    key = np.zeros(labels.size, dtype=np.float64)
+    key[by_cluster] = (slot + 0.5) / n
+    return key[groups[:, 0]]
+
+
+def place_groups(rest_order: np.ndarray, token_counts: np.ndarray, groups: np.ndarray, keys: np.ndarray,
+                 seq_len: int, total_tokens: int, fraction: float = BOUNDARY_FRACTION) -> np.ndarray | None:
+    """Step 3: ``rest_order`` (the other documents, ordered) with the groups between its windows; None when
+    no window start has ``fraction`` of all tokens before and after it."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    rest_order = np.asarray(rest_order, dtype=np.int64)
+    starts, before = _window_starts(counts[rest_order], int(seq_len))
+    rest_tokens = int(counts[rest_order].sum())
+    ok = np.flatnonzero((before >= fraction * total_tokens) & (rest_tokens - before >= fraction * total_tokens))
+    if ok.size == 0:
+        return None
+    lo, hi = int(ok[0]), int(ok[-1])  # the starts in between qualify too (``before`` grows with the index)
+    n_groups = groups.shape[0]
+    by_key = np.argsort(keys, kind="stable")
+    targets = starts[lo + ((np.arange(n_groups) + 0.5) * (hi - lo + 1) / n_groups).astype(np.int64)]
+    ordered = groups[by_key]
+    sizes = (ordered >= 0).sum(axis=1)
+    member_starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    return _merge(rest_order, ordered[ordered >= 0], member_starts, targets, int(starts[hi]), counts, int(seq_len))
