@@ -196,12 +196,13 @@ def test_paced_groups_large_documents_only_where_rule_7_applies(corpus, seed):
 
 def test_hand_worked_large_documents_share_windows():
     """Windows of 100 tokens, 8 clusters, windows of fewer documents than that (rule 7 applies). Large
-    documents (>= 20 tokens): 60, 35, 50 and 45 tokens of clusters 0, 1, 2 and 3; twelve small ones of
-    15 tokens, of clusters 0-7. Longest first: 60 opens a group (room 40), 50 opens one (room 50), 45
+    documents (>= 15 tokens): 60, 35, 50 and 45 tokens of clusters 0, 1, 2 and 3; twelve small ones of
+    14 tokens, of clusters 0-7. Longest first: 60 opens a group (room 40), 50 opens one (room 50), 45
     takes the least room that holds it (50), 35 the other (40): groups {60, 35} and {50, 45}, each opening
     a window of its own."""
     labels = np.array([0, 1, 2, 3] + [k % 8 for k in range(12)], dtype=np.int64)
-    counts = np.array([60, 35, 50, 45] + [15] * 12, dtype=np.int64)
+    counts = np.array([60, 35, 50, 45] + [14] * 12, dtype=np.int64)
+    assert grouping.LARGE_FRACTION * 100 <= 35 and 14 < grouping.LARGE_FRACTION * 100
     groups = grouping.group_large(labels, counts, 100)
     assert [row[row >= 0].tolist() for row in groups] == [[0, 1], [2, 3]]
     options = OrderingOptions(seq_len=100, packing="whole", seed=1)

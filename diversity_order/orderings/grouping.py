@@ -32,9 +32,9 @@ from numba import njit
 from ..diversity import BOUNDARY_FRACTION
 from ..packing import WHOLE, advance, place
 
-# A document of at least this share of a window is large (set on the tuning corpora: 0.1 lost a cell
-# there, 0.2 none; see BENCHMARKS.md, "Rule 7").
-LARGE_FRACTION = 0.2
+# A document of at least this share of a window is large (set on the tuning corpora among 0.1-0.3;
+# BENCHMARKS.md, "Rule 7").
+LARGE_FRACTION = 0.15
 # A large document looks at most this many groups (least room first) for one without its cluster, so a
 # cluster holding most large documents cannot make the grouping quadratic.
 MAX_CHECKED = 64

@@ -38,7 +38,7 @@ large-document threshold were set on the tuning corpora):
    by moving the documents next to it to its other side, where the windows it touches gain clusters
    (diversity; ``recut.py``).
 7. Packing whole, where windows hold fewer documents than there are clusters (all documents, and the
-   others once the large ones are out): documents of at least a fifth of a window are grouped so that
+   others once the large ones are out): documents of at least 15% of a window are grouped so that
    two or three share a window, and the groups go among the windows rules 1-5 make of the others, off
    the head and the tail of the order (uniformity; ``grouping.py``). A window's deviation is set by its
    largest document; grouped, the large ones set it in fewer windows.
