@@ -5,20 +5,23 @@ A window's token-share deviation is at least its largest document's share of the
 cluster's share of all tokens, and that largest document is usually a large one: spread one per
 window, the large documents set the deviation of most windows. Put together, two or three of them
 (of different clusters) set it in one window, and the windows left to the other documents are
-uniform. So, when windows hold fewer documents than there are clusters (N L < K T) and documents
-are packed whole:
+uniform. So, when documents are packed whole and windows hold fewer documents than there are
+clusters (N L < K T), for all documents and for the others once the large ones are out (where the
+others' windows are full of clusters already, taking the large documents out of them costs clusters):
 
 1. Documents of at least ``LARGE_FRACTION`` of a window (and shorter than one) are *large*. In
    decreasing length (ties by input position), each goes into the open group with the least room
    that holds it and has no document of its cluster (among equal rooms, the group that reached that
-   room first), else opens a group. A group holds at most a window: it fills one window, its largest
-   document first.
+   room first; at most ``MAX_CHECKED`` groups looked at), else opens a group. A group holds at most
+   a window, its largest document first.
 2. The other documents are ordered by rules 1-5 (``paced``'s greedy and trades).
 3. The groups go between those documents' windows, evenly by count, in the order of their largest
    document's slot among its cluster's large documents dealt as rule 1 deals long ones (shortest at
-   both ends, longest in the middle), and only where at least ``BOUNDARY_FRACTION`` of all tokens
-   lie before and after them, so the head and the tail of the order, which meet at the epoch
-   boundary, hold the other documents alone.
+   both ends, longest in the middle); each at the first window start from its aimed one on where its
+   largest document does not fit in the open window, so the group opens a window (the
+   documents after it fill the room it leaves); and only where at least ``BOUNDARY_FRACTION`` of all tokens lie before
+   and after them, so the head and the tail of the order, which meet at the epoch boundary, hold the
+   other documents alone.
 
 Without room for that (the other documents hold under twice ``BOUNDARY_FRACTION`` of the tokens)
 or with fewer than two large documents, ``paced`` is rules 1-5 alone. O(N log L) for the groups.
