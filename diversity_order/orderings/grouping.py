@@ -18,8 +18,8 @@ others' windows are full of clusters already, taking the large documents out of 
 3. The groups go between those documents' windows, evenly by count, in the order of their largest
    document's slot among its cluster's large documents dealt as rule 1 deals long ones (shortest at
    both ends, longest in the middle); each at the first window start from its aimed one on where its
-   largest document does not fit in the open window, so the group opens a window (the
-   documents after it fill the room it leaves); and only where at least ``BOUNDARY_FRACTION`` of all tokens lie before
+   largest document does not fit in the open window, so the group opens a window (the documents after
+   it fill the room it leaves); and only where at least ``BOUNDARY_FRACTION`` of all tokens lie before
    and after them, so the head and the tail of the order, which meet at the epoch boundary, hold the
    other documents alone.
 
