@@ -80,10 +80,14 @@ def test_split_packing_by_hand():
     assert window_diversity(labels, counts, 10).tolist() == [1, 1, 1, 1]  # whole: 7 | 6 | 10 | 2
 
 
+# (cluster, tokens) documents: up to 6 clusters, lengths around the window lengths the tests use.
+PACKED_DOCUMENTS = st.integers(1, 6).flatmap(lambda k: st.lists(
+    st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60))
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    st.integers(1, 6).flatmap(lambda k: st.lists(
-        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60)),
+    PACKED_DOCUMENTS,
     st.sampled_from([1, 5, 10, 11, 24]),
     st.booleans(),
 )
@@ -136,8 +140,7 @@ def test_the_uniformity_bound_is_what_lone_long_documents_force():
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.integers(1, 4).flatmap(lambda k: st.lists(
-        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 0, 1, 3, 7, 10, 11, 25, 60])), min_size=0, max_size=60)),
+    PACKED_DOCUMENTS,
     st.sampled_from([1, 5, 10, 11, 24]),
     st.booleans(),
 )
@@ -156,6 +159,6 @@ def test_sequence_fill_is_tokens_over_the_windows_slots(docs, seq_len, split):
             packer.add(c, t)
         windows = packer.finish()
     expected = sum(t for _, t in docs) / (len(windows) * seq_len) if windows else 0.0
-    quality = ordering_quality(labels, counts, seq_len, None, 4, packing="split" if split else "whole")
+    quality = ordering_quality(labels, counts, seq_len, None, 6, packing="split" if split else "whole")
     assert quality["fill"] == round(expected, 4)
     assert 0.0 <= quality["fill"] <= 1.0

@@ -34,6 +34,7 @@ from numba import njit
 
 from ..diversity import BOUNDARY_FRACTION
 from ..packing import WHOLE, advance, place
+from .pools import from_both_ends
 
 # A document of at least this share of a window is large (set on the tuning corpora among 0.1-0.3;
 # BENCHMARKS.md, "Rule 7").
@@ -218,7 +219,7 @@ def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray)
     sizes = np.diff(np.append(first, by_cluster.size))
     n = np.repeat(sizes, sizes)
     rank = np.arange(by_cluster.size) - np.repeat(first, sizes)
-    slot = np.where(rank % 2 == 0, rank // 2, n - 1 - rank // 2)
+    slot = from_both_ends(rank, n)
     key = np.zeros(labels.size, dtype=np.float64)
     key[by_cluster] = (slot + 0.5) / n
     return key[groups[:, 0]]

@@ -52,12 +52,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..diversity import global_token_shares
+from ..diversity import BOUNDARY_FRACTION, global_token_shares
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
 from .grouping import group_keys, group_large, place_groups
 from .options import OrderingOptions
-from .pools import cluster_pools
+from .pools import cluster_pools, from_both_ends
 from .recut import recut_pass
 
 NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
@@ -94,7 +94,7 @@ def _pace_pool(docs, token_counts, out):
     ascending = long_docs[np.argsort(token_counts[long_docs], kind="mergesort")]
     pipe = np.empty(n_long, dtype=np.int64)
     for r in range(n_long):
-        pipe[r // 2 if r % 2 == 0 else n_long - 1 - r // 2] = ascending[r]
+        pipe[from_both_ends(r, n_long)] = ascending[r]
     i = 0
     j = 0
     error = 0
@@ -349,7 +349,10 @@ def _with_large_grouped(labels, counts, n_clusters, options, shares, total) -> n
     rest = np.flatnonzero(rest)
     # The other documents' windows would hold as many documents as there are clusters: moving them out of
     # the large documents' windows would cost clusters per window for no gain.
-    if large.size < 2 or windows_saturated(rest.size, options.seq_len, n_clusters, total - int(counts[large].sum())):
+    rest_tokens = total - int(counts[large].sum())
+    # Nor where the others cannot fill the head and the tail (place_groups would find no window start).
+    if (large.size < 2 or windows_saturated(rest.size, options.seq_len, n_clusters, rest_tokens)
+            or rest_tokens < 2 * BOUNDARY_FRACTION * total):
         return None
     rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE)]
     keys = group_keys(labels, counts, groups)

@@ -7,9 +7,18 @@ order inside each pool (input order by default).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..defaults import DEFAULT_SEED
 from .options import WITHIN_CLUSTER_SORTS, OrderingOptions
+
+
+@njit(cache=True, nogil=True)
+def from_both_ends(i, n):
+    """Position i // 2 from the front of n for even i, from the back for odd i: 0, n - 1, 1, n - 2, ...
+    (ints or arrays). Dealt by ascending length, it puts the shortest at both ends and the longest in
+    the middle; read by slot, it takes shortest, longest, 2nd shortest, ..."""
+    return i // 2 + (i % 2) * (n - 1 - 2 * (i // 2))
 
 
 def cluster_pools(
@@ -48,8 +57,7 @@ def cluster_pools(
     if within_cluster_sort == "length-desc":
         source = pool_size - 1 - offset_in_pool
     else:  # length-riffle: even slots from the front, odd slots from the back
-        half = offset_in_pool // 2
-        source = np.where(offset_in_pool % 2 == 0, half, pool_size - 1 - half)
+        source = from_both_ends(offset_in_pool, pool_size)
     return ascending[pool_starts[pool_of] + source], pool_starts
 
 
