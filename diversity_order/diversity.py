@@ -255,20 +255,21 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
 
 
 @njit(cache=True, nogil=True)
-def _layered_excess(excess, sizes, seq_len):
-    """sum_i (e_i - e_{i+1}) W_i over pieces sorted by excess e descending (e_{n+1} = 0), W_i a lower bound
-    on the windows that hold the first i pieces: the most of ceil(i / c_i) (c_i: how many of them fit in
-    one window at most, the smallest first), the pieces over half a window (no two share one) and
-    ceil(their tokens / seq_len). A Fenwick tree over the pieces' size ranks gives c_i in O(log n)."""
+def _layered_windows(excess, sizes, seq_len):
+    """W_i for pieces sorted by excess descending: a lower bound on the windows that hold the first
+    i + 1 pieces, the most of ceil((i + 1) / c_i) (c_i: how many of them fit in one window at most, the
+    smallest first), the pieces over half a window (no two share one) and ceil(their tokens / seq_len).
+    A Fenwick tree over the pieces' size ranks gives c_i in O(log n)."""
     n = excess.shape[0]
     rank = np.empty(n, dtype=np.int64)
     rank[np.argsort(sizes, kind="mergesort")] = np.arange(1, n + 1)
     count = np.zeros(n + 1, dtype=np.int64)
     tokens = np.zeros(n + 1, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
     top = 1
     while top * 2 <= n:
         top *= 2
-    total, big, held = 0.0, 0, 0
+    big, held = 0, 0
     for i in range(n):
         node = rank[i]
         while node <= n:
@@ -284,32 +285,68 @@ def _layered_excess(excess, sizes, seq_len):
                 position, filled, fit = nxt, filled + tokens[nxt], fit + count[nxt]
             step //= 2
         fit = max(fit, 1)
-        windows = max((i + fit) // fit, big, (held + seq_len - 1) // seq_len)
-        total += (excess[i] - (excess[i + 1] if i + 1 < n else 0.0)) * windows
-    return total
+        out[i] = max((i + fit) // fit, big, (held + seq_len - 1) // seq_len)
+    return out
+
+
+# Thresholds s at which the bound counts the windows deviating by more than s: (j + 1) / BOUND_GRID.
+# Counting at the right end of each step undercounts by at most 1 / BOUND_GRID of the mean.
+BOUND_GRID = 4096
+# Packing whole the shared-window count W lies in a range; the bound is taken at W's that grow by this ratio.
+BOUND_WINDOW_RATIO = 1.005
+
+
+def _lacking_minus_touches(labels, excess, touches, tau, thresholds):
+    """g_j = max over clusters k with tau_k > s_j of (pieces of k of excess > s_j) - (windows k can touch).
+
+    Per cluster only the thresholds below tau_k count, and they sum to at most len(thresholds) + K, so
+    this is O(N + grid + K) in time and memory."""
+    n_clusters = tau.shape[0]
+    reach = np.searchsorted(thresholds, tau, side="left")  # thresholds below tau_k
+    touched = np.bincount(labels, weights=touches, minlength=n_clusters).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(reach)))
+    size = int(offsets[-1])
+    g = np.full(thresholds.shape[0], np.iinfo(np.int64).min // 4, dtype=np.int64)
+    if size == 0:
+        return g
+    # A piece of excess e counts at every threshold below e: mark the last one in its cluster's range and
+    # sum the marks from the right, per cluster.
+    last = np.minimum(np.searchsorted(thresholds, excess, side="left"), reach[labels]) - 1
+    marked = last >= 0
+    marks = np.bincount(offsets[labels[marked]] + last[marked], minlength=size)
+    from_right = np.concatenate((np.cumsum(marks[::-1])[::-1], [0]))
+    cluster = np.repeat(np.arange(n_clusters), reach)
+    above = from_right[:size] - from_right[offsets[cluster + 1]]
+    np.maximum.at(g, np.arange(size) - offsets[cluster], above - touched[cluster])
+    return g
 
 
 def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int | None = None,
                            packing: str = "whole") -> float:
     """A mean token-share uniformity (``window_share_deviation``'s mean) that no order of these documents
-    can beat, from their lengths and clusters alone: what long and large documents force on any order.
+    can beat, from their lengths and clusters alone: what long, large and few documents force on any order.
 
     A window that one cluster c fills deviates by a_c = max(1 - tau_c, max_{k != c} tau_k); a window
     holding a piece of p tokens of a cluster c deviates by at least e = p / seq_len - tau_c (its share
-    is p over at most seq_len tokens). The windows:
+    is p over at most seq_len tokens); a window lacking cluster k deviates by at least tau_k. The windows:
     - whole packing: a document of l >= seq_len tokens fills l // seq_len windows alone (in every
       order) and its remainder l % seq_len opens a window others share. Each shared window holds
-      pieces: shorter documents and remainders. Shared windows are at most (long documents) + 1 + j,
-      j the most with j (seq_len + 1) <= T_s + (the j longest shorter documents' tokens): each of j
-      windows closed because the next (a shorter document, opening the next) did not fit.
+      pieces: shorter documents and remainders. Shared windows are at least ceil(their tokens /
+      seq_len) and the pieces over half a window, at most (long documents) + 1 + j, j the most with
+      j (seq_len + 1) <= T_s + (the j longest shorter documents' tokens): each of j windows closed
+      because the next (a shorter document, opening the next) did not fit. A piece touches one.
     - split packing: ceil(T / seq_len) windows. A document of m seq_len + r tokens (m >= 1) covers at
       least m - 1 windows whole and one more window with at least (seq_len + r) / 2 of its tokens (the
       m-th whole, or the larger of its two partial pieces); a shorter one of t tokens puts at least
-      ceil(t / 2) in one window.
-    The windows filled alone are distinct from those holding the pieces. For the pieces, the sum over
-    windows of their largest excess is the integral over s of the windows holding a piece of excess
-    over s, at least ``_layered_excess``'s bin-packing count of those pieces; the mean divides by the
-    most windows an order can make.
+      ceil(t / 2) in one window. Besides the m - 1, a document touches at most 2, or 3 if it starts
+      and ends inside windows, r >= 2.
+    The windows filled alone are distinct from the shared ones. The sum over shared windows of their
+    deviation is the integral over s of the windows deviating by more than s, which is at least
+    (a) ``_layered_windows``'s bin-packing count of the pieces of excess over s, and (b) for each
+    cluster k with tau_k > s, W_s - n_k + e_k(s): the W_s - j shared windows lacking k, plus the j
+    holding it in which one of its e_k(s) pieces of excess over s sits (at least e_k(s) - (n_k - j),
+    n_k the most windows its documents touch). (a) alone divides by the most windows an order can make;
+    with (b), which grows with W_s, the mean is bounded over the range of W_s.
     """
     labels = np.asarray(labels, dtype=np.int64)
     lengths = np.asarray(token_counts, dtype=np.int64)
@@ -324,24 +361,45 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     m, r = lengths // seq_len, lengths % seq_len
     long = m >= 1
     if packing_model(packing) == WHOLE:
-        forced = float(np.dot(m, alone[labels]))
+        filled_alone = m
         pieces = np.where(long, r, lengths)
         shorter = np.sort(lengths[~long])[::-1]
         shared_tokens = int(pieces.sum())
         j = np.arange(shorter.size + 1)
         closed = j * (seq_len + 1) <= shared_tokens + np.concatenate(([0], np.cumsum(shorter)))
         openers = int(j[closed].max())  # j(L + 1) - (the j longest) grows with j: the closed ones are a prefix
-        shared = min(int((pieces > 0).sum()), int(long.sum()) + 1 + openers)
-        windows = int(m.sum()) + shared
+        most = min(int((pieces > 0).sum()), int(long.sum()) + 1 + openers)
+        fewest = max(-(-shared_tokens // seq_len), int((2 * pieces > seq_len).sum()))
+        touches = (pieces > 0).astype(np.int64)
     else:
-        forced = float(np.dot(np.maximum(m - 1, 0), alone[labels]))
+        filled_alone = np.maximum(m - 1, 0)
         pieces = np.where(long, (seq_len + r + 1) // 2, (lengths + 1) // 2)
-        windows = -(-total // seq_len)
+        most = fewest = -(-total // seq_len) - int(filled_alone.sum())
+        touches = np.where(lengths > 0, (lengths + seq_len - 2) // seq_len + 1 - filled_alone, 0)
+    forced = float(np.dot(filled_alone, alone[labels]))
+    alone_windows = int(filled_alone.sum())
+    most = max(most, fewest)
     excess = pieces / seq_len - tau[labels]
     keep = (excess > 0) & (pieces > 0)
     by_excess = np.argsort(-excess[keep], kind="mergesort")
-    forced += _layered_excess(excess[keep][by_excess], pieces[keep][by_excess], int(seq_len))
-    return forced / max(windows, 1)
+    sorted_excess = excess[keep][by_excess]
+    windows = _layered_windows(sorted_excess, pieces[keep][by_excess], int(seq_len))
+    steps = sorted_excess - np.append(sorted_excess[1:], 0.0)
+    bound = (forced + float(np.dot(steps, windows))) / max(alone_windows + most, 1)  # (a) alone
+    thresholds = np.arange(1, BOUND_GRID + 1) / BOUND_GRID
+    above = sorted_excess.size - np.searchsorted(sorted_excess[::-1], thresholds, side="right")
+    packed = np.where(above > 0, windows[np.maximum(above - 1, 0)] if windows.size else 0, 0)
+    present = pieces > 0
+    lacking = _lacking_minus_touches(labels[present], excess[present], touches[present], tau, thresholds)
+    best, shared = np.inf, fewest
+    while True:  # F(W_s) grows with W_s: for W_s up to the next one looked at, the mean is >= F(W_s) / (alone + it)
+        after = min(most, max(shared + 1, int(np.ceil(shared * BOUND_WINDOW_RATIO))))
+        counted = float(np.maximum(packed, shared + lacking).sum()) / BOUND_GRID
+        best = min(best, (forced + counted) / max(alone_windows + max(shared, after - 1), 1))
+        if shared >= most:
+            break
+        shared = after
+    return max(bound, best)
 
 
 def _token_slice_mix(labels: np.ndarray, bounds: np.ndarray, start: float, stop: float, n_clusters: int) -> np.ndarray:

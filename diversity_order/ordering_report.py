@@ -138,8 +138,9 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
         bound = next((r.get("uniformity_bound") for r in rows if r["seq_len"] == seq_len), None)
         if bound:  # rows read back from a report written before the bound existed lack it
             lines += ["", f"No order of these documents has a mean uniformity below {bound:.4f} (a lower bound from "
-                          "the documents' lengths and clusters alone: the windows long documents fill, and the share "
-                          "of its window a document larger than its cluster's share takes, in every order)."]
+                          "the documents' lengths and clusters alone: the windows long documents fill, the share of "
+                          "its window a document larger than its cluster's share takes, and the windows a cluster "
+                          "with few documents cannot reach, in every order)."]
         elif bound is not None:
             lines += ["", "Lengths alone set no floor on uniformity here (no document is long enough to force a "
                           "window off the corpus mix in every order)."]

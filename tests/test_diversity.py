@@ -138,6 +138,26 @@ def test_the_uniformity_bound_is_what_lone_long_documents_force():
     assert uniformity_lower_bound(np.array([0, 1, 0, 1]), np.array([2, 2, 2, 2]), 10, 2, "whole") == 0.0
 
 
+def test_the_uniformity_bound_counts_the_windows_a_cluster_cannot_reach():
+    from itertools import permutations
+
+    from diversity_order.diversity import BOUND_GRID, uniformity_lower_bound, window_share_deviation
+
+    # Packing whole, three documents of 6 tokens (cluster 1) and one of 4 (cluster 0) make 3 windows of
+    # 10 tokens or fewer in every order, and cluster 0 reaches one of them: the other two lack it and
+    # deviate by tau_0 = 4/22, the shared one by 0.4 - tau_0. Every order has that mean.
+    labels, counts = np.array([0, 1, 1, 1]), np.array([4, 6, 6, 6])
+    tau_0 = 4 / 22
+    every_order = {round(float(window_share_deviation(labels, counts, 10, np.array(order), 2, "whole").mean()), 12)
+                   for order in permutations(range(4))}
+    assert every_order == {round((2 * tau_0 + 0.4 - tau_0) / 3, 12)}
+    # The pieces' excess alone gives (0.4 - tau_0) / 4 (a window count that could be 4); with the
+    # windows lacking cluster 0, and the 4th window lacking cluster 1 (three documents), it is exact up
+    # to the thresholds' grid.
+    bound = uniformity_lower_bound(labels, counts, 10, 2, "whole")
+    assert min(every_order) - 2 / BOUND_GRID <= bound <= min(every_order)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     PACKED_DOCUMENTS,
