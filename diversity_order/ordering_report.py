@@ -141,9 +141,15 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
                           "the documents' lengths and clusters alone: the windows long documents fill, the share of "
                           "its window a document larger than its cluster's share takes, and the windows a cluster "
                           "with few documents cannot reach, in every order)."]
+            random_uniformity = next((r["uniformity_mean"] for r in rows
+                                      if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
+            if random_uniformity is not None and bound > UNIFORMITY_RATIO * random_uniformity:
+                lines[-1] += (f" That is above {UNIFORMITY_RATIO:g} x the random shuffle's {random_uniformity:.4f}: "
+                              "no order of these documents meets U at this length.")
         elif bound is not None:
-            lines += ["", "Lengths alone set no floor on uniformity here (no document is long enough to force a "
-                          "window off the corpus mix in every order)."]
+            lines += ["", "The documents' lengths and clusters set no floor on uniformity here (no document is long "
+                          "enough, and no cluster has too few documents, to force a window off the corpus mix in "
+                          "every order)."]
         lines.append("")
     return "\n".join(lines)
 

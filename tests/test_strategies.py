@@ -510,6 +510,19 @@ def test_verdicts_hand_worked():
         [_row("stratified", 1, 1.0, 0.1, 0.1), _row("random", 1, 1.0, 0.1, 0.1)], 3, "t")
 
 
+def test_the_table_says_when_the_bound_puts_u_out_of_reach():
+    # random's mean uniformity 0.4: U needs <= 0.32. A bound of 0.33 rules it out for every order; 0.32 does not.
+    out_of_reach = "no order of these documents meets U at this length."
+    for bound, shown in ((0.33, True), (0.32, False)):
+        rows = [{**_row("stratified", 10, 5.0, 0.35, 0.2), "uniformity_bound": bound},
+                {**_row("random", 10, 4.0, 0.4, 0.3), "uniformity_bound": bound}]
+        lines = strategies.markdown_table(rows, 3, "t").splitlines()
+        floor = next(line for line in lines if line.startswith("No order of these documents"))
+        assert floor.endswith("That is above 0.8 x the random shuffle's 0.4000: " + out_of_reach) == shown
+    rows = [{**_row("stratified", 10, 5.0, 0.35, 0.2), "uniformity_bound": 0.0}]
+    assert "set no floor on uniformity here" in strategies.markdown_table(rows, 3, "t")
+
+
 # --- Edge cases ----------------------------------------------------------------------------------------------------
 
 
