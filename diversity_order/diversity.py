@@ -338,14 +338,15 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     - split packing: ceil(T / seq_len) windows. A document of m seq_len + r tokens (m >= 1) covers at
       least m - 1 windows whole and one more window with at least (seq_len + r) / 2 of its tokens (the
       m-th whole, or the larger of its two partial pieces); a shorter one of t tokens puts at least
-      ceil(t / 2) in one window. Besides the m - 1, a document touches at most 2, or 3 if it starts
-      and ends inside windows, r >= 2.
+      ceil(t / 2) in one window. Besides the m - 1, a document touches at most 2 windows, or 3 if it
+      starts and ends inside windows (r >= 2), one of which it then fills alone.
     The windows filled alone are distinct from the shared ones. The sum over shared windows of their
     deviation is the integral over s of the windows deviating by more than s, which is at least
     (a) ``_layered_windows``'s bin-packing count of the pieces of excess over s, and (b) for each
     cluster k with tau_k > s, W_s - n_k + e_k(s): the W_s - j shared windows lacking k, plus the j
     holding it in which one of its e_k(s) pieces of excess over s sits (at least e_k(s) - (n_k - j),
-    n_k the most windows its documents touch). (a) alone divides by the most windows an order can make;
+    n_k the most windows its documents touch). Per document, the touches less the pieces over s are
+    taken at their most over its placings. (a) alone divides by the most windows an order can make;
     with (b), which grows with W_s, the mean is bounded over the range of W_s.
     """
     labels = np.asarray(labels, dtype=np.int64)
@@ -376,6 +377,15 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
         pieces = np.where(long, (seq_len + r + 1) // 2, (lengths + 1) // 2)
         most = fewest = -(-total // seq_len) - int(filled_alone.sum())
         touches = np.where(lengths > 0, (lengths + seq_len - 2) // seq_len + 1 - filled_alone, 0)
+    # For (b), per document the fewest touches less pieces of excess over s any placing gives. Split, one of
+    # m seq_len + r tokens (r >= 2) touching 3 shared windows fills one of them (its m-th whole window),
+    # which deviates by 1 - tau > s for every s < tau when tau <= 1/2; so it counts as 2 touches whose
+    # larger piece is at least ceil(r / 2) (touching 2, that piece is larger still).
+    lacking_pieces = pieces
+    if packing_model(packing) != WHOLE:
+        third = long & (r >= 2) & (tau[labels] <= 0.5)
+        touches = np.where(third, 2, touches)
+        lacking_pieces = np.where(third, (r + 1) // 2, pieces)
     forced = float(np.dot(filled_alone, alone[labels]))
     alone_windows = int(filled_alone.sum())
     most = max(most, fewest)
@@ -389,8 +399,9 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     thresholds = np.arange(1, BOUND_GRID + 1) / BOUND_GRID
     above = sorted_excess.size - np.searchsorted(sorted_excess[::-1], thresholds, side="right")
     packed = np.where(above > 0, windows[np.maximum(above - 1, 0)] if windows.size else 0, 0)
-    present = pieces > 0
-    lacking = _lacking_minus_touches(labels[present], excess[present], touches[present], tau, thresholds)
+    present = lacking_pieces > 0
+    lacking = _lacking_minus_touches(labels[present], (lacking_pieces / seq_len - tau[labels])[present],
+                                     touches[present], tau, thresholds)
     best, shared = np.inf, fewest
     while True:  # F(W_s) grows with W_s: for W_s up to the next one looked at, the mean is >= F(W_s) / (alone + it)
         after = min(most, max(shared + 1, int(np.ceil(shared * BOUND_WINDOW_RATIO))))

@@ -157,6 +157,16 @@ def test_the_uniformity_bound_counts_the_windows_a_cluster_cannot_reach():
     bound = uniformity_lower_bound(labels, counts, 10, 2, "whole")
     assert min(every_order) - 2 / BOUND_GRID <= bound <= min(every_order)
 
+    # Split, 30 tokens make 3 windows; cluster 0 is one document of 12 tokens (tau_0 = 0.4). Any window
+    # lacking it deviates by 0.4, and touching all three it fills one alone (deviation 0.6): so for every
+    # s < 0.4 some window deviates by more than s, and the mean is at least 0.4 / 3. (Touching two, its
+    # larger piece holds at least 6 tokens, excess 0.2: that alone gave 0.2 / 3.)
+    labels, counts = np.array([0, 1, 1, 1]), np.array([12, 6, 6, 6])
+    best = min(window_share_deviation(labels, counts, 10, np.array(order), 2, "split").mean()
+               for order in permutations(range(4)))
+    bound = uniformity_lower_bound(labels, counts, 10, 2, "split")
+    assert 0.4 / 3 - 2 / BOUND_GRID <= bound <= 0.4 / 3 < best
+
 
 @settings(max_examples=300, deadline=None)
 @given(
