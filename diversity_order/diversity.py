@@ -361,7 +361,8 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     alone = np.maximum(1.0 - tau, others_max)  # per cluster: a window it fills alone
     m, r = lengths // seq_len, lengths % seq_len
     long = m >= 1
-    if packing_model(packing) == WHOLE:
+    whole = packing_model(packing) == WHOLE
+    if whole:
         filled_alone = m
         pieces = np.where(long, r, lengths)
         shorter = np.sort(lengths[~long])[::-1]
@@ -377,12 +378,12 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
         pieces = np.where(long, (seq_len + r + 1) // 2, (lengths + 1) // 2)
         most = fewest = -(-total // seq_len) - int(filled_alone.sum())
         touches = np.where(lengths > 0, (lengths + seq_len - 2) // seq_len + 1 - filled_alone, 0)
-    # For (b), per document the fewest touches less pieces of excess over s any placing gives. Split, one of
-    # m seq_len + r tokens (r >= 2) touching 3 shared windows fills one of them (its m-th whole window),
-    # which deviates by 1 - tau > s for every s < tau when tau <= 1/2; so it counts as 2 touches whose
-    # larger piece is at least ceil(r / 2) (touching 2, that piece is larger still).
+    # For (b), per document its touches less its pieces of excess over s, at their most over its placings.
+    # Split, one of m seq_len + r tokens (r >= 2) touching 3 shared windows fills one of them (its m-th
+    # whole window), which deviates by 1 - tau > s for every s < tau when tau <= 1/2; so it counts as 2
+    # touches whose larger piece is at least ceil(r / 2) (touching 2, that piece is larger still).
     lacking_pieces = pieces
-    if packing_model(packing) != WHOLE:
+    if not whole:
         third = long & (r >= 2) & (tau[labels] <= 0.5)
         touches = np.where(third, 2, touches)
         lacking_pieces = np.where(third, (r + 1) // 2, pieces)
