@@ -332,9 +332,10 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     - whole packing: a document of l >= seq_len tokens fills l // seq_len windows alone (in every
       order) and its remainder l % seq_len opens a window others share. Each shared window holds
       pieces: shorter documents and remainders. Shared windows are at least ceil(their tokens /
-      seq_len) and the pieces over half a window, at most (long documents) + 1 + j, j the most with
-      j (seq_len + 1) <= T_s + (the j longest shorter documents' tokens): each of j windows closed
-      because the next (a shorter document, opening the next) did not fit. A piece touches one.
+      seq_len), the pieces over half a window and ceil(pieces / the most that fit in one); at most
+      (long documents) + 1 + j, j the most with j (seq_len + 1) <= T_s + (the j longest shorter
+      documents' tokens): each of j windows closed because the next (a shorter document, opening the
+      next) did not fit. A piece touches one.
     - split packing: ceil(T / seq_len) windows. A document of m seq_len + r tokens (m >= 1) covers at
       least m - 1 windows whole and one more window with at least (seq_len + r) / 2 of its tokens (the
       m-th whole, or the larger of its two partial pieces); a shorter one of t tokens puts at least
@@ -346,8 +347,10 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     cluster k with tau_k > s, W_s - n_k + e_k(s): the W_s - j shared windows lacking k, plus the j
     holding it in which one of its e_k(s) pieces of excess over s sits (at least e_k(s) - (n_k - j),
     n_k the most windows its documents touch). Per document, the touches less the pieces over s are
-    taken at their most over its placings. (a) alone divides by the most windows an order can make;
-    with (b), which grows with W_s, the mean is bounded over the range of W_s.
+    taken at their most over its placings. (c) Packing whole, of W_s windows holding P pieces at least
+    W_s - (P - W_s) // j hold j or fewer, so deviate by 1 / j - max tau or more (a lone piece's window by
+    a_c). (a) alone divides by the most windows an order can make; with (b) and (c), which grow with
+    W_s, the mean is bounded over the range of W_s.
     """
     labels = np.asarray(labels, dtype=np.int64)
     lengths = np.asarray(token_counts, dtype=np.int64)
@@ -371,7 +374,9 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
         closed = j * (seq_len + 1) <= shared_tokens + np.concatenate(([0], np.cumsum(shorter)))
         openers = int(j[closed].max())  # j(L + 1) - (the j longest) grows with j: the closed ones are a prefix
         most = min(int((pieces > 0).sum()), int(long.sum()) + 1 + openers)
-        fewest = max(-(-shared_tokens // seq_len), int((2 * pieces > seq_len).sum()))
+        positive = np.sort(pieces[pieces > 0])
+        fit = max(int(np.searchsorted(np.cumsum(positive), seq_len, side="right")), 1)  # the most in one window
+        fewest = max(-(-shared_tokens // seq_len), int((2 * pieces > seq_len).sum()), -(-positive.size // fit))
         touches = (pieces > 0).astype(np.int64)
     else:
         filled_alone = np.maximum(m - 1, 0)
@@ -403,10 +408,21 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     present = lacking_pieces > 0
     lacking = _lacking_minus_touches(labels[present], (lacking_pieces / seq_len - tau[labels])[present],
                                      touches[present], tau, thresholds)
+    n_pieces = int(present.sum())
+    # (c), packing whole: a window of at most j pieces deviates by at least 1 / j - max tau (its largest
+    # piece holds 1 / j of it), one of a single piece of cluster c by a_c. Per threshold the largest j that
+    # still deviates by more than s (kept off float ties), and the pieces whose lone window would not.
+    per_window = np.ceil(1.0 / (thresholds + tau.max()) * (1 - 1e-12)).astype(np.int64) - 1
+    calm = np.searchsorted(np.sort(alone[labels[present]]), thresholds, side="right")
     best, shared = np.inf, fewest
     while True:  # F(W_s) grows with W_s: for W_s up to the next one looked at, the mean is >= F(W_s) / (alone + it)
         after = min(most, max(shared + 1, int(np.ceil(shared * BOUND_WINDOW_RATIO))))
-        counted = float(np.maximum(packed, shared + lacking).sum()) / BOUND_GRID
+        deviating = np.maximum(packed, shared + lacking)
+        if whole:  # of W_s windows holding P pieces, at least W_s - (P - W_s) // j hold j or fewer
+            few = np.where(per_window >= 2, shared - (n_pieces - shared) // np.maximum(per_window, 1),
+                           2 * shared - n_pieces - calm)
+            deviating = np.maximum(deviating, few)
+        counted = float(deviating.sum()) / BOUND_GRID
         best = min(best, (forced + counted) / max(alone_windows + max(shared, after - 1), 1))
         if shared >= most:
             break

@@ -139,8 +139,8 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
         if bound:  # rows read back from a report written before the bound existed lack it
             lines += ["", f"No order of these documents has a mean uniformity below {bound:.4f} (a lower bound from "
                           "the documents' lengths and clusters alone: the windows long documents fill, the share of "
-                          "its window a document larger than its cluster's share takes, and the windows a cluster "
-                          "with few documents cannot reach, in every order)."]
+                          "its window a document larger than its cluster's share takes, the windows a cluster with "
+                          "few documents cannot reach, and windows left to one or two documents, in every order)."]
             random_uniformity = next((r["uniformity_mean"] for r in rows
                                       if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
             if random_uniformity is not None and bound > UNIFORMITY_RATIO * random_uniformity:

@@ -168,6 +168,24 @@ def test_the_uniformity_bound_counts_the_windows_a_cluster_cannot_reach():
     assert 0.4 / 3 - 2 / BOUND_GRID <= bound <= 0.4 / 3 < best
 
 
+def test_the_uniformity_bound_counts_windows_of_few_documents():
+    from itertools import permutations
+
+    from diversity_order.diversity import BOUND_GRID, uniformity_lower_bound, window_share_deviation
+
+    # Packing whole, five documents of 4 tokens, one per cluster (tau = 0.2 each), in windows of 10: two
+    # fit in a window, so 3 windows, 2 of two documents (deviation 0.5 - 0.2) and 1 alone (1 - 0.2).
+    labels, counts = np.arange(5), np.full(5, 4)
+    every_order = {round(float(window_share_deviation(labels, counts, 10, np.array(order), 5, "whole").mean()), 12)
+                   for order in permutations(range(5))}
+    assert every_order == {round((0.3 + 0.3 + 0.8) / 3, 12)}
+    # The bound: 3 windows at least (two fit in one); for s < 0.2 all 3 deviate by more (each lacks a
+    # cluster of share 0.2 or holds a piece of excess 0.2), for s < 0.3 two (at least 3 - (5 - 3) // 2
+    # windows hold two documents or fewer), for s < 0.8 one (2 x 3 - 5 hold one): (0.6 + 0.2 + 0.5) / 3.
+    bound = uniformity_lower_bound(labels, counts, 10, 5, "whole")
+    assert 1.3 / 3 - 3 / BOUND_GRID <= bound <= 1.3 / 3 < min(every_order)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     PACKED_DOCUMENTS,
