@@ -203,6 +203,11 @@ def _flags(v: dict) -> str:
     return " ".join(c if v[c] else f"**{c}✗**" for c in ("D", "U", "B"))
 
 
+def _out_of_reach(cell: dict) -> bool:
+    """No order of the cell's documents meets U: the lower bound on U is above the criterion's bar."""
+    return cell["uniformity_bound"] > UNIFORMITY_RATIO * cell["metrics"]["random"]["uniformity"]
+
+
 def markdown(results: dict) -> str:
     lines = [
         "| corpus | L | packing | stratified D (eff) | paced D (eff, cluster-bound eff) | ΔD | U paced / random"
@@ -224,7 +229,7 @@ def markdown(results: dict) -> str:
                     f" ({cell['uniformity_bound'] / rand['uniformity']:.2f}) "
                     f"| {m['boundary_shift']:.3f} / {rand['boundary_shift']:.3f}"
                     f" = {m['boundary_shift'] / rand['boundary_shift']:.2f} "
-                    f"| {_flags(cell['verdict'])} "
+                    f"| {_flags(cell['verdict'])}{' (out of reach)' if _out_of_reach(cell) else ''} "
                     f"| {cell['seeds_passing']['D']}/{cell['seeds_passing']['U']}/{cell['seeds_passing']['B']} |")
     return "\n".join(lines)
 
@@ -245,6 +250,10 @@ def summary(results: dict) -> str:
             lines.append(f"| {name} | {role} | {len(cells)} | {sum(v['D'] for v in checks)} | "
                          f"{sum(v['U'] for v in checks)} | {sum(v['B'] for v in checks)} | "
                          f"{sum(all(v.values()) for v in checks)} | {np.median(u):.2f} | {np.median(b):.2f} |")
+    cells = [(name, c) for name, r in results.items() for c in r["cells"]]
+    out = [f"{name} {c['seq_len']:,} {c['packing']}" for name, c in cells if _out_of_reach(c)]
+    lines += ["", f"U is out of reach for every order in {len(out)} of {len(cells)} cells (the lower bound on U is "
+                  f"above {UNIFORMITY_RATIO:g} x random's){': ' + ', '.join(out) if out else ''}."]
     return "\n".join(lines)
 
 
