@@ -54,6 +54,11 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality,
                          "uniformity_bound": bound})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
+        random_row = next((r for r in rows if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
+        if random_row and uniformity_out_of_reach(bound, random_row["uniformity_mean"]):
+            log.warning("At seq-len %s no order of these documents meets U (mean uniformity <= %g x a random "
+                        "shuffle's %.4f): their lengths and clusters force at least %.4f", f"{seq_len:,}",
+                        UNIFORMITY_RATIO, random_row["uniformity_mean"], bound)
     return rows, curves
 
 
@@ -94,9 +99,18 @@ def verdicts(rows: list[dict]) -> dict[int, list[str]]:
             for seq_len, by_name in row_criteria(rows).items()}
 
 
-def _marks(met: dict[str, bool] | None) -> str:
-    """"D U B" with each missed criterion marked, e.g. "D **U✗** B"; "-" for stratified and random."""
-    return " ".join(c if ok else f"**{c}✗**" for c, ok in met.items()) if met else "-"
+def uniformity_out_of_reach(bound: float | None, random_uniformity: float | None) -> bool:
+    """No order of the documents meets U: the lower bound on their mean uniformity is above U's bar."""
+    return bound is not None and random_uniformity is not None and bound > UNIFORMITY_RATIO * random_uniformity
+
+
+def _marks(met: dict[str, bool] | None, u_out_of_reach: bool = False) -> str:
+    """"D U B" with each missed criterion marked, e.g. "D **U✗** B" ("**U✗** (out of reach)" where no order
+    can meet U); "-" for stratified and random."""
+    if not met:
+        return "-"
+    return " ".join(c if ok else f"**{c}✗**" + (" (out of reach)" if c == "U" and u_out_of_reach else "")
+                    for c, ok in met.items())
 
 
 def _fill(row: dict) -> str:
@@ -122,30 +136,38 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
     wins = verdicts(rows)
     met = row_criteria(rows)
     for seq_len in sorted({r["seq_len"] for r in rows}):
+        at = {r["ordering"]: r for r in rows if r["seq_len"] == seq_len}
+        random_uniformity = at["random"]["uniformity_mean"] if "random" in at else None
+        bound = next((r.get("uniformity_bound") for r in at.values()), None)
+        unreachable = uniformity_out_of_reach(bound, random_uniformity)
         lines += [f"## seq-len {seq_len:,}", "",
                   "| ordering | diversity mean | min | std | efficiency | fill | uniformity mean | uniformity max "
                   "| boundary shift | coverage | criteria | time (s) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
-        for r in (r for r in rows if r["seq_len"] == seq_len):
+        for r in at.values():
             d = r["diversity"]
             lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} "
                          f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
-                         f"| {_marks(met.get(seq_len, {}).get(r['ordering']))} | {r['seconds']:.2f} |")
+                         f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.2f} |")
         if seq_len in wins:
-            names = ", ".join(wins[seq_len]) or "none"
-            lines += ["", f"Meets all three criteria (D, U, B): {names}."]
-        bound = next((r.get("uniformity_bound") for r in rows if r["seq_len"] == seq_len), None)
+            verdict = f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
+            near = sorted((at[name]["uniformity_mean"], name) for name, ok in met[seq_len].items()
+                          if ok["D"] and ok["B"])
+            if not wins[seq_len] and near:
+                verdict += f" Of those meeting D and B, the most uniform: {near[0][1]} ({near[0][0]:.4f})."
+            lines += ["", verdict]
         if bound:  # rows read back from a report written before the bound existed lack it
-            lines += ["", f"No order of these documents has a mean uniformity below {bound:.4f} (a lower bound from "
-                          "the documents' lengths and clusters alone: the windows long documents fill, the share of "
-                          "its window a document larger than its cluster's share takes, the windows a cluster with "
-                          "few documents cannot reach, and windows left to one or two documents, in every order)."]
-            random_uniformity = next((r["uniformity_mean"] for r in rows
-                                      if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
-            if random_uniformity is not None and bound > UNIFORMITY_RATIO * random_uniformity:
-                lines[-1] += (f" That is above {UNIFORMITY_RATIO:g} x the random shuffle's {random_uniformity:.4f}: "
-                              "no order of these documents meets U at this length.")
+            floor = (f"No order of these documents has a mean uniformity below {bound:.4f} (a lower bound from the "
+                     "documents' lengths and clusters alone: the windows long documents fill, the share of its "
+                     "window a document larger than its cluster's share takes, the windows a cluster with few "
+                     "documents cannot reach, and windows left to one or two documents, in every order).")
+            if random_uniformity:
+                floor += (f" That is {bound / random_uniformity:.2f} x the random shuffle's {random_uniformity:.4f}; "
+                          f"U asks for {UNIFORMITY_RATIO:g} x: "
+                          + ("no order of these documents meets U at this length." if unreachable else
+                             "the bound does not rule that out."))
+            lines += ["", floor]
         elif bound is not None:
             lines += ["", "The documents' lengths and clusters set no floor on uniformity here (no document is long "
                           "enough, and no cluster has too few documents, to force a window off the corpus mix in "

@@ -2,6 +2,7 @@
 plain loop written from its docstring, invariants on the adversarial synthetic corpora, and the
 comparison report. The score orderings' own cases are in test_score_orderings.py."""
 
+import logging
 from dataclasses import replace
 
 import numpy as np
@@ -436,12 +437,20 @@ def test_applicable_orderings():
 
 
 @pytest.mark.parametrize("have_scores", [False, True])
-def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
+def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores, caplog):
     labels, counts, k, scores = small_corpus
     seq_lens = [4096, 16384]
     options = OrderingOptions(scores=scores if have_scores else None, jitter_window=3)
     names = applicable_orderings(have_scores)
+    caplog.set_level(logging.WARNING, logger=strategies.__name__)
     rows, curves = strategies.compare_strategies(labels, counts, k, seq_lens, options, names)
+    # long-cluster packed whole: its lengths and clusters force a uniformity above U's bar (at 4,096 at
+    # least), which the run also says in its log, for those lengths only.
+    for seq_len in seq_lens:
+        at = {r["ordering"]: r for r in rows if r["seq_len"] == seq_len}
+        out = strategies.uniformity_out_of_reach(at["random"]["uniformity_bound"], at["random"]["uniformity_mean"])
+        assert out or seq_len != 4096
+        assert any(f"At seq-len {seq_len:,} no order of these documents meets U" in m for m in caplog.messages) == out
     assert [(r["seq_len"], r["ordering"]) for r in rows] == [(s, n) for s in seq_lens for n in names]
     assert set(curves) == {(n, s) for s in seq_lens for n in names}
     for row in rows:
@@ -476,7 +485,7 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores):
         assert [line.split(" | ")[0].lstrip("| ") for line in body] == names
         assert lines[heading + 4 + len(names)] == ""
         verdict = lines[heading + 5 + len(names)]
-        assert verdict == f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
+        assert verdict.startswith(f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}.")
         bound = next(r["uniformity_bound"] for r in rows if r["seq_len"] == seq_len)
         assert lines[heading + 7 + len(names)].startswith(f"No order of these documents has a mean uniformity "
                                                           f"below {bound:.4f} ")
@@ -510,15 +519,32 @@ def test_verdicts_hand_worked():
         [_row("stratified", 1, 1.0, 0.1, 0.1), _row("random", 1, 1.0, 0.1, 0.1)], 3, "t")
 
 
+def test_no_out_of_reach_warning_where_the_bound_leaves_u_open(caplog):
+    labels, counts, k = skewed_corpus("tiny-clusters", 2000, seed=1)
+    caplog.set_level(logging.WARNING, logger=strategies.__name__)
+    rows, _ = strategies.compare_strategies(labels, counts, k, [16384], OrderingOptions(), ["stratified", "random"])
+    random_row = next(r for r in rows if r["ordering"] == "random")
+    assert 0 < random_row["uniformity_bound"] <= 0.8 * random_row["uniformity_mean"]
+    assert not any("no order of these documents meets U" in m for m in caplog.messages)
+
+
 def test_the_table_says_when_the_bound_puts_u_out_of_reach():
     # random's mean uniformity 0.4: U needs <= 0.32. A bound of 0.33 rules it out for every order; 0.32 does not.
-    out_of_reach = "no order of these documents meets U at this length."
-    for bound, shown in ((0.33, True), (0.32, False)):
+    for bound, unreachable in ((0.33, True), (0.32, False)):
         rows = [{**_row("stratified", 10, 5.0, 0.35, 0.2), "uniformity_bound": bound},
-                {**_row("random", 10, 4.0, 0.4, 0.3), "uniformity_bound": bound}]
+                {**_row("random", 10, 4.0, 0.4, 0.3), "uniformity_bound": bound},
+                {**_row("paced", 10, 5.0, 0.34, 0.1), "uniformity_bound": bound},  # D and B met, U missed
+                {**_row("balanced", 10, 5.0, 0.33, 0.2), "uniformity_bound": bound}]  # B missed
         lines = strategies.markdown_table(rows, 3, "t").splitlines()
         floor = next(line for line in lines if line.startswith("No order of these documents"))
-        assert floor.endswith("That is above 0.8 x the random shuffle's 0.4000: " + out_of_reach) == shown
+        assert floor.endswith(f"That is {bound / 0.4:.2f} x the random shuffle's 0.4000; U asks for 0.8 x: "
+                              + ("no order of these documents meets U at this length." if unreachable else
+                                 "the bound does not rule that out."))
+        paced = next(line for line in lines if line.startswith("| paced |"))
+        assert ("| D **U✗** (out of reach) B |" in paced) == unreachable
+        assert ("| D **U✗** B |" in paced) != unreachable
+        assert "Meets all three criteria (D, U, B): none. Of those meeting D and B, the most uniform: paced " \
+               "(0.3400)." in lines
     rows = [{**_row("stratified", 10, 5.0, 0.35, 0.2), "uniformity_bound": 0.0}]
     assert "set no floor on uniformity here" in strategies.markdown_table(rows, 3, "t")
 
