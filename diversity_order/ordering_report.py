@@ -104,6 +104,12 @@ def uniformity_out_of_reach(bound: float | None, random_uniformity: float | None
     return bound is not None and random_uniformity is not None and bound > UNIFORMITY_RATIO * random_uniformity
 
 
+def u_out_of_reach_by_length(rows: list[dict]) -> dict[int, bool]:
+    """Per seq_len with a random row and a bound: whether no order of the documents can meet U there."""
+    return {r["seq_len"]: uniformity_out_of_reach(r.get("uniformity_bound"), r["uniformity_mean"])
+            for r in rows if r["ordering"] == "random" and r.get("uniformity_bound") is not None}
+
+
 def _marks(met: dict[str, bool] | None, u_out_of_reach: bool = False) -> str:
     """"D U B" with each missed criterion marked, e.g. "D **U✗** B" ("**U✗** (out of reach)" where no order
     can meet U); "-" for stratified and random."""
@@ -135,11 +141,12 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
         lines += [f"Options: {shown}.", ""]
     wins = verdicts(rows)
     met = row_criteria(rows)
+    out_of_reach = u_out_of_reach_by_length(rows)
     for seq_len in sorted({r["seq_len"] for r in rows}):
         at = {r["ordering"]: r for r in rows if r["seq_len"] == seq_len}
         random_uniformity = at["random"]["uniformity_mean"] if "random" in at else None
         bound = next((r.get("uniformity_bound") for r in at.values()), None)
-        unreachable = uniformity_out_of_reach(bound, random_uniformity)
+        unreachable = out_of_reach.get(seq_len, False)
         lines += [f"## seq-len {seq_len:,}", "",
                   "| ordering | diversity mean | min | std | efficiency | fill | uniformity mean | uniformity max "
                   "| boundary shift | coverage | criteria | time (s) |",
@@ -195,7 +202,8 @@ def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, ti
     save_json(paths["json"], {"title": title, "n_clusters": n_clusters, "options": options or {}, "rows": rows,
                               "criteria": CRITERIA,
                               "criteria_met": {str(k): v for k, v in row_criteria(rows).items()},
-                              "winners": {str(k): v for k, v in verdicts(rows).items()}})
+                              "winners": {str(k): v for k, v in verdicts(rows).items()},
+                              "u_out_of_reach": {str(k): v for k, v in u_out_of_reach_by_length(rows).items()}})
     if plot:
         plot_strategy_curves(paths["plot"], curves, n_clusters, title)
     return paths, table

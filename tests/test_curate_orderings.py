@@ -96,6 +96,10 @@ def test_strategy_report_plot(tmp_path):
     rows, curves = strategies.compare_strategies(labels, counts, 6, [4096, 16384],
                                                  OrderingOptions(scores=rng.random(3000)), names)
     paths, table = strategies.write_report(tmp_path / "x", rows, curves, 6, "random data")
+    report = json.loads(paths["json"].read_text())
+    randoms = {r["seq_len"]: r for r in rows if r["ordering"] == "random"}
+    assert report["u_out_of_reach"] == {str(n): r["uniformity_bound"] > 0.8 * r["uniformity_mean"]
+                                        for n, r in randoms.items()}
     png = paths["plot"].read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
     assert paths["markdown"].read_text() == table

@@ -535,6 +535,7 @@ def test_the_table_says_when_the_bound_puts_u_out_of_reach():
                 {**_row("random", 10, 4.0, 0.4, 0.3), "uniformity_bound": bound},
                 {**_row("paced", 10, 5.0, 0.34, 0.1), "uniformity_bound": bound},  # D and B met, U missed
                 {**_row("balanced", 10, 5.0, 0.33, 0.2), "uniformity_bound": bound}]  # B missed
+        assert strategies.u_out_of_reach_by_length(rows) == {10: unreachable}  # the report JSON's field
         lines = strategies.markdown_table(rows, 3, "t").splitlines()
         floor = next(line for line in lines if line.startswith("No order of these documents"))
         assert floor.endswith(f"That is {bound / 0.4:.2f} x the random shuffle's 0.4000; U asks for 0.8 x: "
