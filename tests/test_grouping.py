@@ -17,14 +17,22 @@ from diversity_order.orderings import OrderingOptions, grouping, paced
 
 
 def plain_groups(labels, counts, seq_len):
-    """Step 1 as written: each large document, longest first (ties by position), into the group with the
-    least room that holds it and lacks its cluster (among equal rooms the one that got its room first),
-    looking at MAX_CHECKED groups at most; else a new group."""
+    """Step 1 as written: each document of a window or more with a remainder of LARGE_FRACTION of a window
+    or more, largest remainder first (ties by position), opens a group with the rest of that window as
+    room; then each large document, longest first (ties by position), goes into the group with the least
+    room that holds it and lacks its cluster (among equal rooms the one that got its room first), looking
+    at MAX_CHECKED groups at most; else a new group."""
+    leaders = [i for i in range(len(counts))
+               if counts[i] >= seq_len and (counts[i] % seq_len) * 1.0 >= grouping.LARGE_FRACTION * seq_len]
+    leaders.sort(key=lambda i: (-(counts[i] % seq_len), i))
     large = [i for i in range(len(counts))
              if counts[i] * 1.0 >= grouping.LARGE_FRACTION * seq_len and counts[i] < seq_len]
     large.sort(key=lambda i: (-counts[i], i))
     max_members = int(1 // grouping.LARGE_FRACTION) + 1
     groups, clock = [], 0
+    for d in leaders:
+        clock += 1
+        groups.append({"members": [d], "room": seq_len - counts[d] % seq_len, "since": clock})
     for d in large:
         open_ = [g for g in groups if g["room"] >= counts[d] and len(g["members"]) < max_members]
         open_.sort(key=lambda g: (g["room"], g["since"]))
@@ -116,8 +124,9 @@ def test_groups_and_keys_match_plain_loops(corpus):
     groups = grouping.group_large(labels, counts, seq_len)
     got = [row[row >= 0].tolist() for row in groups]
     assert got == plain_groups(labels.tolist(), counts.tolist(), seq_len)
-    for g in got:  # a group fits one window and holds one document per cluster
-        assert counts[g].sum() <= seq_len and len(set(labels[g].tolist())) == len(g)
+    for g in got:  # a group fits one window (a leader with its remainder) and holds one document per cluster
+        assert (counts[g] % seq_len).sum() <= seq_len and len(set(labels[g].tolist())) == len(g)
+        assert all(t < seq_len for t in counts[g[1:]])  # only the first may be longer than a window
     if got:
         assert grouping.group_keys(labels, counts, groups).tolist() == plain_keys(labels.tolist(), counts.tolist(),
                                                                                  got)
@@ -216,3 +225,21 @@ def test_hand_worked_large_documents_share_windows():
     plain = paced._rules_1_to_5(labels, counts, 8, options, shares, 0)
     u = [diversity.window_share_deviation(labels, counts, 100, o, 8).mean() for o in (order, plain)]
     assert u[0] < u[1]
+
+
+def test_hand_worked_a_long_document_leads_a_group():
+    """Windows of 100 tokens, 8 clusters. A document of 230 tokens (cluster 0) fills two windows alone and
+    its last 30 open a third: it leads a group with 70 tokens of room, which the 60-token document of
+    cluster 1 takes (the least room that holds it); the 50-token one of cluster 2 opens its own group. In
+    the order the 60 follows the 230 at once, so the window after the 230's two holds both."""
+    labels = np.array([0, 1, 2] + [k % 8 for k in range(20)], dtype=np.int64)
+    counts = np.array([230, 60, 50] + [12] * 20, dtype=np.int64)
+    groups = grouping.group_large(labels, counts, 100)
+    assert [row[row >= 0].tolist() for row in groups] == [[0, 1], [2]]
+    order = paced.paced_order(labels, counts, 8, OrderingOptions(seq_len=100, packing="whole", seed=3)).tolist()
+    assert order.index(1) == order.index(0) + 1
+    fill = 0
+    for d in order[:order.index(0) + 1]:  # packed whole: the 230 leaves its last 30 in an open window...
+        opens, fill = plain_fill(fill, counts[d], 100)
+    assert opens and fill == 30
+    assert plain_fill(fill, 60, 100) == (False, 90)  # ...which the 60 joins

@@ -9,22 +9,25 @@ uniform. So, when documents are packed whole and windows hold fewer documents th
 clusters (N L < K T), for all documents and for the others once the large ones are out (where the
 others' windows are full of clusters already, taking the large documents out of them costs clusters):
 
-1. Documents of at least ``LARGE_FRACTION`` of a window (and shorter than one) are *large*. In
+1. A document of a window or more whose remainder (its tokens mod the window, which open the window
+   after those it fills alone) is at least ``LARGE_FRACTION`` of a window *leads* a group of its own,
+   with the rest of that window as room (in decreasing remainder, ties by input position). Documents of
+   at least ``LARGE_FRACTION`` of a window (and shorter than one) are *large*. In
    decreasing length (ties by input position), each goes into the open group with the least room
    that holds it and has no document of its cluster (among equal rooms, the group that reached that
    room first; at most ``MAX_CHECKED`` groups looked at), else opens a group. A group holds at most
-   a window, its largest document first.
+   a window (its leader's remainder counted), its leader or largest document first.
 2. The other documents are ordered by rules 1-5 (``paced``'s greedy and trades).
-3. The groups go between those documents' windows, evenly by count, in the order of their largest
-   document's slot among its cluster's large documents dealt as rule 1 deals long ones (shortest at
+3. The groups go between those documents' windows, evenly by count, in the order of their first
+   document's slot among its cluster's grouped documents dealt as rule 1 deals long ones (shortest at
    both ends, longest in the middle); each at the first window start from its aimed one on where its
-   largest document does not fit in the open window, so the group opens a window (the documents after
+   first document does not fit in the open window (a leader never does), so the group opens a window (the documents after
    it fill the room it leaves); and only where at least ``BOUNDARY_FRACTION`` of all tokens lie before
    and after them, so the head and the tail of the order, which meet at the epoch boundary, hold the
    other documents alone.
 
 Without room for that (the other documents hold under twice ``BOUNDARY_FRACTION`` of the tokens)
-or with fewer than two large documents, ``paced`` is rules 1-5 alone. O(N log L) for the groups.
+or with fewer than two grouped documents, ``paced`` is rules 1-5 alone. O(N log L) for the groups.
 """
 
 from __future__ import annotations
@@ -70,10 +73,24 @@ def _first_at_least(tree, top, room):
     return -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _append_to_room(g, r, first, last, nxt, prv, tree, top):
+    """Group g, now with ``r`` tokens of room, joins the end of that room's list."""
+    nxt[g] = -1
+    prv[g] = last[r]
+    if last[r] >= 0:
+        nxt[last[r]] = g
+    else:
+        first[r] = g
+    last[r] = g
+    _tree_add(tree, top, r, 1)
+
+
 @njit(cache=True, nogil=True)
-def _group(large, token_counts, labels, seq_len, max_members):
-    """Step 1: ``large`` in decreasing length; returns (members per group, -1 padded, in placing order)."""
-    n = large.shape[0]
+def _group(leaders, large, token_counts, labels, seq_len, max_members):
+    """Step 1: ``leaders`` (in decreasing remainder) each open a group, then ``large`` (in decreasing length)
+    join them or open their own; returns (members per group, -1 padded, in placing order)."""
+    n = leaders.shape[0] + large.shape[0]
     members = np.full((n, max_members), -1, dtype=np.int64)
     size = np.zeros(n, dtype=np.int64)
     room = np.zeros(n, dtype=np.int64)
@@ -86,6 +103,13 @@ def _group(large, token_counts, labels, seq_len, max_members):
     nxt = np.full(n, -1, dtype=np.int64)
     prv = np.full(n, -1, dtype=np.int64)
     n_groups = 0
+    for d in leaders:  # its remainder opens the window after the ones it fills alone
+        g = n_groups
+        n_groups += 1
+        members[g, 0] = d
+        size[g] = 1
+        room[g] = seq_len - token_counts[d] % seq_len
+        _append_to_room(g, room[g], first, last, nxt, prv, tree, top)
     for d in large:
         t = token_counts[d]
         c = labels[d]
@@ -125,16 +149,8 @@ def _group(large, token_counts, labels, seq_len, max_members):
         members[g, size[g]] = d
         size[g] += 1
         room[g] -= t
-        if room[g] > 0 and size[g] < max_members:  # append to its new room's list
-            r = room[g]
-            nxt[g] = -1
-            prv[g] = last[r]
-            if last[r] >= 0:
-                nxt[last[r]] = g
-            else:
-                first[r] = g
-            last[r] = g
-            _tree_add(tree, top, r, 1)
+        if room[g] > 0 and size[g] < max_members:
+            _append_to_room(g, room[g], first, last, nxt, prv, tree, top)
     return members[:n_groups]
 
 
@@ -199,12 +215,20 @@ def large_documents(token_counts: np.ndarray, seq_len: int) -> np.ndarray:
     return large[np.argsort(-counts[large], kind="stable")]
 
 
+def leading_documents(token_counts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Step 1's leaders: documents of a window or more whose remainder (tokens mod the window) is at least
+    ``LARGE_FRACTION`` of one, in decreasing remainder, ties by input position."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    leaders = np.flatnonzero((counts >= seq_len) & ((counts % seq_len) * 1.0 >= LARGE_FRACTION * seq_len))
+    return leaders[np.argsort(-(counts[leaders] % seq_len), kind="stable")]
+
+
 def group_large(labels: np.ndarray, token_counts: np.ndarray, seq_len: int) -> np.ndarray:
-    """Step 1: the groups of large documents, one row each in placing order (its largest first), -1 padded."""
+    """Step 1: the groups, one row each in placing order (its leader or largest document first), -1 padded."""
     counts = np.asarray(token_counts, dtype=np.int64)
     max_members = int(1 // LARGE_FRACTION) + 1
-    return _group(large_documents(counts, seq_len), counts, np.asarray(labels, dtype=np.int64), int(seq_len),
-                  max_members)
+    return _group(leading_documents(counts, seq_len), large_documents(counts, seq_len), counts,
+                  np.asarray(labels, dtype=np.int64), int(seq_len), max_members)
 
 
 def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray) -> np.ndarray:

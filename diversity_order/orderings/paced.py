@@ -39,7 +39,8 @@ large-document threshold were set on the tuning corpora):
    (diversity; ``recut.py``).
 7. Packing whole, where windows hold fewer documents than there are clusters (all documents, and the
    others once the large ones are out): documents of at least 15% of a window are grouped so that
-   two or three share a window, and the groups go among the windows rules 1-5 make of the others, off
+   two or three share a window, a longer document whose last window part is that large leading a group
+   (its remainder first), and the groups go among the windows rules 1-5 make of the others, off
    the head and the tail of the order (uniformity; ``grouping.py``). A window's deviation is set by its
    largest document; grouped, the large ones set it in fewer windows.
 
