@@ -45,7 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eval_corpora  # noqa: E402
 
 from diversity_order import diversity  # noqa: E402
-from diversity_order.ordering_report import DIVERSITY_MARGIN, SHIFT_RATIO, UNIFORMITY_RATIO, criteria  # noqa: E402
+from diversity_order.ordering_report import (  # noqa: E402
+    DIVERSITY_MARGIN,
+    SHIFT_RATIO,
+    UNIFORMITY_RATIO,
+    criteria,
+    uniformity_out_of_reach,
+)
 from diversity_order.orderings import ORDERINGS, OrderingOptions  # noqa: E402
 from diversity_order.synthetic import SKEWED_CORPORA, skewed_corpus  # noqa: E402
 
@@ -204,8 +210,8 @@ def _flags(v: dict) -> str:
 
 
 def _out_of_reach(cell: dict) -> bool:
-    """No order of the cell's documents meets U: the lower bound on U is above the criterion's bar."""
-    return cell["uniformity_bound"] > UNIFORMITY_RATIO * cell["metrics"]["random"]["uniformity"]
+    """No order of the cell's documents meets U (``ordering_report.uniformity_out_of_reach``)."""
+    return uniformity_out_of_reach(cell["uniformity_bound"], cell["metrics"]["random"]["uniformity"])
 
 
 def markdown(results: dict) -> str:

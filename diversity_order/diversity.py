@@ -408,12 +408,13 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     present = lacking_pieces > 0
     lacking = _lacking_minus_touches(labels[present], (lacking_pieces / seq_len - tau[labels])[present],
                                      touches[present], tau, thresholds)
-    n_pieces = int(present.sum())
-    # (c), packing whole: a window of at most j pieces deviates by at least 1 / j - max tau (its largest
-    # piece holds 1 / j of it), one of a single piece of cluster c by a_c. Per threshold the largest j that
-    # still deviates by more than s (kept off float ties), and the pieces whose lone window would not.
-    per_window = np.ceil(1.0 / (thresholds + tau.max()) * (1 - 1e-12)).astype(np.int64) - 1
-    calm = np.searchsorted(np.sort(alone[labels[present]]), thresholds, side="right")
+    if whole:
+        # (c): a window of at most j pieces deviates by at least 1 / j - max tau (its largest piece holds
+        # 1 / j of it), one of a single piece of cluster c by a_c. Per threshold the largest j that still
+        # deviates by more than s (kept off float ties), and the pieces whose lone window would not.
+        n_pieces = int(present.sum())
+        per_window = np.ceil(1.0 / (thresholds + tau.max()) * (1 - 1e-12)).astype(np.int64) - 1
+        calm = np.searchsorted(np.sort(alone[labels[present]]), thresholds, side="right")
     best, shared = np.inf, fewest
     while True:  # F(W_s) grows with W_s: for W_s up to the next one looked at, the mean is >= F(W_s) / (alone + it)
         after = min(most, max(shared + 1, int(np.ceil(shared * BOUND_WINDOW_RATIO))))

@@ -8,6 +8,11 @@ from diversity_order.diversity import similarity_stats, summarize_windows, windo
 from reference_impl import ref_similarity_stats, ref_summary, ref_window_diversity
 
 
+def documents_as_arrays(docs):
+    """(labels, token counts) of (cluster, tokens) pairs, as int64 arrays."""
+    return np.array([c for c, _ in docs], dtype=np.int64), np.array([t for _, t in docs], dtype=np.int64)
+
+
 @settings(max_examples=500, deadline=None)
 @given(
     st.integers(1, 8).flatmap(lambda k: st.lists(
@@ -15,8 +20,7 @@ from reference_impl import ref_similarity_stats, ref_summary, ref_window_diversi
     st.sampled_from([1, 5, 10, 11, 24]),
 )
 def test_window_diversity_matches_reference_loop(docs, seq_len):
-    labels = np.array([c for c, _ in docs], dtype=np.int64)
-    counts = np.array([t for _, t in docs], dtype=np.int64)
+    labels, counts = documents_as_arrays(docs)
     ours = window_diversity(labels, counts, seq_len)
     expected = ref_window_diversity(labels.tolist(), counts.tolist(), seq_len)
     assert ours.tolist() == expected
@@ -64,8 +68,7 @@ def test_split_packing_matches_concatenate_and_cut(docs, seq_len):
     from diversity_order.diversity import window_share_deviation
     from reference_impl import ref_split_window_diversity, ref_split_window_share_deviation
 
-    labels = np.array([c for c, _ in docs], dtype=np.int64)
-    counts = np.array([t for _, t in docs], dtype=np.int64)
+    labels, counts = documents_as_arrays(docs)
     assert window_diversity(labels, counts, seq_len, packing="split").tolist() == \
         ref_split_window_diversity(labels.tolist(), counts.tolist(), seq_len)
     k = int(labels.max()) + 1 if labels.size else 1
@@ -96,8 +99,7 @@ def test_documents_per_window_and_efficiency(docs, seq_len, split):
     from diversity_order.diversity import efficiency, window_counts
     from reference_impl import ref_window_documents
 
-    labels = np.array([c for c, _ in docs], dtype=np.int64)
-    counts = np.array([t for _, t in docs], dtype=np.int64)
+    labels, counts = documents_as_arrays(docs)
     unique, documents = window_counts(labels, counts, seq_len, packing="split" if split else "whole")
     assert documents.tolist() == ref_window_documents(labels.tolist(), counts.tolist(), seq_len, split)
     assert (unique <= documents).all()
@@ -115,8 +117,8 @@ def test_no_order_beats_the_uniformity_lower_bound(docs, seq_len, packing, n_clu
 
     from diversity_order.diversity import uniformity_lower_bound, window_share_deviation
 
-    labels = np.array([c % n_clusters for c, _ in docs])
-    counts = np.array([n for _, n in docs])
+    labels, counts = documents_as_arrays(docs)
+    labels %= n_clusters
     bound = uniformity_lower_bound(labels, counts, seq_len, n_clusters, packing)
     best = min(window_share_deviation(labels, counts, seq_len, np.array(order), n_clusters, packing).mean()
                for order in permutations(range(len(docs))))
@@ -197,8 +199,7 @@ def test_sequence_fill_is_tokens_over_the_windows_slots(docs, seq_len, split):
     from diversity_order.diversity import ordering_quality
     from reference_impl import RefWindow, ref_split_windows
 
-    labels = np.array([c for c, _ in docs], dtype=np.int64)
-    counts = np.array([t for _, t in docs], dtype=np.int64)
+    labels, counts = documents_as_arrays(docs)
     if split:
         windows = [w for w in ref_split_windows(labels.tolist(), counts.tolist(), seq_len) if sum(w.values())]
     else:
