@@ -18,9 +18,9 @@ shuffle's), and ``paced`` also against T: 1M documents at K = 30 ordered in <= 1
 by 2x from seed to seed). The candidate runs with seed 42 (the package's default) for the verdict,
 and with PACED_SEEDS to show how often the verdict holds for other seeds. Orderings: stratified
 (the default, pools in input order), stratified with shuffled pools, balanced, token-balanced,
-random, paced, and paced+polish (paced, then ``orderings/polish.py``'s pass, documents whole;
-timed too). Each window-aware ordering (balanced, paced) simulates the packing model it is
-measured under.
+random, paced, and paced+polish (the ``paced-polished`` ordering: paced, then ``orderings/polish.py``'s
+pass packing whole or ``orderings/polish_split.py``'s packing split; timed too). Each window-aware
+ordering (balanced, paced) simulates the packing model it is measured under.
 
 Labels and token counts come from the real pipeline (eval_corpora.py label); the four synthetic
 corpora of diversity_order.synthetic are generated here.
@@ -121,7 +121,7 @@ def paced(labels, counts, k, seq_len, packing, seed) -> np.ndarray:
 
 
 def paced_polished(labels, counts, k, seq_len, packing, seed) -> np.ndarray:
-    """paced, then the polishing pass (documents whole; packing split it is paced's order)."""
+    """paced, then the polishing pass of the packing model (the ``paced-polished`` ordering)."""
     options = OrderingOptions(seq_len=seq_len, packing=packing, seed=seed)
     return ORDERINGS["paced-polished"](labels, counts, k, options)
 
@@ -185,6 +185,7 @@ def timing(n_docs: int, corpora: dict) -> list[dict]:
             "balanced": (ORDERINGS["balanced"], (labels, counts, 30, OrderingOptions(seq_len=16384))),
             "paced (whole, 16384)": (paced, (labels, counts, 30, 16384, "whole", SEED)),
             "paced+polish (whole, 16384)": (paced_polished, (labels, counts, 30, 16384, "whole", SEED)),
+            "paced+polish (split, 16384)": (paced_polished, (labels, counts, 30, 16384, "split", SEED)),
             "paced (split, 16384)": (paced, (labels, counts, 30, 16384, "split", SEED)),
             "paced (split, 131072)": (paced, (labels, counts, 30, 131072, "split", SEED)),
         }

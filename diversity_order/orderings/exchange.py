@@ -58,6 +58,13 @@ def _next_random(state):
     return state, np.int64((state * np.uint64(2685821657736338717)) >> np.uint64(33))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _draw_partner(state, p, span):
+    """The next generator state and a partner position drawn uniformly from p + 1 .. p + span."""
+    state, draw = _next_random(state)
+    return state, p + 1 + ((draw * span) >> 31)
+
+
 @njit(cache=True, nogil=True)
 def _layout(tok, seq_len, model):
     """The windows of the order as the trainer cuts them (``packing.place``), numbered as they open.
@@ -253,8 +260,7 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
         if part[a] == ACROSS:
             continue
         for _ in range(tries):
-            state, draw = _next_random(state)
-            q = p + 1 + ((draw * span) >> 31)  # uniform in p + 1 .. p + span
+            state, q = _draw_partner(state, p, span)
             if q >= n:
                 break
             b = win[q]

@@ -63,9 +63,9 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  "honours the packing model", seq_len_aware=True, color="#c51b7d",
                  highlight=True),
     OrderingSpec("paced-polished", paced_polished_order, CLUSTER,
-                 "paced, then adjacent windows trade documents where that steadies token shares without losing "
-                 "clusters (documents packed whole; slightly steadier shares than paced for up to twice its run "
-                 "time)", seq_len_aware=True,
+                 "paced, then documents trade places where that steadies token shares without losing clusters "
+                 "(packed whole: between adjacent windows; split: nearby documents, the windows between them cut "
+                 "again); steadier shares than paced for up to about twice its run time", seq_len_aware=True,
                  color="#e7298a", line="--"),
     OrderingSpec("token-balanced", token_balanced_order, CLUSTER,
                  "keeps every cluster's (length bin's, balance field's) token share on track",

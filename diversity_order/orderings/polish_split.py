@@ -1,0 +1,239 @@
+"""``paced-polished``'s pass for documents split: two nearby documents trade places, and the windows between
+them are cut again.
+
+Packing split, the trainer cuts the token stream every L tokens, so a document rarely moves without
+moving every cut after it; ``paced``'s own trades (rule 5) only take documents inside one window each
+whose exchange moves no cut but the one inside a document between them. Here two documents at positions
+p < q trade places when the stretch from p's first token to q's last spans at most ``MAX_WINDOWS``
+windows: the stretch keeps its length, so only its windows change (the documents between p and q shift
+by the difference of their lengths, and those near a cut move across it). The trade is taken if those
+windows hold at least as many unique clusters between them as before (diversity) and their summed
+uniformity (max_k |share of k in the window - tau_k|, as ``diversity.window_share_deviation`` measures
+it) falls by more than ``EPSILON``.
+
+One sweep over the order, first position to last. Each document with tokens draws up to ``TRIES``
+partners among the next ``SPAN_WINDOWS`` windows' worth of documents (a seeded generator, the same
+sequence on every machine) and trades with the first one that qualifies. Skipped without measuring:
+partners of the same cluster or without tokens; stretches inside one window (no window changes), over
+``MAX_WINDOWS`` windows (a document that long stays where ``paced`` put it) or reaching across the head,
+the middle and the tail of the order (its first and last ``BOUNDARY_FRACTION`` of tokens, which meet at
+the epoch boundary: their token mixes, and so the boundary shift, do not change); trades that move
+neither the cluster that sets the stretch's first window's deviation nor its last one's the way that
+lowers it; and trades that would re-cut more than ``MAX_RECUT`` documents between p and q.
+
+O(N * TRIES) proposals, each O(log N) to place and O(MAX_WINDOWS * K + MAX_RECUT) to measure. Memory:
+per position its document, cluster, tokens and token offset (32 bytes), per window 17 bytes (its fill
+and part of the order), and the cluster counts of a band of ``BAND`` windows, so nothing grows with windows x K.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..diversity import BOUNDARY_FRACTION
+from .exchange import ACROSS, EPSILON, _draw_partner, _parts
+from .recut import _window_of_empty
+
+# Partners drawn per document, and how far (in windows' worth of documents), set on the tuning corpora:
+# 2 tries lowered uniformity less, 8 little more for twice the time.
+TRIES = 4
+SPAN_WINDOWS = 2
+# Windows a trade's stretch may span, and documents between the two it may re-cut.
+MAX_WINDOWS = 4
+MAX_RECUT = 32
+BAND = 8  # band rows held, a power of two above MAX_WINDOWS + 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put(cnt, nd, c, offset, t, sign, seq_len, w_lo, w_hi, base, mask):
+    """Add (sign 1) or take out (-1) a document of cluster c at ``offset``, its pieces in windows w_lo..w_hi
+    only (window w in row (w - base) & mask). Returns the change in unique clusters summed over them."""
+    gained = 0
+    if t == 0:
+        w = _window_of_empty(offset, seq_len)
+        if w_lo <= w <= w_hi:
+            row = (w - base) & mask
+            before = nd[row, c] > 0
+            nd[row, c] += sign
+            gained += (nd[row, c] > 0) - before
+        return gained
+    for w in range(max(offset // seq_len, w_lo), min((offset + t - 1) // seq_len, w_hi) + 1):
+        row = (w - base) & mask
+        cnt[row, c] += sign * (min(offset + t, (w + 1) * seq_len) - max(offset, w * seq_len))
+        before = nd[row, c] > 0
+        nd[row, c] += sign
+        gained += (nd[row, c] > 0) - before
+    return gained
+
+
+@njit(cache=True, nogil=True)
+def _row_deviation(cnt, nd, row, fill, shares):
+    """(max_k |cnt_k / fill - tau_k|, k + 1 for the lowest k attaining it, negated when k is under its share)
+    of band row ``row``."""
+    if fill <= 0:
+        return 0.0, 0
+    worst = 0.0
+    arg = 0
+    for k in range(shares.shape[0]):
+        d = cnt[row, k] - shares[k] * fill
+        if abs(d) > worst:
+            worst, arg = abs(d), (k + 1 if d > 0 else -k - 1)
+    return worst / fill, arg
+
+
+@njit(cache=True, nogil=True)
+def _load(w, lab, tok, off, seq_len, cnt, nd, r):
+    """Window w's cluster tokens and documents into its band row, from the order as it is now, scanning
+    from position r (no document before it reaches w). Returns the first position reaching w: trades
+    only move documents inside windows already loaded, so windows load in order from there."""
+    row = w & (BAND - 1)
+    cnt[row, :] = 0
+    nd[row, :] = 0
+    n = tok.shape[0]
+    while r < n and (_window_of_empty(off[r], seq_len) if tok[r] == 0 else (off[r + 1] - 1) // seq_len) < w:
+        r += 1
+    first = r
+    while r < n and off[r] <= (w + 1) * seq_len:
+        _put(cnt, nd, lab[r], off[r], tok[r], 1, seq_len, w, w, 0, BAND - 1)
+        r += 1
+    return first
+
+
+@njit(cache=True, nogil=True)
+def _recut_runs(off, p, q, w0, w1, delta, seq_len, runs):
+    """The documents strictly between p and q whose pieces change when they shift by ``delta`` tokens: per
+    cut inside the stretch, those reaching within |delta| of it (disjoint runs, in order). Writes
+    (first, last) pairs into ``runs``; returns how many runs and documents."""
+    n_runs = 0
+    n_docs = 0
+    done = p
+    near = off[p:q + 2]  # the stretch's offsets: searches stay in it (and in cache)
+    for w in range(w0 + 1, w1 + 1):
+        cut = w * seq_len
+        first = max(p + np.searchsorted(near, cut - max(delta, 0), side="left") - 1, done + 1)
+        last = min(p + np.searchsorted(near, cut + max(-delta, 0), side="right") - 1, q - 1)
+        if first <= last:
+            runs[n_runs, 0] = first
+            runs[n_runs, 1] = last
+            n_runs += 1
+            n_docs += last - first + 1
+            done = last
+    return n_runs, n_docs
+
+
+@njit(cache=True, nogil=True)
+def _trade(cnt, nd, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1):
+    """Rows 0..w1 - w0 of cnt and nd hold windows w0..w1: apply the trade of positions p and q to them.
+    Returns the change in unique clusters summed over those windows."""
+    delta = tok[q] - tok[p]
+    start, end = off[p], off[q + 1]
+    gained = _put(cnt, nd, lab[p], start, tok[p], -1, seq_len, w0, w1, w0, -1)
+    gained += _put(cnt, nd, lab[q], off[q], tok[q], -1, seq_len, w0, w1, w0, -1)
+    gained += _put(cnt, nd, lab[q], start, tok[q], 1, seq_len, w0, w1, w0, -1)
+    gained += _put(cnt, nd, lab[p], end - tok[p], tok[p], 1, seq_len, w0, w1, w0, -1)
+    for i in range(n_runs):
+        for r in range(runs[i, 0], runs[i, 1] + 1):
+            gained += _put(cnt, nd, lab[r], off[r], tok[r], -1, seq_len, w0, w1, w0, -1)
+            gained += _put(cnt, nd, lab[r], off[r] + delta, tok[r], 1, seq_len, w0, w1, w0, -1)
+    return gained
+
+
+@njit(cache=True, nogil=True)
+def _sweep(doc, lab, tok, seq_len, shares, seed, tries, span_windows, max_windows, max_recut, fraction):
+    n = doc.shape[0]
+    off = np.zeros(n + 1, dtype=np.int64)
+    for p in range(n):
+        off[p + 1] = off[p] + tok[p]
+    total = off[n]
+    if total == 0:
+        return doc
+    n_windows = (total + seq_len - 1) // seq_len
+    fill = np.full(n_windows, seq_len, dtype=np.int64)
+    fill[-1] = total - (n_windows - 1) * seq_len
+    part = _parts(fill, np.zeros(n_windows, dtype=np.bool_), fraction)
+    k_total = shares.shape[0]
+    cnt = np.zeros((BAND, k_total), dtype=np.int64)
+    nd = np.zeros((BAND, k_total), dtype=np.int64)
+    dev = np.zeros(BAND, dtype=np.float64)
+    worst = np.zeros(BAND, dtype=np.int64)
+    runs = np.empty((max_windows, 2), dtype=np.int64)
+    trial_cnt = np.empty((max_windows, k_total), dtype=np.int64)  # the stretch's windows after a trade
+    trial_nd = np.empty((max_windows, k_total), dtype=np.int64)
+    trial_dev = np.empty(max_windows, dtype=np.float64)
+    trial_worst = np.empty(max_windows, dtype=np.int64)
+    loaded = -1
+    scan = 0  # no document before this position reaches a window not loaded yet
+    span = min(max(2, span_windows * n // n_windows), 1 << 31)
+    state = np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)  # never zero
+    for p in range(n):
+        if tok[p] == 0:
+            continue
+        for _ in range(tries):
+            state, q = _draw_partner(state, p, span)
+            if q >= n:
+                break
+            if tok[q] == 0 or lab[p] == lab[q]:
+                continue
+            w0 = off[p] // seq_len
+            w1 = (off[q + 1] - 1) // seq_len
+            if w1 == w0 or w1 - w0 >= max_windows or part[w0] != part[w1] or part[w0] == ACROSS:
+                continue
+            # The band holds windows loaded - BAND + 1 .. loaded, and w0 >= loaded - (max_windows - 1): positions
+            # before p no longer move, so the windows loaded for an earlier p' start at or before w0.
+            while loaded < w1:
+                loaded += 1
+                scan = _load(loaded, lab, tok, off, seq_len, cnt, nd, scan)
+                row = loaded & (BAND - 1)
+                dev[row], worst[row] = _row_deviation(cnt, nd, row, fill[loaded], shares)
+            # The trade moves p's cluster towards the stretch's end and q's towards its start: it must move
+            # the cluster that sets the first or the last window's deviation the way that lowers it.
+            kp, kq = lab[p] + 1, lab[q] + 1
+            first, last = worst[w0 & (BAND - 1)], worst[w1 & (BAND - 1)]
+            if not (first == kp or first == -kq or last == kq or last == -kp):
+                continue
+            n_runs, n_recut = _recut_runs(off, p, q, w0, w1, tok[q] - tok[p], seq_len, runs)
+            if n_recut > max_recut:
+                continue
+            for w in range(w0, w1 + 1):
+                trial_cnt[w - w0] = cnt[w & (BAND - 1)]
+                trial_nd[w - w0] = nd[w & (BAND - 1)]
+            gained = _trade(trial_cnt, trial_nd, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
+            if gained < 0:
+                continue
+            budget = -EPSILON  # the windows' summed deviation must fall by more than EPSILON
+            for w in range(w0, w1 + 1):
+                budget += dev[w & (BAND - 1)]
+            for w in range(w0, w1 + 1):
+                trial_dev[w - w0], trial_worst[w - w0] = _row_deviation(trial_cnt, trial_nd, w - w0,
+                                                                       fill[w], shares)
+                budget -= trial_dev[w - w0]
+                if budget <= 0:
+                    break
+            if budget <= 0:
+                continue
+            for w in range(w0, w1 + 1):
+                row = w & (BAND - 1)
+                cnt[row] = trial_cnt[w - w0]
+                nd[row] = trial_nd[w - w0]
+                dev[row], worst[row] = trial_dev[w - w0], trial_worst[w - w0]
+            delta = tok[q] - tok[p]
+            for r in range(p + 1, q + 1):
+                off[r] += delta
+            doc[p], doc[q] = doc[q], doc[p]
+            lab[p], lab[q] = lab[q], lab[p]
+            tok[p], tok[q] = tok[q], tok[p]
+            break
+    return doc
+
+
+def polish_split(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray, seq_len: int,
+                 shares: np.ndarray, seed: int) -> np.ndarray:
+    """``order`` polished for uniformity under split packing (see the module docstring); a new array."""
+    doc = np.asarray(order, dtype=np.int64).copy()
+    if doc.size < 2:
+        return doc
+    lab = np.asarray(labels, dtype=np.int64)[doc]
+    tok = np.asarray(token_counts, dtype=np.int64)[doc]
+    return _sweep(doc, lab, tok, int(seq_len), np.asarray(shares, dtype=np.float64), int(seed) & 0x7FFFFFFFFFFFFFFF,
+                  TRIES, SPAN_WINDOWS, MAX_WINDOWS, MAX_RECUT, BOUNDARY_FRACTION)
