@@ -251,13 +251,13 @@ def test_nothing_to_gain_leaves_the_order():
 
 
 def test_paced_is_the_greedy_then_the_trades():
+    """Packing whole (packing split rules 6 and 8 follow: tests/test_split_trades.py)."""
     rng = np.random.default_rng(5)
     labels = rng.integers(0, 6, 600)
     counts = rng.integers(1, 300, 600)
-    for packing in ("whole", "split"):
-        options = OrderingOptions(seq_len=1024, packing=packing, seed=9)
-        greedy = paced.paced_greedy_order(labels, counts, 6, options)
-        want = exchange.exchange_pass(greedy, labels, counts, 1024, diversity.global_token_shares(labels, counts, 6),
-                                      packing_model(packing), 9)
-        assert paced.paced_order(labels, counts, 6, options).tolist() == want.tolist()
-        assert want.tolist() != greedy.tolist()  # the trades do something here
+    options = OrderingOptions(seq_len=1024, packing="whole", seed=9)
+    greedy = paced.paced_greedy_order(labels, counts, 6, options)
+    want = exchange.exchange_pass(greedy, labels, counts, 1024, diversity.global_token_shares(labels, counts, 6),
+                                  packing_model("whole"), 9)
+    assert paced.paced_order(labels, counts, 6, options).tolist() == want.tolist()
+    assert want.tolist() != greedy.tolist()  # the trades do something here

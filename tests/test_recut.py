@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
-from diversity_order.orderings import OrderingOptions, exchange, paced, recut
+from diversity_order.orderings import OrderingOptions, exchange, paced, recut, split_trades
 
 
 def plain_recut(order, labels, counts, seq_len, n_clusters):
@@ -149,6 +149,8 @@ def test_paced_recuts_only_when_split():
     traded = exchange.exchange_pass(paced.paced_greedy_order(labels, counts, 5, options), labels, counts, 512,
                                     shares, 1, 4)
     want = recut.recut_pass(traded, labels, counts, 512, shares)
+    # then rule 8 (tests/test_split_trades.py)
+    want = split_trades.split_trade_pass(want, labels, counts, 512, shares, 4)
     assert paced.paced_order(labels, counts, 5, options).tolist() == want.tolist()
 
 

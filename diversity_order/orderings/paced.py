@@ -2,8 +2,8 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Seven rules; no constant in rules 1-4 and 6 was fitted to a corpus (rule 5's effort bounds and rule 7's
-large-document threshold were set on the tuning corpora):
+Eight rules; no constant in rules 1-4 and 6 was fitted to a corpus (rules 5 and 8's effort bounds and
+rule 7's large-document threshold were set on the tuning corpora):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -43,6 +43,11 @@ large-document threshold were set on the tuning corpora):
    (its remainder first), and the groups go among the windows rules 1-5 make of the others, off
    the head and the tail of the order (uniformity; ``grouping.py``). A window's deviation is set by its
    largest document; grouped, the large ones set it in fewer windows.
+8. Packing split, two documents within two windows' worth of documents of each other trade places where
+   that lowers their stretch's summed token-share deviation without losing clusters, the windows between
+   them cut again (uniformity; ``split_trades.py``). Rule 5 trades only documents that move no cut but
+   one inside a document between them; most of what is left lies in trades that move cuts. Swept in
+   runs of whole windows at once, one per core.
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
 greedy, O(N) for the trades and the re-cuts, O(N log L) for the groups, compiled with numba.
@@ -60,6 +65,7 @@ from .grouping import group_keys, group_large, place_groups
 from .options import OrderingOptions
 from .pools import cluster_pools, from_both_ends
 from .recut import recut_pass
+from .split_trades import split_trade_pass
 
 NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
 # Split packing: the straddler is chosen among the documents due before this many windows after the open one.
@@ -320,8 +326,8 @@ def windows_saturated(n_docs: int, seq_len: int, n_clusters: int, total_tokens: 
 def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
                 options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
-    and ``options.seed``: an int64 permutation of input positions. Rules 1-5, then 6 packing split; rule 7
-    packing whole where it applies, rules 1-5 ordering the documents it does not group."""
+    and ``options.seed``: an int64 permutation of input positions. Rules 1-5, then 6 and 8 packing split;
+    rule 7 packing whole where it applies, rules 1-5 ordering the documents it does not group."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     shares = global_token_shares(labels, counts, n_clusters)
@@ -332,7 +338,10 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
         if grouped is not None:
             return grouped
     order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model)
-    return recut_pass(order, labels, counts, options.seq_len, shares) if model == SPLIT else order
+    if model != SPLIT:
+        return order
+    order = recut_pass(order, labels, counts, options.seq_len, shares)
+    return split_trade_pass(order, labels, counts, options.seq_len, shares, options.seed)
 
 
 def _rules_1_to_5(labels, counts, n_clusters, options, shares, model) -> np.ndarray:

@@ -1,5 +1,6 @@
 """A pass after ``paced``: local polishing of an order for token-share uniformity, documents packed whole
-(documents split: ``polish_split.py``). The two make the ``paced-polished`` ordering.
+(documents split: one more sweep of ``paced``'s rule 8, ``split_trades.py``, with another generator). With
+``paced`` they make the ``paced-polished`` ordering.
 
 Not part of the ``paced`` ordering. Before ``paced`` traded documents between windows itself (its
 rule 5, ``exchange.py``) this pass met issue 14's uniformity bar in 4 more of 72 cells; after it, in
@@ -419,14 +420,14 @@ def polish_whole(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray
 
 def paced_polished_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
                          options: OrderingOptions = OrderingOptions()) -> np.ndarray:
-    """``paced``, then the polishing pass of its packing model (``polish_whole``, or ``polish_split.polish_split``
-    seeded with ``options.seed``): steadier token shares than ``paced``, for up to about twice its run time."""
+    """``paced``, then the polishing pass of its packing model (``polish_whole``; packing split, a second sweep of
+    rule 8 seeded with ``options.seed + 1``): steadier token shares than ``paced``, for more run time."""
     from ..diversity import global_token_shares
     from .paced import paced_order
-    from .polish_split import polish_split
+    from .split_trades import split_trade_pass
 
     order = paced_order(labels, token_counts, n_clusters, options)
     shares = global_token_shares(labels, token_counts, n_clusters)
     if packing_model(options.packing) != WHOLE:
-        return polish_split(order, labels, token_counts, options.seq_len, shares, options.seed)
+        return split_trade_pass(order, labels, token_counts, options.seq_len, shares, options.seed + 1)
     return polish_whole(order, labels, token_counts, options.seq_len, shares)

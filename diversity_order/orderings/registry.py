@@ -59,13 +59,13 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  highlight=True),
     OrderingSpec("paced", paced_order, CLUSTER,
                  "as many clusters per window as stratified, the head of the order like its tail, long documents "
-                 "spread by token share, documents traded between nearby windows to steady token shares; "
-                 "honours the packing model", seq_len_aware=True, color="#c51b7d",
+                 "spread by token share, documents traded between nearby windows to steady token shares (packed "
+                 "split, across window cuts too); honours the packing model", seq_len_aware=True, color="#c51b7d",
                  highlight=True),
     OrderingSpec("paced-polished", paced_polished_order, CLUSTER,
                  "paced, then documents trade places where that steadies token shares without losing clusters "
-                 "(packed whole: between adjacent windows; split: nearby documents, the windows between them cut "
-                 "again); steadier shares than paced for up to about twice its run time", seq_len_aware=True,
+                 "(packed whole: between adjacent windows; split: one more sweep of paced's trades across window "
+                 "cuts); slightly steadier shares than paced for up to twice its run time", seq_len_aware=True,
                  color="#e7298a", line="--"),
     OrderingSpec("token-balanced", token_balanced_order, CLUSTER,
                  "keeps every cluster's (length bin's, balance field's) token share on track",

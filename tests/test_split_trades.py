@@ -1,10 +1,10 @@
-"""``paced-polished``'s pass for documents split (diversity_order/orderings/polish_split.py) against a plain
-loop written from its rules: windows cut from scratch for every proposal, deviations and unique clusters
-counted from the windows' pieces, the same seeded generator; its incremental bookkeeping (a trade applied
-to the stretch's windows, a window loaded) against the windows cut from scratch; and the guarantees (a
-permutation, clusters kept, summed deviation never higher, the head and the tail's token mixes untouched),
-on random inputs from hypothesis with zero-token documents, documents longer than a window and clusters
-without documents.
+"""Rule 8 of ``paced`` (diversity_order/orderings/split_trades.py) against a plain loop written from its
+rules: windows cut from scratch for every proposal, deviations and unique clusters counted from the
+windows' pieces, the same seeded generators, runs of windows swept one after the other; its incremental
+bookkeeping (a trade applied to the stretch's windows, a window loaded) against the windows cut from
+scratch; and the guarantees (a permutation, clusters kept, summed deviation never higher, the head and the
+tail's token mixes untouched), on random inputs from hypothesis with zero-token documents, documents
+longer than a window and clusters without documents.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_exchange import MASK, an_order, corpora, plain_next_random, plain_windows
 
 from diversity_order import diversity
-from diversity_order.orderings import ORDERINGS, OrderingOptions, exchange, polish_split
+from diversity_order.orderings import ORDERINGS, OrderingOptions, exchange, split_trades
 
 # --- plain loops, written from the definitions ----------------------------------------------------
 
@@ -55,7 +55,7 @@ def plain_recut_count(offsets, p, q, w0, w1, delta, seq_len):
                       for c in range((w0 + 1) * seq_len, w1 * seq_len + 1, seq_len)))
 
 
-def plain_polish_split(order, labels, counts, seq_len, shares, seed):
+def plain_split_trades(order, labels, counts, seq_len, shares, seed, chunks, min_chunk_windows):
     order = list(order)
     n = len(order)
     total = int(sum(counts[d] for d in order))
@@ -67,61 +67,70 @@ def plain_polish_split(order, labels, counts, seq_len, shares, seed):
     for w in range(n_windows):
         start, end = w * seq_len, min((w + 1) * seq_len, total)
         part.append(0 if end <= lo else 2 if start >= hi else 1 if lo <= start and end <= hi else -1)
-    span = max(2, polish_split.SPAN_WINDOWS * n // n_windows)
-    state = ((seed & (MASK >> 1)) * 2 + 0x9E3779B97F4A7C15) & MASK
-    for p in range(n):
-        if counts[order[p]] == 0:
-            continue
-        for _ in range(polish_split.TRIES):
-            state, draw = plain_next_random(state)
-            q = p + 1 + (draw * span >> 31)
-            if q >= n:
-                break
-            a, b = order[p], order[q]
-            if counts[b] == 0 or labels[a] == labels[b]:
+    span = max(2, split_trades.SPAN_WINDOWS * n // n_windows)
+    n_runs = max(1, min(chunks, n_windows // min_chunk_windows))
+    for run in range(n_runs):  # runs of whole windows, each with its own generator, one after the other
+        w_lo, w_hi = run * n_windows // n_runs, (run + 1) * n_windows // n_runs
+        state = (((seed & (MASK >> 1)) * 2 + 0x9E3779B97F4A7C15) + run * 0x3C6EF372FE94F82A) & MASK
+        offsets = np.concatenate(([0], np.cumsum([counts[d] for d in order])))
+        for p in [p for p in range(n) if w_lo * seq_len <= offsets[p] < w_hi * seq_len]:
+            if counts[order[p]] == 0:
                 continue
-            offsets = np.concatenate(([0], np.cumsum([counts[d] for d in order])))
-            w0, w1 = offsets[p] // seq_len, (offsets[q + 1] - 1) // seq_len
-            if w1 == w0 or w1 - w0 >= polish_split.MAX_WINDOWS or part[w0] != part[w1] or part[w0] < 0:
-                continue
-            now = plain_windows(order, labels, counts, seq_len, True)
-            first, last = signed_worst(now[w0], shares)[1], signed_worst(now[w1], shares)[1]
-            ka, kb = labels[a] + 1, labels[b] + 1
-            if not (first == ka or first == -kb or last == kb or last == -ka):
-                continue
-            if plain_recut_count(offsets, p, q, w0, w1, counts[b] - counts[a], seq_len) > polish_split.MAX_RECUT:
-                continue
-            trial = order.copy()
-            trial[p], trial[q] = b, a
-            then = plain_windows(trial, labels, counts, seq_len, True)
-            stretch = range(w0, w1 + 1)
-            if sum(len({k for k, _ in then[w]}) for w in stretch) < sum(len({k for k, _ in now[w]}) for w in stretch):
-                continue
-            before = sum(signed_worst(now[w], shares)[0] for w in stretch)
-            after = sum(signed_worst(then[w], shares)[0] for w in stretch)
-            if after < before - exchange.EPSILON:
-                order = trial
-                break
+            for _ in range(split_trades.TRIES):
+                state, draw = plain_next_random(state)
+                q = p + 1 + (draw * span >> 31)
+                if q >= n:
+                    break
+                a, b = order[p], order[q]
+                if counts[b] == 0 or labels[a] == labels[b]:
+                    continue
+                offsets = np.concatenate(([0], np.cumsum([counts[d] for d in order])))
+                w0, w1 = offsets[p] // seq_len, (offsets[q + 1] - 1) // seq_len
+                if (w1 == w0 or w1 >= w_hi or w1 - w0 >= split_trades.MAX_WINDOWS or part[w0] != part[w1]
+                        or part[w0] < 0):
+                    continue
+                now = plain_windows(order, labels, counts, seq_len, True)
+                first, last = signed_worst(now[w0], shares)[1], signed_worst(now[w1], shares)[1]
+                ka, kb = labels[a] + 1, labels[b] + 1
+                if not (first == ka or first == -kb or last == kb or last == -ka):
+                    continue
+                if plain_recut_count(offsets, p, q, w0, w1, counts[b] - counts[a], seq_len) > split_trades.MAX_RECUT:
+                    continue
+                trial = order.copy()
+                trial[p], trial[q] = b, a
+                then = plain_windows(trial, labels, counts, seq_len, True)
+                stretch = range(w0, w1 + 1)
+                if (sum(len({k for k, _ in then[w]}) for w in stretch)
+                        < sum(len({k for k, _ in now[w]}) for w in stretch)):
+                    continue
+                before = sum(signed_worst(now[w], shares)[0] for w in stretch)
+                after = sum(signed_worst(then[w], shares)[0] for w in stretch)
+                if after < before - exchange.EPSILON:
+                    order = trial
+                    break
     return order
 
 
 # --- the pass against the plain loop ------------------------------------------------------------------
 
 
-def polished(corpus, seed, from_paced):
-    """(order, shares, the order after the pass): a random order or paced's, packing split."""
+def traded(corpus, seed, from_paced, min_chunk_windows=split_trades.MIN_CHUNK_WINDOWS):
+    """(order, shares, the order after rule 8): a random order or paced's rules 1-5, packing split."""
     labels, counts, n_clusters, seq_len = corpus
     order = an_order(labels, counts, n_clusters, seq_len, True, seed, from_paced)
     shares = diversity.global_token_shares(labels, counts, n_clusters)
-    return order, shares, polish_split.polish_split(order, labels, counts, seq_len, shares, seed)
+    return order, shares, split_trades.split_trade_pass(order, labels, counts, seq_len, shares, seed,
+                                                        min_chunk_windows=min_chunk_windows)
 
 
 @settings(max_examples=400, deadline=None)
-@given(corpora(), st.integers(0, 2**32 - 1), st.booleans())
-def test_polish_split_matches_plain_loop(corpus, seed, from_paced):
+@given(corpora(), st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from([split_trades.MIN_CHUNK_WINDOWS, 1, 3]))
+def test_split_trades_match_plain_loop(corpus, seed, from_paced, min_chunk_windows):
+    """Also with runs of 1 or 3 windows (the suite's inputs are too short for the package's runs)."""
     labels, counts, _, seq_len = corpus
-    order, shares, got = polished(corpus, seed, from_paced)
-    assert got.tolist() == plain_polish_split(order, labels, counts, seq_len, shares, seed)
+    order, shares, got = traded(corpus, seed, from_paced, min_chunk_windows)
+    want = plain_split_trades(order, labels, counts, seq_len, shares, seed, split_trades.CHUNKS, min_chunk_windows)
+    assert got.tolist() == want
 
 
 @settings(max_examples=300, deadline=None)
@@ -147,27 +156,27 @@ def test_a_trade_applied_to_the_stretch_matches_windows_cut_again(corpus, seed, 
     outside = [w for w in range(n_windows) if not w0 <= w <= w1]
     assert np.array_equal(tokens[outside], tokens_after[outside]) and np.array_equal(docs[outside], docs_after[outside])
     runs = np.empty((w1 - w0 + 1, 2), dtype=np.int64)
-    n_runs, n_recut = polish_split._recut_runs(off, p, q, w0, w1, tok[q] - tok[p], seq_len, runs)
+    n_runs, n_recut = split_trades._recut_runs(off, p, q, w0, w1, tok[q] - tok[p], seq_len, runs)
     assert n_recut == plain_recut_count(off, p, q, w0, w1, tok[q] - tok[p], seq_len)
     trial_tokens, trial_docs = tokens[w0:w1 + 1].copy(), docs[w0:w1 + 1].copy()
-    gained = polish_split._trade(trial_tokens, trial_docs, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
+    gained = split_trades._trade(trial_tokens, trial_docs, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
     assert np.array_equal(trial_tokens, tokens_after[w0:w1 + 1])
     assert np.array_equal(trial_docs, docs_after[w0:w1 + 1])
     assert gained == int((docs_after[w0:w1 + 1] > 0).sum() - (docs[w0:w1 + 1] > 0).sum())
-    band_tokens = np.zeros((polish_split.BAND, n_clusters), dtype=np.int64)
+    band_tokens = np.zeros((split_trades.BAND, n_clusters), dtype=np.int64)
     band_docs = np.zeros_like(band_tokens)
     scan = 0
     for w in range(n_windows):
-        scan = polish_split._load(w, lab, tok, off, seq_len, band_tokens, band_docs, scan)
-        row = w & (polish_split.BAND - 1)
+        scan = split_trades._load(w, lab, tok, off, seq_len, band_tokens, band_docs, scan)
+        row = w & (split_trades.BAND - 1)
         assert np.array_equal(band_tokens[row], tokens[w]) and np.array_equal(band_docs[row], docs[w])
 
 
 @settings(max_examples=300, deadline=None)
 @given(corpora(), st.integers(0, 2**32 - 1), st.booleans())
-def test_polish_split_keeps_clusters_head_and_tail_and_never_raises_deviation(corpus, seed, from_paced):
+def test_split_trades_keep_clusters_head_and_tail_and_never_raise_deviation(corpus, seed, from_paced):
     labels, counts, n_clusters, seq_len = corpus
-    order, _, after = polished(corpus, seed, from_paced)
+    order, _, after = traded(corpus, seed, from_paced, min_chunk_windows=2)
     assert sorted(after.tolist()) == sorted(order.tolist())
     unique = [diversity.window_counts(labels, counts, seq_len, o, "split")[0].sum() for o in (order, after)]
     assert unique[1] >= unique[0]
@@ -178,7 +187,7 @@ def test_polish_split_keeps_clusters_head_and_tail_and_never_raises_deviation(co
     assert shift[1] == shift[0]
 
 
-def test_polish_split_mixes_one_cluster_windows():
+def test_split_trades_mix_one_cluster_windows():
     """Windows of two documents of one cluster each (A A | B B | A A | ...) become mixed: every trade that
     takes one document across the cut between such a pair lowers both windows' deviation from 1/2."""
     labels = np.tile([0, 0, 1, 1], 200)
@@ -186,19 +195,27 @@ def test_polish_split_mixes_one_cluster_windows():
     shares = diversity.global_token_shares(labels, counts, 2)
     order = np.arange(labels.size)
     before = diversity.window_share_deviation(labels, counts, 10, order, 2, "split")
-    mixed = polish_split.polish_split(order, labels, counts, 10, shares, 0)
+    mixed = split_trades.split_trade_pass(order, labels, counts, 10, shares, 0)
     after = diversity.window_share_deviation(labels, counts, 10, mixed, 2, "split")
     assert before.mean() == 0.5
     assert after.mean() < 0.25
 
 
-def test_registered_paced_polished_split_is_paced_then_the_pass():
+def test_paced_runs_rule_8_last_and_paced_polished_a_second_sweep():
+    from diversity_order.orderings import paced as paced_module
+    from diversity_order.orderings.exchange import exchange_pass
+    from diversity_order.orderings.recut import recut_pass
+    from diversity_order.packing import SPLIT
+
     rng = np.random.default_rng(4)
-    labels = rng.integers(0, 6, 400)
-    counts = rng.integers(0, 900, 400)
+    labels = rng.integers(0, 6, 3000)
+    counts = rng.integers(0, 900, 3000)
     options = OrderingOptions(seq_len=1024, packing="split", seed=9)
-    paced = ORDERINGS["paced"](labels, counts, 6, options)
     shares = diversity.global_token_shares(labels, counts, 6)
-    expected = polish_split.polish_split(paced, labels, counts, 1024, shares, 9)
-    assert np.array_equal(ORDERINGS["paced-polished"](labels, counts, 6, options), expected)
-    assert not np.array_equal(expected, paced)
+    greedy = paced_module.paced_greedy_order(labels, counts, 6, options)
+    before = recut_pass(exchange_pass(greedy, labels, counts, 1024, shares, SPLIT, 9), labels, counts, 1024, shares)
+    paced = ORDERINGS["paced"](labels, counts, 6, options)
+    assert np.array_equal(paced, split_trades.split_trade_pass(before, labels, counts, 1024, shares, 9))
+    assert not np.array_equal(paced, before)
+    polished = ORDERINGS["paced-polished"](labels, counts, 6, options)
+    assert np.array_equal(polished, split_trades.split_trade_pass(paced, labels, counts, 1024, shares, 10))

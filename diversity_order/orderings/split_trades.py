@@ -1,35 +1,41 @@
-"""``paced-polished``'s pass for documents split: two nearby documents trade places, and the windows between
-them are cut again.
+"""Rule 8 of ``paced``, documents split: two nearby documents trade places, and the windows between them
+are cut again.
 
 Packing split, the trainer cuts the token stream every L tokens, so a document rarely moves without
-moving every cut after it; ``paced``'s own trades (rule 5) only take documents inside one window each
-whose exchange moves no cut but the one inside a document between them. Here two documents at positions
-p < q trade places when the stretch from p's first token to q's last spans at most ``MAX_WINDOWS``
-windows: the stretch keeps its length, so only its windows change (the documents between p and q shift
-by the difference of their lengths, and those near a cut move across it). The trade is taken if those
-windows hold at least as many unique clusters between them as before (diversity) and their summed
-uniformity (max_k |share of k in the window - tau_k|, as ``diversity.window_share_deviation`` measures
-it) falls by more than ``EPSILON``.
+moving every cut after it; rule 5 only trades documents inside one window each whose exchange moves no
+cut but the one inside a document between them. Here two documents at positions p < q trade places when
+the stretch from p's first token to q's last spans at most ``MAX_WINDOWS`` windows: the stretch keeps
+its length, so only its windows change (the documents between p and q shift by the difference of their
+lengths, and those near a cut move across it). The trade is taken if those windows hold at least as
+many unique clusters between them as before (diversity) and their summed uniformity (max_k |share of k
+in the window - tau_k|, as ``diversity.window_share_deviation`` measures it) falls by more than
+``EPSILON``.
 
 One sweep over the order, first position to last. Each document with tokens draws up to ``TRIES``
 partners among the next ``SPAN_WINDOWS`` windows' worth of documents (a seeded generator, the same
 sequence on every machine) and trades with the first one that qualifies. Skipped without measuring:
 partners of the same cluster or without tokens; stretches inside one window (no window changes), over
-``MAX_WINDOWS`` windows (a document that long stays where ``paced`` put it) or reaching across the head,
-the middle and the tail of the order (its first and last ``BOUNDARY_FRACTION`` of tokens, which meet at
-the epoch boundary: their token mixes, and so the boundary shift, do not change); trades that move
-neither the cluster that sets the stretch's first window's deviation nor its last one's the way that
-lowers it; and trades that would re-cut more than ``MAX_RECUT`` documents between p and q.
+``MAX_WINDOWS`` windows (a document that long stays where rules 4 and 6 put it) or reaching across the
+head, the middle and the tail of the order (its first and last ``BOUNDARY_FRACTION`` of tokens, which
+meet at the epoch boundary: their token mixes, and so the boundary shift, do not change); trades that
+move neither the cluster that sets the stretch's first window's deviation nor its last one's the way
+that lowers it; and trades that would re-cut more than ``MAX_RECUT`` documents between p and q.
+
+The windows are cut into at most ``CHUNKS`` runs of whole windows (``MIN_CHUNK_WINDOWS`` or more each,
+so one run below that), each swept with its own generator, a trade staying inside its run: the runs
+share no window and no moving document, so numba sweeps them at once on as many cores as it has, and
+the order is the same on any number of cores.
 
 O(N * TRIES) proposals, each O(log N) to place and O(MAX_WINDOWS * K + MAX_RECUT) to measure. Memory:
 per position its document, cluster, tokens and token offset (32 bytes), per window 17 bytes (its fill
-and part of the order), and the cluster counts of a band of ``BAND`` windows, so nothing grows with windows x K.
+and part of the order), and per run the cluster counts of a band of ``BAND`` windows, so nothing grows
+with windows x K.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..diversity import BOUNDARY_FRACTION
 from .exchange import ACROSS, EPSILON, _draw_partner, _parts
@@ -42,6 +48,10 @@ SPAN_WINDOWS = 2
 # Windows a trade's stretch may span, and documents between the two it may re-cut.
 MAX_WINDOWS = 4
 MAX_RECUT = 32
+# Runs of whole windows swept at once (see the module docstring): at most CHUNKS, of at least
+# MIN_CHUNK_WINDOWS windows each (fewer runs cost a core each; more runs cost trades across their cuts).
+CHUNKS = 64
+MIN_CHUNK_WINDOWS = 64
 BAND = 8  # band rows held, a power of two above MAX_WINDOWS + 1
 
 
@@ -140,18 +150,10 @@ def _trade(cnt, nd, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1):
 
 
 @njit(cache=True, nogil=True)
-def _sweep(doc, lab, tok, seq_len, shares, seed, tries, span_windows, max_windows, max_recut, fraction):
+def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w_hi, tries, span, max_windows,
+                 max_recut):
+    """The sweep over the documents starting in windows w_lo .. w_hi - 1 (one run), trades inside them."""
     n = doc.shape[0]
-    off = np.zeros(n + 1, dtype=np.int64)
-    for p in range(n):
-        off[p + 1] = off[p] + tok[p]
-    total = off[n]
-    if total == 0:
-        return doc
-    n_windows = (total + seq_len - 1) // seq_len
-    fill = np.full(n_windows, seq_len, dtype=np.int64)
-    fill[-1] = total - (n_windows - 1) * seq_len
-    part = _parts(fill, np.zeros(n_windows, dtype=np.bool_), fraction)
     k_total = shares.shape[0]
     cnt = np.zeros((BAND, k_total), dtype=np.int64)
     nd = np.zeros((BAND, k_total), dtype=np.int64)
@@ -162,11 +164,11 @@ def _sweep(doc, lab, tok, seq_len, shares, seed, tries, span_windows, max_window
     trial_nd = np.empty((max_windows, k_total), dtype=np.int64)
     trial_dev = np.empty(max_windows, dtype=np.float64)
     trial_worst = np.empty(max_windows, dtype=np.int64)
-    loaded = -1
-    scan = 0  # no document before this position reaches a window not loaded yet
-    span = min(max(2, span_windows * n // n_windows), 1 << 31)
-    state = np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)  # never zero
-    for p in range(n):
+    p_start = np.searchsorted(off[:n], w_lo * seq_len, side="left")
+    p_end = np.searchsorted(off[:n], w_hi * seq_len, side="left")
+    loaded = w_lo - 1
+    scan = max(p_start - 1, 0)  # no document before this position reaches a window not loaded yet
+    for p in range(p_start, p_end):
         if tok[p] == 0:
             continue
         for _ in range(tries):
@@ -177,7 +179,8 @@ def _sweep(doc, lab, tok, seq_len, shares, seed, tries, span_windows, max_window
                 continue
             w0 = off[p] // seq_len
             w1 = (off[q + 1] - 1) // seq_len
-            if w1 == w0 or w1 - w0 >= max_windows or part[w0] != part[w1] or part[w0] == ACROSS:
+            if (w1 == w0 or w1 >= w_hi or w1 - w0 >= max_windows or part[w0] != part[w1]
+                    or part[w0] == ACROSS):
                 continue
             # The band holds windows loaded - BAND + 1 .. loaded, and w0 >= loaded - (max_windows - 1): positions
             # before p no longer move, so the windows loaded for an earlier p' start at or before w0.
@@ -224,16 +227,58 @@ def _sweep(doc, lab, tok, seq_len, shares, seed, tries, span_windows, max_window
             lab[p], lab[q] = lab[q], lab[p]
             tok[p], tok[q] = tok[q], tok[p]
             break
+
+
+@njit(cache=True, nogil=True)
+def chunk_bounds(n_windows, chunks, min_chunk_windows):
+    """The first window of each run, and n_windows after the last: at most ``chunks`` runs of whole windows
+    of at least ``min_chunk_windows`` each (one run for fewer windows)."""
+    n_chunks = max(1, min(chunks, n_windows // min_chunk_windows))
+    bounds = np.empty(n_chunks + 1, dtype=np.int64)
+    for c in range(n_chunks + 1):
+        bounds[c] = c * n_windows // n_chunks
+    return bounds
+
+
+@njit(cache=True, nogil=True)
+def chunk_state(seed, chunk):
+    """Run ``chunk``'s generator state (odd, so never zero; the same on every machine)."""
+    return (np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)
+            + np.uint64(chunk) * np.uint64(0x3C6EF372FE94F82A))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _sweep(doc, lab, tok, seq_len, shares, seed, tries, span_windows, max_windows, max_recut, fraction, chunks,
+           min_chunk_windows):
+    n = doc.shape[0]
+    off = np.zeros(n + 1, dtype=np.int64)
+    for p in range(n):
+        off[p + 1] = off[p] + tok[p]
+    total = off[n]
+    if total == 0:
+        return doc
+    n_windows = (total + seq_len - 1) // seq_len
+    fill = np.full(n_windows, seq_len, dtype=np.int64)
+    fill[-1] = total - (n_windows - 1) * seq_len
+    part = _parts(fill, np.zeros(n_windows, dtype=np.bool_), fraction)
+    span = min(max(2, span_windows * n // n_windows), 1 << 31)
+    bounds = chunk_bounds(n_windows, chunks, min_chunk_windows)
+    # Runs share no window and no moving document, so they are swept at once, to the same order in any order.
+    for c in prange(bounds.shape[0] - 1):
+        _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, chunk_state(seed, c), bounds[c], bounds[c + 1],
+                     tries, span, max_windows, max_recut)
     return doc
 
 
-def polish_split(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray, seq_len: int,
-                 shares: np.ndarray, seed: int) -> np.ndarray:
-    """``order`` polished for uniformity under split packing (see the module docstring); a new array."""
+def split_trade_pass(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray, seq_len: int,
+                     shares: np.ndarray, seed: int, *, chunks: int = CHUNKS,
+                     min_chunk_windows: int = MIN_CHUNK_WINDOWS) -> np.ndarray:
+    """``order`` after rule 8 (see the module docstring); a new array. ``chunks`` and ``min_chunk_windows``:
+    how the windows are cut into runs (tests use small runs)."""
     doc = np.asarray(order, dtype=np.int64).copy()
     if doc.size < 2:
         return doc
     lab = np.asarray(labels, dtype=np.int64)[doc]
     tok = np.asarray(token_counts, dtype=np.int64)[doc]
     return _sweep(doc, lab, tok, int(seq_len), np.asarray(shares, dtype=np.float64), int(seed) & 0x7FFFFFFFFFFFFFFF,
-                  TRIES, SPAN_WINDOWS, MAX_WINDOWS, MAX_RECUT, BOUNDARY_FRACTION)
+                  TRIES, SPAN_WINDOWS, MAX_WINDOWS, MAX_RECUT, BOUNDARY_FRACTION, int(chunks), int(min_chunk_windows))
