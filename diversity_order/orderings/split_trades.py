@@ -78,9 +78,9 @@ def _put(cnt, nd, c, offset, t, sign, seq_len, w_lo, w_hi, base, mask):
 
 
 @njit(cache=True, nogil=True)
-def _row_deviation(cnt, nd, row, fill, shares):
+def _row_deviation(cnt, row, fill, shares):
     """(max_k |cnt_k / fill - tau_k|, k + 1 for the lowest k attaining it, negated when k is under its share)
-    of band row ``row``."""
+    of row ``row`` of cnt."""
     if fill <= 0:
         return 0.0, 0
     worst = 0.0
@@ -188,7 +188,7 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
                 loaded += 1
                 scan = _load(loaded, lab, tok, off, seq_len, cnt, nd, scan)
                 row = loaded & (BAND - 1)
-                dev[row], worst[row] = _row_deviation(cnt, nd, row, fill[loaded], shares)
+                dev[row], worst[row] = _row_deviation(cnt, row, fill[loaded], shares)
             # The trade moves p's cluster towards the stretch's end and q's towards its start: it must move
             # the cluster that sets the first or the last window's deviation the way that lowers it.
             kp, kq = lab[p] + 1, lab[q] + 1
@@ -208,8 +208,7 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
             for w in range(w0, w1 + 1):
                 budget += dev[w & (BAND - 1)]
             for w in range(w0, w1 + 1):
-                trial_dev[w - w0], trial_worst[w - w0] = _row_deviation(trial_cnt, trial_nd, w - w0,
-                                                                       fill[w], shares)
+                trial_dev[w - w0], trial_worst[w - w0] = _row_deviation(trial_cnt, w - w0, fill[w], shares)
                 budget -= trial_dev[w - w0]
                 if budget <= 0:
                     break
