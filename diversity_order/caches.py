@@ -71,6 +71,8 @@ DIGEST_NAME = XXH3
 CHUNK_DIGEST_BYTES = DIGESTS[DIGEST_NAME]().digest_size  # what ``chunk_digests`` returns per chunk
 IDENTITY = ("size", "mtime_ns", "inode")
 REGISTRY_FILE = "registry.jsonl"
+# How a log names rows reused from a cache another run wrote elsewhere (found through the registry).
+FROM_ANOTHER_RUN = "another run's cache for the same model and settings; its rows matched to these records by text"
 REGISTRY_COMPACT_LINES = 1000  # rewrite the registry without duplicates and gone sets beyond this many lines
 COPY_CHUNK_ROWS = 65536  # rows a lazy lookup copies at a time (CacheLookup.copy_into)
 
@@ -470,7 +472,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     else:
         parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"]
     if filled.any():
-        parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} (a cache of the same key)")
+        parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} ({FROM_ANOTHER_RUN})")
     if named is not None and named.legacy:
         parts.append("older cache format without a manifest: it is rewritten")
     copies = copies if lazy else []
@@ -850,8 +852,8 @@ def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *,
         if filler is not None:
             filler_source = np.where(hit, -1, filler_source)
             sets.append((filler.files, filler_source))
-            parts.append(f"{int((filler_source >= 0).sum())} row(s) taken from {filler.files.data} (a cache of the "
-                         "same key)")
+            parts.append(f"{int((filler_source >= 0).sum())} row(s) taken from {filler.files.data} "
+                         f"({FROM_ANOTHER_RUN})")
     return RowSource(n, sets, "; ".join(parts))
 
 

@@ -126,8 +126,9 @@ def options_meta(name: str, options: OrderingOptions) -> dict:
 
 
 def comparison_options(options: OrderingOptions) -> dict:
-    """Every ordering flag and the seed: what shaped a comparison of all orderings."""
-    return {**{f.name: flag_value(options, f.name) for f in flag_fields()}, "seed": options.seed}
+    """The packing model, every ordering flag and the seed: what shaped a comparison of all orderings."""
+    return {"packing": options.packing, **{f.name: flag_value(options, f.name) for f in flag_fields()},
+            "seed": options.seed}
 
 
 def applicable_orderings(have_scores: bool) -> list[str]:
