@@ -219,3 +219,26 @@ def test_paced_runs_rule_8_last_and_paced_polished_a_second_sweep():
     assert not np.array_equal(paced, before)
     polished = ORDERINGS["paced-polished"](labels, counts, 6, options)
     assert np.array_equal(polished, split_trades.split_trade_pass(paced, labels, counts, 1024, shares, 10))
+
+
+def test_rule_8_gives_the_same_order_on_any_number_of_cores():
+    """Runs of windows are swept at once; each has its own generator and keeps its trades, so one thread
+    and every thread give the same order (here with many runs of 64 windows)."""
+    import numba
+
+    rng = np.random.default_rng(8)
+    labels = rng.integers(0, 7, 20_000)
+    counts = rng.integers(0, 400, 20_000)
+    shares = diversity.global_token_shares(labels, counts, 7)
+    order = rng.permutation(labels.size)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        alone = split_trades.split_trade_pass(order, labels, counts, 256, shares, 3)
+    finally:
+        numba.set_num_threads(threads)
+    together = split_trades.split_trade_pass(order, labels, counts, 256, shares, 3)
+    assert np.array_equal(alone, together)
+    n_windows = -(-int(counts.sum()) // 256)
+    assert split_trades.chunk_bounds(n_windows, split_trades.CHUNKS, split_trades.MIN_CHUNK_WINDOWS).size > 2
+    assert not np.array_equal(together, order)
