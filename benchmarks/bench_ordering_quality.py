@@ -172,7 +172,8 @@ def quality(corpora: dict) -> dict:
 
 def timing(n_docs: int, corpora: dict) -> list[dict]:
     """Best of three runs after a warm-up, 1M documents at K = 30: wall time, and CPU time (the
-    process's own, which a busy shared machine inflates less; every ordering here is single-threaded)."""
+    process's own, which a busy shared machine inflates less; every ordering here is single-threaded except
+    paced's rule 8 packing split, which runs on every core, so its CPU time exceeds its wall time)."""
     inputs = {"uneven-sizes (synthetic)": skewed_corpus("uneven-sizes", n_docs, seed=1)[:2]}
     if "mix-b" in corpora:  # a real heavy-tailed shape, resampled to n_docs
         labels, counts, _ = corpora["mix-b"]
