@@ -156,7 +156,7 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
             lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} "
                          f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
-                         f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.2f} |")
+                         f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.3f} |")
         if seq_len in wins:
             verdict = f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
             near = sorted((at[name]["uniformity_mean"], name) for name, ok in met[seq_len].items()
