@@ -195,7 +195,8 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
             first, last = worst[w0 & (BAND - 1)], worst[w1 & (BAND - 1)]
             if not (first == kp or first == -kq or last == kq or last == -kp):
                 continue
-            n_runs, n_recut = _recut_runs(off, p, q, w0, w1, tok[q] - tok[p], seq_len, runs)
+            delta = tok[q] - tok[p]  # the shift of every document between p and q
+            n_runs, n_recut = _recut_runs(off, p, q, w0, w1, delta, seq_len, runs)
             if n_recut > max_recut:
                 continue
             for w in range(w0, w1 + 1):
@@ -219,7 +220,6 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
                 cnt[row] = trial_cnt[w - w0]
                 nd[row] = trial_nd[w - w0]
                 dev[row], worst[row] = trial_dev[w - w0], trial_worst[w - w0]
-            delta = tok[q] - tok[p]
             for r in range(p + 1, q + 1):
                 off[r] += delta
             doc[p], doc[q] = doc[q], doc[p]
