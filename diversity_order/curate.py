@@ -360,7 +360,8 @@ def index_input(run: Run, fail_fast: bool) -> None:
                                                                 spill_folder=config.output.absolute().parent)
         else:
             run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
-    log.info("%s: %d records, %.1f MB", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
+    # The records' own bytes (no line ends, no file framing): the output line gives the files' size instead.
+    log.info("%s: %d records, %.1f MB of records", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
     if not fail_fast:
         return
     if config.n_clusters > run.n:
@@ -596,7 +597,7 @@ def write_outputs(run: Run) -> None:
                 written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
                                                 config.output_shards)
         run.curated_files = [str(path) for path, _ in written]
-        log.info("Wrote %d records (%.1f MB, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
+        log.info("Wrote %d records (%.1f MB on disk, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
                  config.written_kind, config.output if len(written) == 1 else
                  f"{written[0][0]} ... {written[-1][0].name}")
     save_npy(run.paths["labels"], run.labels)
@@ -836,5 +837,6 @@ def _log_quality(quality: dict) -> None:
                                                for k, q in quality.items()))
     log.info("Epoch-boundary shift (cluster mix of the first vs last 5%% of tokens, total variation; lower is "
              "better): %s", ", ".join(f"{names[k]} {q['boundary_shift']:.4f}" for k, q in quality.items()))
-    log.info("Coverage (share of tokens before every cluster has appeared): %s",
-             ", ".join(f"{names[k]} {100 * q['coverage']:.1f}%" for k, q in quality.items()))
+    # A fraction, as in the comparison table and the metadata.
+    log.info("Coverage (fraction of tokens before every cluster has appeared; lower is better): %s",
+             ", ".join(f"{names[k]} {q['coverage']:.4f}" for k, q in quality.items()))

@@ -410,3 +410,45 @@ def start(device: str, gpu: int):
     if ctx.active and resolved.startswith("cuda"):
         resolved = resolve_device(f"cuda:{ctx.local_rank}", ctx.local_rank)
     return resolved, ctx
+
+
+class CompileNotice:
+    """Says once, in the log, that the package's numba kernels are being compiled: the first run after
+    installing or upgrading spends up to a minute there with nothing else to show (later runs load them
+    from numba's cache, which sends no such event). Listens to numba's ``numba:compile`` events."""
+
+    def __init__(self) -> None:
+        import numba.core.event as numba_events
+
+        class _Listener(numba_events.Listener):
+            def on_start(listener, event) -> None:
+                self.on_compile(event.data["dispatcher"].py_func.__module__)
+
+            def on_end(listener, event) -> None:
+                pass
+
+        self.listener = _Listener()
+        self.said = False
+
+    def on_compile(self, module: str) -> None:
+        if not self.said and module.split(".")[0] == __name__.split(".")[0]:
+            self.said = True
+            log.info("Compiling the package's numba kernels (the first run after installing or upgrading; "
+                     "cached for later runs; up to a minute)")
+
+    def install(self) -> CompileNotice:
+        import numba.core.event as numba_events
+
+        numba_events.register("numba:compile", self.listener)
+        return self
+
+    def remove(self) -> None:
+        import numba.core.event as numba_events
+
+        numba_events.unregister("numba:compile", self.listener)
+
+
+@functools.cache
+def notice_compiling() -> CompileNotice:
+    """Install the process's one ``CompileNotice`` (the scripts call it when they set up logging)."""
+    return CompileNotice().install()

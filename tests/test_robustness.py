@@ -333,6 +333,56 @@ def test_a_step_without_progress_of_its_own_logs_that_it_is_alive(monkeypatch, c
     assert not [r for r in caplog.records if "still running" in r.getMessage()]
 
 
+def test_compiling_the_packages_kernels_is_said_once_and_only_for_its_own(caplog):
+    # The first run after installing spends up to a minute compiling, with nothing else in the log.
+    from numba import njit
+
+    from diversity_order.runtime import CompileNotice
+
+    def ours(x):
+        return x + 1
+
+    def theirs(x):
+        return x + 2
+
+    ours.__module__ = "diversity_order.some_kernels"  # compiled fresh here: defined in this test
+    theirs.__module__ = "another_package.kernels"
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    notice = CompileNotice().install()
+    try:
+        njit(theirs)(1)
+        assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+        njit(ours)(1)
+        njit(ours)(1.5)  # a second signature, a second compile: still one line
+    finally:
+        notice.remove()
+    lines = [r.getMessage() for r in caplog.records if "Compiling the package's numba kernels" in r.getMessage()]
+    assert len(lines) == 1, lines
+
+
+def test_scripts_log_compiling(caplog):
+    from numba import njit
+
+    from diversity_order.cli import setup_logging
+    from diversity_order.runtime import notice_compiling
+
+    notice_compiling().remove()  # an earlier script's notice in this process may have spoken already
+    notice_compiling.cache_clear()
+    setup_logging()
+
+    def ours(x):
+        return x * 3
+
+    ours.__module__ = "diversity_order.more_kernels"
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    try:
+        njit(ours)(1)
+    finally:
+        notice_compiling().remove()
+        notice_compiling.cache_clear()
+    assert [r for r in caplog.records if "Compiling the package's numba kernels" in r.getMessage()]
+
+
 def _random_clusters(n, k, seed):
     rng = np.random.default_rng(seed)
     return rng.normal(size=(n, 3)).astype(np.float32), rng.integers(0, k, n)
