@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/bench_uniformity_search.py --corpora CORPORA
         [--quality benchmarks/results_ordering_quality_2026-11-26_leaders.json] [--packing whole|split]
         [--iterations-per-doc 400] [--cells mix-a:16384 ...] [--out results.json]
+        [--t-start 0 --max-window-gap 8 --keep-paced-diversity --per-step-diversity --forward-only
+         --trades-only --fixed-openers]   # packing whole: what a fast pass could do, piece by piece
 
 The criterion U asks for a mean token-share uniformity at most 0.8 x a random shuffle's. The lower bound
 (`diversity.uniformity_lower_bound`) proves it out of reach in some cells; for the others this search asks
@@ -152,11 +154,13 @@ def _still_cut(v, wa, fa, ma, wb, fb, mb, fill, largest, pinned, seq_len):
 
 @njit(cache=True)
 def _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, tau, seq_len, iterations,
-            t_start, t_end, seed, max_gap):
+            t_start, t_end, seed, max_gap, forward=False, trades_only=False, fixed_openers=False, per_step=False):
     """Simulated annealing over which window each movable document sits in; windows keep being cut where
     they are and the unique clusters summed over windows stay at least min_unique (docs: per window, its
     documents per cluster). With max_gap > 0 a document only goes to a window at most that many windows
-    away. Returns the summed largest deviation over windows at the end."""
+    away (forward: only to later windows); trades_only: no document moves alone; fixed_openers: a window's
+    longest document stays; per_step: each step keeps its two windows' unique clusters; t_start 0: never
+    uphill. Returns the summed largest deviation over windows at the end."""
     np.random.seed(seed)
     unique = 0
     for w in range(docs.shape[0]):
@@ -186,16 +190,18 @@ def _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, t
     total = dev.sum()
     if m < 2:
         return total
-    ratio = _cooling(t_start, t_end, iterations)
+    ratio = _cooling(t_start, t_end, iterations) if t_start > 0 else 1.0
     temp = t_start
     for _ in range(iterations):
         temp *= ratio
         a = movable[np.random.randint(m)]
         wa = window_of[a]
         ca, sa = labels[a], counts[a]
-        swap = np.random.random() < 0.5
+        swap = np.random.random() < 0.5 or trades_only
+        if fixed_openers and sa == largest[wa]:
+            continue
         if max_gap > 0:
-            wb = wa + np.random.randint(-max_gap, max_gap + 1)
+            wb = wa + (np.random.randint(1, max_gap + 1) if forward else np.random.randint(-max_gap, max_gap + 1))
             if wb < 0 or wb >= n_windows or wb == wa:
                 continue
         if swap:
@@ -209,7 +215,7 @@ def _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, t
                 b = movable[np.random.randint(m)]
             wb = window_of[b]
             cb, sb = labels[b], counts[b]
-            if wa == wb or ca == cb:
+            if wa == wb or ca == cb or (fixed_openers and sb == largest[wb]):
                 continue
         else:
             b = -1
@@ -234,12 +240,12 @@ def _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, t
         gained = (docs[wb, ca] == 0) - (docs[wa, ca] == 1)
         if swap:
             gained += (docs[wa, cb] == 0) - (docs[wb, cb] == 1)
-        if unique + gained < min_unique:
+        if unique + gained < min_unique or (per_step and gained < 0):
             continue
         da = _deviation(tokens[wa], fill[wa], tau, ca, sa, cb, sb)
         db = _deviation(tokens[wb], fill[wb], tau, cb, sb, ca, sa)
         delta = da + db - dev[wa] - dev[wb]
-        if delta > 0 and np.random.random() >= np.exp(-delta / temp):
+        if delta > 0 and (temp == 0.0 or np.random.random() >= np.exp(-delta / temp)):
             continue
         tokens[wa, ca] -= sa
         tokens[wb, ca] += sa
@@ -320,7 +326,7 @@ def _anneal_split(labels, counts, seq, min_unique, tau, seq_len, n_clusters, ite
     total = dev.sum()
     if n < 2:
         return total
-    ratio = _cooling(t_start, t_end, iterations)
+    ratio = _cooling(t_start, t_end, iterations) if t_start > 0 else 1.0
     temp = t_start
     for _ in range(iterations):
         temp *= ratio
@@ -350,7 +356,7 @@ def _anneal_split(labels, counts, seq, min_unique, tau, seq_len, n_clusters, ite
             delta += _deviation(new_tokens[w - w0], fill[w], tau, -1, 0, -1, 0) - dev[w]
         if unique + gained < min_unique:
             continue
-        if delta > 0 and np.random.random() >= np.exp(-delta / temp):
+        if delta > 0 and (temp == 0.0 or np.random.random() >= np.exp(-delta / temp)):
             continue
         seq[i], seq[j] = b, a
         for p in range(i, j + 1):
@@ -381,7 +387,7 @@ def _write_order(counts, window_of, first_window, n_windows) -> np.ndarray:
 
 
 def search_cell(labels, counts, k, seq_len, packing, iterations_per_doc, min_diversity, seed=SEED,
-                t_start=T_START, max_gap=0) -> dict:
+                t_start=T_START, max_gap=0, restrict=None) -> dict:
     """Search from `paced`'s order for `iterations_per_doc` x N steps, keeping the mean unique clusters per
     window at least min_diversity (or paced's, if lower)."""
     labels = labels.astype(np.int64)
@@ -398,7 +404,7 @@ def search_cell(labels, counts, k, seq_len, packing, iterations_per_doc, min_div
     if packing == "whole":
         window_of, first_window, pinned, tokens, docs, fill = _windows_whole(labels, counts, start, seq_len, k)
         total = _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, tau, seq_len, iterations,
-                        t_start, T_END, seed, max_gap)
+                        t_start, T_END, seed, max_gap, **(restrict or {}))
         found = _write_order(counts, window_of, first_window, fill.size)
     else:
         found = start.copy()
@@ -426,9 +432,14 @@ def main() -> None:
     parser.add_argument("--cells", nargs="*", help="corpus:seq_len to run (default: every cell paced misses U in, in --quality)")
     parser.add_argument("--packing", choices=("whole", "split"), help="only this packing model (default: both)")
     parser.add_argument("--t-start", type=float, default=T_START,
-                        help=f"starting temperature (default {T_START}; {T_END} for a search that rarely goes uphill)")
+                        help=f"starting temperature (default {T_START}; {T_END}: rarely uphill; 0: never)")
     parser.add_argument("--max-window-gap", type=int, default=0,
                         help="packing whole: move a document at most this many windows (default 0: anywhere)")
+    parser.add_argument("--forward-only", action="store_true", help="packing whole: partners only in later windows")
+    parser.add_argument("--trades-only", action="store_true", help="packing whole: no document moves alone")
+    parser.add_argument("--fixed-openers", action="store_true", help="packing whole: each window's longest document stays")
+    parser.add_argument("--per-step-diversity", action="store_true",
+                        help="packing whole: each step keeps its two windows' unique clusters, as paced's rules do")
     parser.add_argument("--keep-paced-diversity", action="store_true",
                         help="keep paced's unique clusters per window (default: down to stratified's - 0.05)")
     parser.add_argument("--out", type=Path)
@@ -452,7 +463,10 @@ def main() -> None:
                    **search_cell(labels, counts, k, cell["seq_len"], cell["packing"], args.iterations_per_doc,
                                  np.inf if args.keep_paced_diversity
                                  else cell["metrics"]["stratified"]["diversity"] - DIVERSITY_MARGIN + 0.005,
-                                 t_start=args.t_start, max_gap=args.max_window_gap)}
+                                 t_start=args.t_start, max_gap=args.max_window_gap,
+                                 restrict={"forward": args.forward_only, "trades_only": args.trades_only,
+                                           "fixed_openers": args.fixed_openers,
+                                           "per_step": args.per_step_diversity})}
             found_metrics = row.pop("found_metrics")
             row["found_criteria"] = criteria(found_metrics["diversity"], found_metrics["uniformity"],
                                              found_metrics["boundary_shift"],
