@@ -89,6 +89,20 @@ def test_random_pools_are_seeded_shuffles_of_each_cluster(docs, seed):
         assert sorted(members[starts[c]:starts[c + 1]].tolist()) == pool
 
 
+@settings(max_examples=200, deadline=None)
+@given(labelled_docs(), st.integers(0, 2**31))
+def test_pools_group_by_counting_as_a_stable_sort_would(docs, seed):
+    from diversity_order.orderings.pools import grouped_stable
+
+    labels, counts, k = docs
+    starts = np.concatenate(([0], np.cumsum(np.bincount(labels, minlength=k))))
+    assert grouped_stable(labels, starts).tolist() == np.argsort(labels, kind="stable").tolist()
+    # random pools: the seeded shuffle, grouped stably (what paced's and stratified's seeds promise)
+    shuffled = np.random.default_rng(seed).permutation(labels.size)
+    members, _ = cluster_pools(labels, counts, k, "random", seed)
+    assert members.tolist() == shuffled[np.argsort(labels[shuffled], kind="stable")].tolist()
+
+
 def test_random_pools_differ_by_seed_and_remove_input_drift():
     labels = np.zeros(1000, int)
     first, _ = cluster_pools(labels, np.ones(1000, int), 1, "random", 1)

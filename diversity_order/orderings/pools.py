@@ -21,6 +21,20 @@ def from_both_ends(i, n):
     return i // 2 + (i % 2) * (n - 1 - 2 * (i // 2))
 
 
+@njit(cache=True, nogil=True)
+def grouped_stable(keys, pool_starts):
+    """The positions of ``keys`` grouped by key, each group in position order: np.argsort(keys,
+    kind="stable") for keys 0..K-1 whose group k starts at pool_starts[k], by counting (O(N + K), where
+    a comparison sort of 1M int64 keys took 50 ms)."""
+    nxt = pool_starts[:-1].copy()
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        out[nxt[k]] = i
+        nxt[k] += 1
+    return out
+
+
 def cluster_pools(
     labels: np.ndarray, token_counts: np.ndarray, n_clusters: int, within_cluster_sort: str = "original",
     seed: int = DEFAULT_SEED,
@@ -42,11 +56,10 @@ def cluster_pools(
     pool_starts = np.zeros(n_clusters + 1, dtype=np.int64)
     np.cumsum(sizes, out=pool_starts[1:])
     if within_cluster_sort == "original":
-        members = np.argsort(labels, kind="stable")
-        return members.astype(np.int64), pool_starts
+        return grouped_stable(labels, pool_starts), pool_starts
     if within_cluster_sort == "random":
         shuffled = np.random.default_rng(seed).permutation(labels.size)
-        return shuffled[np.argsort(labels[shuffled], kind="stable")].astype(np.int64), pool_starts
+        return shuffled[grouped_stable(labels[shuffled], pool_starts)], pool_starts
     # lexsort is stable and sorts by its last key first: cluster, then token count, then position.
     ascending = np.lexsort((counts, labels)).astype(np.int64)
     if within_cluster_sort == "length-asc":
