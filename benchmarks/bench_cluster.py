@@ -1,6 +1,7 @@
 """k-means at scale: scikit-learn MiniBatchKMeans (the reference) vs faiss and torch Lloyd.
 
     .venv/bin/python benchmarks/bench_cluster.py [--n 1000000] [--k 30] [--embeddings demo/out/stdlib_curated_embeddings.npy]
+                                                 [--device cuda]   # the torch backend on a GPU (default: cpu)
 
 The rows are real SmolLM2 shallow embeddings of the demo corpus, resampled with small noise to
 ``--n`` rows and re-normalised, so the cluster structure is that of real text. Reports time and
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--embeddings", type=Path, default=ROOT / "demo" / "out" / "stdlib_curated_embeddings.npy")
     p.add_argument("--backends", nargs="*", default=["sklearn", "faiss", "torch"])
     p.add_argument("--fit-sample", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the torch backend runs: cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results_cluster.json")
     args = p.parse_args()
     base = np.load(args.embeddings)
@@ -37,12 +39,17 @@ def main() -> None:
     x = base[rng.integers(0, base.shape[0], args.n)] + rng.normal(0, 0.01, (args.n, base.shape[1])).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     x = x.astype(np.float32)
+    if args.device != "cpu" and "torch" in args.backends:
+        import torch
+
+        torch.zeros(1, device=args.device)  # the CUDA context starts outside the timed fit
     rows = []
     for backend in args.backends:
         started = time.perf_counter()
-        labels = kmeans_labels(x, args.k, 42, backend, args.fit_sample)
+        device = args.device if backend == "torch" else "cpu"
+        labels = kmeans_labels(x, args.k, 42, backend, args.fit_sample, device=None if device == "cpu" else device)
         seconds = time.perf_counter() - started
-        row = {"backend": backend, "n": args.n, "k": args.k, "fit_sample": args.fit_sample,
+        row = {"backend": backend, "device": device, "n": args.n, "k": args.k, "fit_sample": args.fit_sample,
                "seconds": round(seconds, 1), "inertia": round(inertia(x, labels, args.k), 1)}
         rows.append(row)
         print(row, flush=True)

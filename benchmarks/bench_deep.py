@@ -38,7 +38,7 @@ def main() -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    device = resolve_device(args.device, 0)
+    device = torch.device(resolve_device(args.device, 0))  # resolve_device gives a name
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "deep.npy"
         started = time.perf_counter()

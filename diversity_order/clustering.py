@@ -178,9 +178,11 @@ def _torch_centres(x: np.ndarray, n_clusters: int, seed: int, device=None, n_ini
     batched matrix products, on the GPU when ``device`` is one."""
     import torch
 
-    device = device or torch.device("cpu")
+    device = torch.device(device or "cpu")
     generator = torch.Generator(device="cpu").manual_seed(seed)
     data = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    if device.type == "cuda" and data.numel() * data.element_size() < torch.cuda.mem_get_info(device)[0] // 2:
+        data = data.to(device)  # once: copied batch by batch it crossed the bus every iteration of every restart
     n = data.shape[0]
     best, best_inertia = None, float("inf")
     for _ in range(n_init):
@@ -188,15 +190,17 @@ def _torch_centres(x: np.ndarray, n_clusters: int, seed: int, device=None, n_ini
         for _ in range(iterations):
             sums = torch.zeros_like(centres)
             sizes = torch.zeros(n_clusters, device=device)
-            total = 0.0
+            # Summed where the batches are: one wait for the device per iteration, not one per batch.
+            inertia = torch.zeros((), dtype=torch.float64, device=device)
             c_sq = (centres * centres).sum(1)
             for lo in range(0, n, ASSIGN_BATCH_ROWS):
                 batch = data[lo : lo + ASSIGN_BATCH_ROWS].to(device)
                 distances = c_sq - 2 * batch @ centres.T
                 nearest = distances.argmin(1)
-                total += float((distances.gather(1, nearest[:, None]).sum() + (batch * batch).sum()).item())
+                inertia += (distances.gather(1, nearest[:, None]).sum() + (batch * batch).sum()).double()
                 sums.index_add_(0, nearest, batch)
                 sizes += torch.bincount(nearest, minlength=n_clusters)
+            total = float(inertia)
             # An empty cluster keeps its old centre.
             updated = torch.where(sizes[:, None] > 0, sums / sizes.clamp(min=1)[:, None], centres)
             shift = ((updated - centres) ** 2).sum().item()
