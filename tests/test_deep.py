@@ -276,9 +276,13 @@ def test_user_errors(data, tiny_model_dir, tmp_path, capsys):
     assert "--output" in capsys.readouterr().err
 
 
+# The torchrun runs here are CPU runs (--device cpu; --tp with --device cpu is refused where a GPU is visible).
+CPU_RUN_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+
+
 def test_torchrun_data_parallel_matches_single_process(data, tiny_model_dir, baseline, tmp_path):
     out = tmp_path / "dp.npy"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **CPU_RUN_ENV}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(ROOT / "extract_deep_embeddings.py"), "--input", str(data[0]), "--output", str(out),
@@ -292,7 +296,7 @@ def test_torchrun_data_parallel_matches_single_process(data, tiny_model_dir, bas
 
 def test_torchrun_tensor_parallel_matches_single_process(data, tiny_model_dir, baseline, tmp_path):
     out = tmp_path / "tp.npy"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **CPU_RUN_ENV}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(ROOT / "extract_deep_embeddings.py"), "--input", str(data[0]), "--output", str(out), "--tp", "2",
@@ -305,7 +309,7 @@ def test_torchrun_tensor_parallel_matches_single_process(data, tiny_model_dir, b
 
 
 def _torchrun(nproc, args, timeout=300):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **CPU_RUN_ENV}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                            *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -392,6 +396,43 @@ def test_tp_needs_a_multiple_of_the_process_count(data, tiny_model_dir, tmp_path
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert run_main(extract_deep_embeddings.main, base) == 2
     assert "torchrun --nproc_per_node=2" in capsys.readouterr().err
+
+
+def test_tp_on_cpu_where_a_gpu_is_visible_is_refused(data, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    # transformers shards on the accelerator it finds, whatever --device says: on one GPU rank 1 then
+    # failed with "CUDA error: invalid device ordinal" (seen on an H200 machine).
+    from diversity_order import runtime
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(runtime, "resolve_device", lambda device, gpu: "cuda:0" if device == "auto" else device)
+    base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--model-dir", str(tiny_model_dir),
+            "--no-progress", "--tp", "2"]
+    assert run_main(extract_deep_embeddings.main, base + ["--device", "cpu"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--tp 2 with --device cpu on a machine with a GPU" in errors[0]
+    assert "CUDA_VISIBLE_DEVICES=" in errors[0]
+
+
+def test_data_parallel_x_tensor_parallel_on_a_transformers_that_cannot_is_one_line_before_loading(
+        tiny_model_dir, monkeypatch):
+    # transformers 5.17 (seen on a GPU machine) has no mesh builder to hand our mesh to, and failed inside
+    # from_pretrained with "tp_size (2) * fsdp_size (1) is not equal to world_size (4)".
+    from transformers.distributed import mixin
+
+    from diversity_order.deep import model as deep_model
+    from diversity_order.errors import UserError
+
+    class Dimension:
+        def size(self):
+            return 2
+
+    monkeypatch.delattr(mixin, "initialize_distributed_mesh")
+    monkeypatch.setattr("transformers.AutoModel.from_pretrained",
+                        lambda *a, **k: pytest.fail("loaded though this transformers cannot shard so"))
+    with pytest.raises(UserError, match=r"--tp 2: transformers .* cannot shard a model over part of the processes.*"
+                                        r"--nproc_per_node=2"):
+        deep_model.load_model(tiny_model_dir, None, "cpu", True, mesh={"tp": Dimension(), "dp": Dimension()})
 
 
 # ----------------------------------------------------------------------------- incremental reruns
@@ -548,6 +589,21 @@ def test_progress_lines_in_logs_without_a_bar(data, tiny_model_dir, tmp_path, ca
     assert all("docs/s" in line and "tokens/s" in line and "ETA" in line and "peak RSS" in line for line in lines)
     runs = len(data[1]) - 1  # the empty document gets its defined result without a forward pass
     assert lines[-1].startswith(f"Deep embeddings: {runs} of {runs} documents (100%)")
+
+
+def test_last_line_gives_the_batches_own_rate_beside_the_whole_runs(data, tiny_model_dir, tmp_path, caplog):
+    # On a GPU start-up outlasted the batches (an H200: 11.3 s in all, about 2 s of batches), so the
+    # whole run's rate alone undersold the model's throughput.
+    import re
+
+    caplog.set_level("INFO")
+    result = deep.extract(_config(data[0], tmp_path / "emb.npy", tiny_model_dir, batch_size=4))
+    assert 0 < result.batch_seconds <= result.seconds and result.batch_tokens == result.tokens > 0
+    last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Deep embeddings: ")][-1]
+    rate = re.search(r"the batches alone: ([0-9.]+) s, ([0-9,]+) tokens/s", last)
+    assert rate, last
+    assert float(rate.group(1)) == round(result.batch_seconds, 1)
+    assert int(rate.group(2).replace(",", "")) == round(result.batch_tokens / result.batch_seconds)
 
 
 def test_finished_run_removes_temp_files_of_killed_checkpoint_writes(data, tiny_model_dir, baseline, tmp_path):

@@ -1,5 +1,6 @@
-"""torchrun with 2 CPU processes (gloo), on one node or two, gives exactly the single-process result;
-the pieces of the labels-only path (shared cache file, sampled fit) against plain computations."""
+"""torchrun with 2 CPU processes (gloo; a GPU machine's GPUs are hidden from them), on one node or two,
+gives exactly the single-process result; the pieces of the labels-only path (shared cache file, sampled
+fit) against plain computations."""
 
 import json
 import logging
@@ -40,7 +41,7 @@ def test_split_by_bytes_is_contiguous_balanced_and_complete():
 
 
 def torchrun(args, nproc=2):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "curate_dataset.py", *map(str, args), "--no-progress"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -57,7 +58,7 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
     for folder in (single, multi):
         folder.mkdir()
         write_jsonl(folder / "d.jsonl", records)
-    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot"]
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 6, "--seq-len", 2000, "--no-plot"]
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
@@ -82,7 +83,7 @@ def test_records_appended_or_prepended_after_a_run_are_embedded_by_both_ranks(tm
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
     records = topical_records(per_topic=25, long_every=7)
     single, multi = tmp_path / "single", tmp_path / "multi"
-    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot"]
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 6, "--seq-len", 2000, "--no-plot"]
     single.mkdir()
     multi.mkdir()
     write_jsonl(single / "d.jsonl", records)
@@ -123,7 +124,7 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     for folder in (single, multi):
         folder.mkdir()
         write_jsonl(folder / "d.jsonl", records)
-    common = ["--model-dir", tiny_model_dir, "--n-clusters", 4, "--no-plot", "--output-shards", 4]
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--output-shards", 4]
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
@@ -143,7 +144,7 @@ def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(
         folder.mkdir()
         write_jsonl(folder / "d.jsonl", records)
     for budget in ([], ["--memory-budget", "4K"]):  # 4K: the sweep fits a sample read from the file
-        common = ["--model-dir", tiny_model_dir, "--calibrate-k", "--calibrate-k-samples", 0, *budget]
+        common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--calibrate-k", "--calibrate-k-samples", 0, *budget]
         assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                                single / "c.jsonl", *common, "--no-progress"]]) == 0
         log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
@@ -278,7 +279,7 @@ def _free_port() -> int:
 
 def two_nodes(args, timeout=300):
     """Two torchrun launches (1 process each) meeting at a localhost c10d rendezvous, as two nodes would."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     endpoint = f"127.0.0.1:{_free_port()}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test",
@@ -298,7 +299,7 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     edited = records[1:] + records[:1]
     edited[5] = dict(edited[5], text=edited[5]["text"] + " plus an edit")
     single, nodes = tmp_path / "single", tmp_path / "nodes"
-    common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000, "--no-plot",
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 6, "--seq-len", 2000, "--no-plot",
               "--cluster-fit-sample", 100]
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # the edited record is embedded, not found in single/'s cache
 
@@ -516,6 +517,6 @@ with open(os.path.join({str(tmp_path)!r}, "left-" + os.environ["RANK"]), "w") as
 
 
 def _torchrun_script(script: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script)], env=env, capture_output=True, text=True, timeout=300)

@@ -263,11 +263,11 @@ def test_torchrun_on_parquet_equals_single_process(tmp_path, demo_records, tiny_
         for i in range(2):
             pq.write_table(pa.Table.from_pylist(demo_records[i * 60:(i + 1) * 60]), folder / "in" / f"p{i}.parquet",
                            row_group_size=25)
-    common = ["--model-dir", tiny_model_dir, *COMMON]
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", *COMMON]  # the ranks run on CPU: so does this
     assert curate("--input", single / "in", "--output", single / "c.parquet", *common) == 0
     # Its own cache registry: else it would reuse the single run's embeddings and share no work.
-    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-               DIVERSITY_ORDER_CACHE_DIR=str(tmp_path / "multi_registry"))
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               DIVERSITY_ORDER_CACHE_DIR=str(tmp_path / "multi_registry"))  # 2 CPU ranks, also on a GPU machine
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "curate_dataset.py",
            *map(str, ["--input", multi / "in", "--output", multi / "c.parquet", *common]), "--no-progress", "--no-plot"]
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)

@@ -46,6 +46,10 @@ class DeepResult:
     docs: int = 0  # documents computed in this run
     tokens: int = 0
     seconds: float = 0.0
+    # Rank 0's batches alone (its forward passes and their bookkeeping): on a GPU, start-up (imports, CUDA,
+    # tokenizing, loading the model) can take longer than the batches themselves.
+    batch_seconds: float = 0.0
+    batch_tokens: int = 0
     skipped: list = field(default_factory=list)  # (input row, token count)
     nothing_to_do: bool = False
 
@@ -94,7 +98,17 @@ def check_config(config: DeepConfig) -> None:
             raise UserError(f"--tp {config.tp} under torchrun with {world} processes: the process count must be a "
                             f"multiple of --tp (data-parallel groups of {config.tp} tensor-parallel ranks); "
                             f"use {fits}")
+        if config.device == "cpu" and _gpu_visible():
+            raise UserError(f"--tp {config.tp} with --device cpu on a machine with a GPU: transformers puts the "
+                            "tensor-parallel shards on the GPU whatever --device says; use --device cuda, or hide "
+                            "the GPUs (CUDA_VISIBLE_DEVICES= before torchrun)")
     _check_output_writable(Path(config.output))
+
+
+def _gpu_visible() -> bool:
+    from ..runtime import resolve_device
+
+    return resolve_device("auto", 0) != "cpu"
 
 
 def _check_heads_divisible(model_dir: Path, tp: int) -> None:

@@ -227,8 +227,11 @@ def embed_share(job: _Job, partial: Partial, todo: np.ndarray, position: dict) -
              who, todo.size, int(lengths[todo].sum()), job.device, job.dtype, budget)
     loop = BatchLoop(embedder, job.tokens, partial, position, tp_group, config.checkpoint_docs,
                      config.checkpoint_seconds)
+    started = time.perf_counter()
     with progress_for(int(todo.size), int(lengths[todo].sum()), job.device, job.progress, silent=not ctx.is_main) as bar:
         loop.run(todo, job.result, bar)
+    job.result.batch_seconds = time.perf_counter() - started
+    job.result.batch_tokens = job.result.tokens  # this rank's, before the ranks' counts are summed
 
 
 def gather_and_write(job: _Job, partial: Partial) -> None:
@@ -263,9 +266,13 @@ def gather_and_write(job: _Job, partial: Partial) -> None:
             result.docs, result.tokens = (int(v) for v in np.concatenate(totals).sum(axis=0))
     result.seconds = time.perf_counter() - job.started
     if ctx.is_main:
-        log.info("Deep embeddings: %d docs, %d tokens in %.1f s (%.0f tokens/s), %d skipped -> %s (%d x %d)",
-                 result.docs, result.tokens, result.seconds, result.tokens / max(result.seconds, 1e-9),
-                 len(result.skipped), config.output, job.n, job.dim)
+        batches = ""
+        if result.batch_seconds > 0:
+            own = f"rank 0's share, {result.batch_seconds:.1f} s" if job.data_ctx.active else f"{result.batch_seconds:.1f} s"
+            batches = f"; the batches alone: {own}, {result.batch_tokens / result.batch_seconds:,.0f} tokens/s"
+        log.info("Deep embeddings: %d docs, %d tokens in %.1f s (%.0f tokens/s from the start%s), %d skipped -> %s "
+                 "(%d x %d)", result.docs, result.tokens, result.seconds, result.tokens / max(result.seconds, 1e-9),
+                 batches, len(result.skipped), config.output, job.n, job.dim)
 
 
 def _write_skipped(output: Path, skipped: list) -> None:

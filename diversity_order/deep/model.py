@@ -69,6 +69,9 @@ def load_model(model_dir: Path, dtype, device, tensor_parallel: bool = False, at
             extra["tp_plan"] = "auto"
     if mesh is not None:
         extra["device_mesh"] = mesh  # from_pretrained's own argument (a mesh with a "tp" dimension)
+    if mesh is not None and _mesh_builder()[1] is None:
+        # Said before loading: such a transformers fails inside from_pretrained with a message about sizes.
+        raise _dp_x_tp_unsupported(mesh["tp"].size(), "cannot shard a model over part of the processes")
     # Loading takes from seconds to many minutes with no output of its own in a log file: say when
     # it starts and how long it took (the first rank only: under torchrun every rank loads).
     speaks = _first_rank()
@@ -118,15 +121,12 @@ def _sharding_on(mesh, device):
     is patched where that function is missing (other transformers versions): they get
     ``device_mesh=`` only, and ``_check_sharded_on`` refuses a model sharded elsewhere.
     """
-    try:
-        from transformers.distributed import mixin
-        from transformers.distributed.utils import TransformersDeviceMesh
-    except ImportError:
-        mixin = None
-    original = getattr(mixin, "initialize_distributed_mesh", None)
+    mixin, original = _mesh_builder()
     if original is None:
         yield
         return
+    from transformers.distributed.utils import TransformersDeviceMesh
+
     dp, tp = mesh["dp"].size(), mesh["tp"].size()
     if hasattr(mesh, "_unflatten"):  # a view of our mesh: its "tp" process groups are reused
         dense = mesh._unflatten("dp", (1, dp, 1), ("pp", "dp_replicate", "fsdp"))
@@ -148,9 +148,25 @@ def _sharding_on(mesh, device):
         mixin.initialize_distributed_mesh = original
 
 
+def _mesh_builder():
+    """(transformers' module, its mesh builder that ``_sharding_on`` replaces); (None, None) where this
+    transformers has none (5.17 has none: it refuses a tp size below WORLD_SIZE while loading)."""
+    try:
+        from transformers.distributed import mixin
+    except ImportError:
+        return None, None
+    return mixin, getattr(mixin, "initialize_distributed_mesh", None)
+
+
+def _dp_x_tp_unsupported(tp: int, what: str) -> UserError:
+    import transformers
+
+    return UserError(f"--tp {tp}: transformers {transformers.__version__} {what}; data parallel x tensor parallel was "
+                     f"written for transformers 5.23; with this one run --nproc_per_node={tp}")
+
+
 def _check_sharded_on(model, tp_mesh) -> None:
     """Refuse a model whose weights are not sharded over exactly the ranks of ``tp_mesh``."""
-    import transformers
     from torch.distributed.tensor import DTensor
 
     want = sorted(tp_mesh.mesh.flatten().tolist())
@@ -158,9 +174,8 @@ def _check_sharded_on(model, tp_mesh) -> None:
     got = sorted(sharded.device_mesh.mesh.flatten().tolist()) if sharded is not None else None
     if got != want:
         where = "not sharded at all" if got is None else f"sharded over ranks {got}"
-        raise UserError(f"--tp {len(want)}: transformers {transformers.__version__} loaded the model {where}, not "
-                        f"over this tensor-parallel group (ranks {want}); data parallel x tensor parallel was written "
-                        f"for transformers 5.23; with this one run --nproc_per_node={len(want)}")
+        raise _dp_x_tp_unsupported(len(want), f"loaded the model {where}, not over this tensor-parallel group "
+                                              f"(ranks {want})")
 
 
 def config_max_positions(model_dir: Path) -> int | None:
