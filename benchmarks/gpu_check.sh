@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# One-go check on a GPU machine (no network, no real SmolLM2 weights): environment, deep-embedding
+# throughput, extraction single process vs torchrun, k-means backends, the device/torchrun tests.
+#
+#     OUT=/some/folder bash benchmarks/gpu_check.sh                 # on the GPU machine, from the repo root
+#     GPU_CHECK_SITE=/tmp/site OUT=... bash benchmarks/gpu_check.sh  # wheels installed there with pip --target
+#     GPU_CHECK_DEVICE=cpu GPU_CHECK_SMALL=1 OUT=/tmp/gpuout PY=.venv/bin/python bash benchmarks/gpu_check.sh
+#                                                                   # CPU dry run with tiny sizes
+#
+# Needs (carried, git-ignored): demo/smollm2_files/ (SmolLM2-135M's config.json, tokenizer.json,
+# tokenizer_config.json, chat_template.jinja, generation_config.json) and demo/stdlib.jsonl (else a
+# corpus is cut from this Python's standard library). The model is built here with random weights
+# (bf16 safetensors): throughput is measured, not embedding quality.
+#
+# Every step has its own timeout (also cut to what is left of GPU_CHECK_DEADLINE_S), a failing step
+# is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything), gpu_check_summary.json
+# (each step's exit code and seconds, plus every result), env.json, deep_512.json, deep_2048.json,
+# extract_compare.json, cluster.json.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+: "${OUT:?set OUT to the folder the results go to}"
+PY=${PY:-python3}
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+SMALL=${GPU_CHECK_SMALL:-0}
+DEADLINE=${GPU_CHECK_DEADLINE_S:-340}  # no step runs past this many seconds from the start
+WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
+# Where the missing wheels were installed with pip --target (e.g. /tmp/site): written into a .pth file of
+# this Python's site folder so the tests' subprocesses see them too. Only where asked: it changes that Python.
+SITE=${GPU_CHECK_SITE:-}
+MODEL_FILES=${GPU_CHECK_MODEL_FILES:-demo/smollm2_files}
+CORPUS=${GPU_CHECK_CORPUS:-demo/stdlib.jsonl}
+PYTEST_STOP=${GPU_CHECK_PYTEST_STOP:---maxfail=25}  # -x to stop at the first failure
+TESTS=${GPU_CHECK_TESTS:-tests/test_deep.py tests/test_distributed.py tests/test_embed.py tests/test_clustering.py tests/test_formats.py::test_torchrun_on_parquet_equals_single_process}
+if [[ $SMALL == 1 ]]; then
+  DEEP_DOCS=24 DEEP_DOCS_LONG=12 EXTRACT_DOCS=40 CLUSTER_N=20000 TINY=--tiny
+else
+  # On an H200 the one-document-at-a-time path is bound by kernel launches (~30 layers): ~10 ms a
+  # document, so 2000 documents ~20-30 s; the batched path takes a few seconds of that.
+  DEEP_DOCS=2000 DEEP_DOCS_LONG=1200 EXTRACT_DOCS=2000 CLUSTER_N=1000000 TINY=
+fi
+DEEP_DOCS=${GPU_CHECK_DEEP_DOCS:-$DEEP_DOCS}
+DEEP_DOCS_LONG=${GPU_CHECK_DEEP_DOCS_LONG:-$DEEP_DOCS_LONG}
+EXTRACT_DOCS=${GPU_CHECK_EXTRACT_DOCS:-$EXTRACT_DOCS}
+CLUSTER_N=${GPU_CHECK_CLUSTER_N:-$CLUSTER_N}
+
+mkdir -p "$OUT" "$WORK"
+rm -rf "${WORK:?}"/*
+STEPS=$WORK/steps.tsv
+: > "$STEPS"
+LOG=$OUT/gpu_check.log
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
+export DIVERSITY_ORDER_CACHE_DIR=$WORK/registry PYTHONUNBUFFERED=1
+unset DIVERSITY_ORDER_SMOLLM2  # tests that need the real model skip
+T0=$(date +%s)
+HELP=benchmarks/gpu_check_helpers.py
+MODEL=$WORK/model
+
+# step NAME LIMIT CMD...: run CMD under timeout (LIMIT, or what is left before DEADLINE), record rc and seconds.
+# SIG=INT step ...: the timeout interrupts (pytest then still prints its counts and writes its report).
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((DEADLINE - ($(date +%s) - T0)))
+  ((limit > left)) && limit=$left
+  if ((limit < 15)); then
+    echo "=== [$name] SKIPPED: $left s left before the ${DEADLINE} s deadline"
+    printf '%s\tskipped\t0\n' "$name" >> "$STEPS"
+    return 0
+  fi
+  echo "=== [$name] $(date +%T) (t+$(($(date +%s) - T0)) s, timeout ${limit} s): $*"
+  local started=$(date +%s.%N)
+  timeout -s "${SIG:-TERM}" -k 15 "$limit" "$@"
+  local rc=$?
+  local seconds=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  ((rc == 124 || rc == 137)) && echo "=== [$name] TIMED OUT after ${limit} s"
+  echo "=== [$name] rc=$rc in ${seconds} s"
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$seconds" >> "$STEPS"
+  return 0
+}
+
+main() {
+  echo "gpu_check: device=$DEVICE small=$SMALL python=$PY deadline=${DEADLINE}s work=$WORK out=$OUT"
+  # Tests start subprocesses with PYTHONPATH=<repo root>: the wheels installed with --target must be
+  # found without PYTHONPATH too.
+  if [[ -n $SITE && -d $SITE ]]; then
+    step site_pth 30 "$PY" "$HELP" site-pth "$SITE"
+  fi
+
+  # 1. The machine.
+  if command -v nvidia-smi > /dev/null; then
+    step nvidia_smi 20 nvidia-smi
+  fi
+  step env 60 bash -c "'$PY' '$HELP' info | tee '$OUT/env.json'"
+
+  # 2. A SmolLM2-135M-shaped model with random weights.
+  step model 90 "$PY" "$HELP" model "$MODEL_FILES" "$MODEL" $TINY
+  if [[ ! -s $CORPUS ]]; then
+    echo "$CORPUS not here: cutting a corpus from this Python's standard library"
+    CORPUS=$WORK/corpus.jsonl
+    step corpus 60 "$PY" "$HELP" corpus "$CORPUS" --docs 5000
+  fi
+  echo "corpus: $CORPUS ($(wc -l < "$CORPUS") documents)"
+
+  # 3. Deep-embedding throughput: batched extraction vs one document at a time (512 tokens).
+  step deep_512 150 bash -c "'$PY' benchmarks/bench_deep.py --device '$DEVICE' --model '$MODEL' --corpus '$CORPUS' \
+    --docs $DEEP_DOCS --max-tokens 512 > '$WORK/deep_512.txt' && '$PY' '$HELP' json-tail '$WORK/deep_512.txt' '$OUT/deep_512.json'"
+
+  # 4. extract_deep_embeddings.py: one process, torchrun with 1 process (WORLD_SIZE=1: no process group
+  #    is joined, the single-process path), and torchrun with the group forced (NCCL on CUDA, gloo on CPU).
+  local args="--input $CORPUS --model-dir $MODEL --device $DEVICE --limit $EXTRACT_DOCS --max-tokens 512 --no-progress"
+  mkdir -p "$WORK/x_single" "$WORK/x_torchrun" "$WORK/x_forced"
+  step extract_single 90 env DIVERSITY_ORDER_CACHE_DIR="$WORK/x_single" \
+    "$PY" extract_deep_embeddings.py $args --output "$WORK/x_single/e.npy"
+  step extract_torchrun1 120 env DIVERSITY_ORDER_CACHE_DIR="$WORK/x_torchrun" \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 extract_deep_embeddings.py $args \
+    --output "$WORK/x_torchrun/e.npy"
+  step extract_torchrun1_pg 120 env DIVERSITY_ORDER_CACHE_DIR="$WORK/x_forced" \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "$HELP" forced-pg -- $args \
+    --output "$WORK/x_forced/e.npy"
+  step extract_compare 30 "$PY" "$HELP" compare "$OUT/extract_compare.json" \
+    "$WORK/x_single/e.npy" "$WORK/x_torchrun/e.npy" "$WORK/x_forced/e.npy"
+
+  # 5. The tests that touch devices and torchrun (the real-model ones are marked slow and skip).
+  local xdist=""
+  if "$PY" -c "import xdist" 2> /dev/null; then
+    xdist="-n ${GPU_CHECK_PYTEST_WORKERS:-8}"
+  fi
+  # GPU_CHECK_PYTEST_CPU=1 hides the GPU from the tests (CUDA_VISIBLE_DEVICES=""): runs whose --device
+  # is auto (the torchrun curate tests) then take the CPU, as on a machine without one.
+  local hide=()
+  [[ ${GPU_CHECK_PYTEST_CPU:-0} == 1 ]] && hide=(env CUDA_VISIBLE_DEVICES=)
+  SIG=INT step pytest "${GPU_CHECK_PYTEST_TIMEOUT:-150}" ${hide[@]+"${hide[@]}"} "$PY" -m pytest -q $PYTEST_STOP -p no:cacheprovider -m "not slow" $xdist \
+    --junitxml="$WORK/pytest.xml" $TESTS
+
+  # 6. k-means: scikit-learn MiniBatchKMeans (CPU) vs the torch backend on $DEVICE, CLUSTER_N x 576, k=30.
+  step cluster_base 30 "$PY" "$HELP" cluster-base "$WORK/base.npy"
+  step cluster 150 "$PY" benchmarks/bench_cluster.py --n "$CLUSTER_N" --k 30 --embeddings "$WORK/base.npy" \
+    --backends sklearn torch --device "$DEVICE" --out "$OUT/cluster.json"
+
+  # 3b. Longer documents, if time is left.
+  step deep_2048 120 bash -c "'$PY' benchmarks/bench_deep.py --device '$DEVICE' --model '$MODEL' --corpus '$CORPUS' \
+    --docs $DEEP_DOCS_LONG --max-tokens 2048 > '$WORK/deep_2048.txt' && '$PY' '$HELP' json-tail '$WORK/deep_2048.txt' '$OUT/deep_2048.json'"
+
+  echo "=== summary (t+$(($(date +%s) - T0)) s)"
+  "$PY" "$HELP" summary "$OUT" "$STEPS" "$WORK/pytest.xml"
+}
+
+main 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"
