@@ -28,7 +28,10 @@ WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 # Where the missing wheels were installed with pip --target (e.g. /tmp/site): written into a .pth file of
 # this Python's site folder so the tests' subprocesses see them too. Only where asked: it changes that Python.
 SITE=${GPU_CHECK_SITE:-}
+# The small files only (the weights are random): a copy that travels without the 257 MB safetensors, or
+# the model folder `make model` writes, where it is here.
 MODEL_FILES=${GPU_CHECK_MODEL_FILES:-demo/smollm2_files}
+[[ -d $MODEL_FILES || ! -d demo/SmolLM2-135M ]] || MODEL_FILES=demo/SmolLM2-135M
 CORPUS=${GPU_CHECK_CORPUS:-demo/stdlib.jsonl}
 PYTEST_STOP=${GPU_CHECK_PYTEST_STOP:---maxfail=25}  # -x to stop at the first failure
 TESTS=${GPU_CHECK_TESTS:-tests/test_deep.py tests/test_distributed.py tests/test_embed.py tests/test_clustering.py tests/test_formats.py::test_torchrun_on_parquet_equals_single_process}
