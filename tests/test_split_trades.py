@@ -158,11 +158,24 @@ def test_a_trade_applied_to_the_stretch_matches_windows_cut_again(corpus, seed, 
     runs = np.empty((w1 - w0 + 1, 2), dtype=np.int64)
     n_runs, n_recut = split_trades._recut_runs(off, p, q, w0, w1, tok[q] - tok[p], seq_len, runs)
     assert n_recut == plain_recut_count(off, p, q, w0, w1, tok[q] - tok[p], seq_len)
-    trial_tokens, trial_docs = tokens[w0:w1 + 1].copy(), docs[w0:w1 + 1].copy()
-    gained = split_trades._trade(trial_tokens, trial_docs, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
-    assert np.array_equal(trial_tokens, tokens_after[w0:w1 + 1])
-    assert np.array_equal(trial_docs, docs_after[w0:w1 + 1])
+    stretch = w1 - w0 + 1
+    d_tokens, d_docs = np.zeros((stretch, n_clusters), np.int64), np.zeros((stretch, n_clusters), np.int64)
+    seen, touched = np.zeros((stretch, n_clusters), bool), np.empty((stretch * n_clusters, 2), np.int64)
+    n_touched = split_trades._trade(d_tokens, d_docs, seen, touched, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
+    assert np.array_equal(tokens[w0:w1 + 1] + d_tokens, tokens_after[w0:w1 + 1])
+    assert np.array_equal(docs[w0:w1 + 1] + d_docs, docs_after[w0:w1 + 1])
+    # every changed entry listed once (and only those: the rest of the changes are zero)
+    listed = {tuple(pair) for pair in touched[:n_touched].tolist()}
+    assert len(listed) == n_touched and listed == {(i, c) for i, c in zip(*np.nonzero(seen))}
+    assert all(listed.__contains__((i, c)) for i, c in zip(*np.nonzero(d_tokens | d_docs)))
+    gained = split_trades._gained(docs, d_docs, touched, n_touched, w0, 0, -1)
     assert gained == int((docs_after[w0:w1 + 1] > 0).sum() - (docs[w0:w1 + 1] > 0).sum())
+    shares = diversity.global_token_shares(labels, counts, n_clusters)
+    for i in range(stretch):
+        after = split_trades._row_deviation_after(tokens, w0 + i, d_tokens, i, seq_len, shares)
+        assert after == split_trades._row_deviation(tokens_after, w0 + i, seq_len, shares)
+    split_trades._clear(d_tokens, d_docs, seen, touched, n_touched)
+    assert not d_tokens.any() and not d_docs.any() and not seen.any()
     band_tokens = np.zeros((split_trades.BAND, n_clusters), dtype=np.int64)
     band_docs = np.zeros_like(band_tokens)
     scan = 0

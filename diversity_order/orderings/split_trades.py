@@ -132,21 +132,95 @@ def _recut_runs(off, p, q, w0, w1, delta, seq_len, runs):
     return n_runs, n_docs
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _window_at(x, seq_len, w0, w1):
+    """The window of token x, from w0 up to w1 + 1 (w0 - 1 before w0): a stretch spans a few windows, and
+    stepping over its cuts is cheaper than dividing by seq_len (several divisions per proposal)."""
+    if x < w0 * seq_len:
+        return w0 - 1
+    w = w0
+    while w <= w1 and (w + 1) * seq_len <= x:
+        w += 1
+    return w
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_delta(dcnt, dnd, seen, touched, n_touched, c, offset, t, sign, seq_len, w0, w1):
+    """Record in dcnt / dnd (row i: window w0 + i) adding (sign 1) or taking out (-1) a document of cluster c
+    at ``offset``, its pieces in windows w0..w1 only; each (window, cluster) entry first changed goes into
+    ``touched``. Returns how many entries ``touched`` holds."""
+    first = _window_at(offset, seq_len, w0, w1)
+    if t == 0:
+        if offset > 0 and offset == first * seq_len:
+            first -= 1  # on a cut: the window of the token before it (``recut._window_of_empty``)
+        last = first
+    else:
+        last = _window_at(offset + t - 1, seq_len, first, w1)
+    for w in range(max(first, w0), min(last, w1) + 1):
+        i = w - w0
+        if t > 0:
+            dcnt[i, c] += sign * (min(offset + t, (w + 1) * seq_len) - max(offset, w * seq_len))
+        dnd[i, c] += sign
+        if not seen[i, c]:
+            seen[i, c] = True
+            touched[n_touched, 0] = i
+            touched[n_touched, 1] = c
+            n_touched += 1
+    return n_touched
+
+
 @njit(cache=True, nogil=True)
-def _trade(cnt, nd, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1):
-    """Rows 0..w1 - w0 of cnt and nd hold windows w0..w1: apply the trade of positions p and q to them.
-    Returns the change in unique clusters summed over those windows."""
+def _trade(dcnt, dnd, seen, touched, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1):
+    """The trade of positions p and q as changes to windows w0..w1: per window (row i: window w0 + i) and
+    cluster, tokens into dcnt and documents into dnd (zero on entry), each changed entry listed once in
+    ``touched`` (``seen`` marks them). Returns how many entries ``touched`` holds. Recording changes rather
+    than applying them to a copy of the windows spares copying K entries per window for every proposal."""
     delta = tok[q] - tok[p]
     start, end = off[p], off[q + 1]
-    gained = _put(cnt, nd, lab[p], start, tok[p], -1, seq_len, w0, w1, w0, -1)
-    gained += _put(cnt, nd, lab[q], off[q], tok[q], -1, seq_len, w0, w1, w0, -1)
-    gained += _put(cnt, nd, lab[q], start, tok[q], 1, seq_len, w0, w1, w0, -1)
-    gained += _put(cnt, nd, lab[p], end - tok[p], tok[p], 1, seq_len, w0, w1, w0, -1)
-    for i in range(n_runs):
-        for r in range(runs[i, 0], runs[i, 1] + 1):
-            gained += _put(cnt, nd, lab[r], off[r], tok[r], -1, seq_len, w0, w1, w0, -1)
-            gained += _put(cnt, nd, lab[r], off[r] + delta, tok[r], 1, seq_len, w0, w1, w0, -1)
+    n = _add_delta(dcnt, dnd, seen, touched, 0, lab[p], start, tok[p], -1, seq_len, w0, w1)
+    n = _add_delta(dcnt, dnd, seen, touched, n, lab[q], off[q], tok[q], -1, seq_len, w0, w1)
+    n = _add_delta(dcnt, dnd, seen, touched, n, lab[q], start, tok[q], 1, seq_len, w0, w1)
+    n = _add_delta(dcnt, dnd, seen, touched, n, lab[p], end - tok[p], tok[p], 1, seq_len, w0, w1)
+    for j in range(n_runs):
+        for r in range(runs[j, 0], runs[j, 1] + 1):
+            n = _add_delta(dcnt, dnd, seen, touched, n, lab[r], off[r], tok[r], -1, seq_len, w0, w1)
+            n = _add_delta(dcnt, dnd, seen, touched, n, lab[r], off[r] + delta, tok[r], 1, seq_len, w0, w1)
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _gained(nd, dnd, touched, n_touched, w0, base, mask):
+    """The change in unique clusters summed over the windows once dnd is added (window w in nd's row
+    (w - base) & mask)."""
+    gained = 0
+    for j in range(n_touched):
+        i, c = touched[j, 0], touched[j, 1]
+        held = nd[(w0 + i - base) & mask, c]
+        gained += (held + dnd[i, c] > 0) - (held > 0)
     return gained
+
+
+@njit(cache=True, nogil=True)
+def _row_deviation_after(cnt, row, dcnt, i, fill, shares):
+    """``_row_deviation`` of row ``row`` of cnt with row i of dcnt added."""
+    if fill <= 0:
+        return 0.0, 0
+    worst = 0.0
+    arg = 0
+    for k in range(shares.shape[0]):
+        d = cnt[row, k] + dcnt[i, k] - shares[k] * fill
+        if abs(d) > worst:
+            worst, arg = abs(d), (k + 1 if d > 0 else -k - 1)
+    return worst / fill, arg
+
+
+@njit(cache=True, nogil=True)
+def _clear(dcnt, dnd, seen, touched, n_touched):
+    for j in range(n_touched):
+        i, c = touched[j, 0], touched[j, 1]
+        dcnt[i, c] = 0
+        dnd[i, c] = 0
+        seen[i, c] = False
 
 
 @njit(cache=True, nogil=True)
@@ -160,8 +234,10 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
     dev = np.zeros(BAND, dtype=np.float64)
     worst = np.zeros(BAND, dtype=np.int64)
     runs = np.empty((max_windows, 2), dtype=np.int64)
-    trial_cnt = np.empty((max_windows, k_total), dtype=np.int64)  # the stretch's windows after a trade
-    trial_nd = np.empty((max_windows, k_total), dtype=np.int64)
+    dcnt = np.zeros((max_windows, k_total), dtype=np.int64)  # a trade's changes to the stretch's windows
+    dnd = np.zeros((max_windows, k_total), dtype=np.int64)
+    seen = np.zeros((max_windows, k_total), dtype=np.bool_)
+    touched = np.empty((max_windows * k_total, 2), dtype=np.int64)
     trial_dev = np.empty(max_windows, dtype=np.float64)
     trial_worst = np.empty(max_windows, dtype=np.int64)
     p_start = np.searchsorted(off[:n], w_lo * seq_len, side="left")
@@ -171,13 +247,13 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
     for p in range(p_start, p_end):
         if tok[p] == 0:
             continue
+        w0 = off[p] // seq_len  # p's first window (a trade that changes it ends p's tries)
         for _ in range(tries):
             state, q = _draw_partner(state, p, span)
             if q >= n:
                 break
             if tok[q] == 0 or lab[p] == lab[q]:
                 continue
-            w0 = off[p] // seq_len
             w1 = (off[q + 1] - 1) // seq_len
             if (w1 == w0 or w1 >= w_hi or w1 - w0 >= max_windows or part[w0] != part[w1]
                     or part[w0] == ACROSS):
@@ -199,27 +275,29 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
             n_runs, n_recut = _recut_runs(off, p, q, w0, w1, delta, seq_len, runs)
             if n_recut > max_recut:
                 continue
-            for w in range(w0, w1 + 1):
-                trial_cnt[w - w0] = cnt[w & (BAND - 1)]
-                trial_nd[w - w0] = nd[w & (BAND - 1)]
-            gained = _trade(trial_cnt, trial_nd, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
-            if gained < 0:
+            n_touched = _trade(dcnt, dnd, seen, touched, lab, tok, off, p, q, runs, n_runs, seq_len, w0, w1)
+            take = _gained(nd, dnd, touched, n_touched, w0, 0, BAND - 1) >= 0
+            if take:
+                budget = -EPSILON  # the windows' summed deviation must fall by more than EPSILON
+                for w in range(w0, w1 + 1):
+                    budget += dev[w & (BAND - 1)]
+                for w in range(w0, w1 + 1):
+                    trial_dev[w - w0], trial_worst[w - w0] = _row_deviation_after(cnt, w & (BAND - 1), dcnt, w - w0,
+                                                                                  fill[w], shares)
+                    budget -= trial_dev[w - w0]
+                    if budget <= 0:
+                        break
+                take = budget > 0
+            if take:
+                for j in range(n_touched):
+                    row, c = (w0 + touched[j, 0]) & (BAND - 1), touched[j, 1]
+                    cnt[row, c] += dcnt[touched[j, 0], c]
+                    nd[row, c] += dnd[touched[j, 0], c]
+                for w in range(w0, w1 + 1):
+                    dev[w & (BAND - 1)], worst[w & (BAND - 1)] = trial_dev[w - w0], trial_worst[w - w0]
+            _clear(dcnt, dnd, seen, touched, n_touched)
+            if not take:
                 continue
-            budget = -EPSILON  # the windows' summed deviation must fall by more than EPSILON
-            for w in range(w0, w1 + 1):
-                budget += dev[w & (BAND - 1)]
-            for w in range(w0, w1 + 1):
-                trial_dev[w - w0], trial_worst[w - w0] = _row_deviation(trial_cnt, w - w0, fill[w], shares)
-                budget -= trial_dev[w - w0]
-                if budget <= 0:
-                    break
-            if budget <= 0:
-                continue
-            for w in range(w0, w1 + 1):
-                row = w & (BAND - 1)
-                cnt[row] = trial_cnt[w - w0]
-                nd[row] = trial_nd[w - w0]
-                dev[row], worst[row] = trial_dev[w - w0], trial_worst[w - w0]
             for r in range(p + 1, q + 1):
                 off[r] += delta
             doc[p], doc[q] = doc[q], doc[p]
