@@ -25,6 +25,12 @@ the same bytes.
   many very short records (median ~12 tokens).
 - files: whole .py files of half the installed packages: few, long documents (median ~2k tokens).
 
+Outside the suite (``EXTRA_CORPORA``, built only with ``--only``), checked once as held-out data:
+
+- prose: text, not code: every docstring of the standard library (tests excluded) whole, grouped by
+  top-level module; each help topic of ``pydoc_data.topics``; and the paragraphs of each installed
+  package's long description (``*.dist-info/METADATA``), grouped by package.
+
 Which of these the ordering was tuned on and which were held out is recorded in
 ``bench_ordering_quality.py`` (``TUNING_CORPORA``).
 """
@@ -196,6 +202,30 @@ def mix_stdlib_corpus() -> Iterator[dict]:
     yield from _heavy_tailed_mix(files, STDLIB, top, n_buckets=1)
 
 
+def prose_corpus() -> Iterator[dict]:
+    files = _py_files(STDLIB, skip_dirs=("test", "tests", "site-packages"))
+    top = lambda p: p.relative_to(STDLIB).parts[0].removesuffix(".py")  # noqa: E731
+    files.sort(key=lambda p: (top(p), str(p)))
+    for path in files:
+        tree = _parse(_read(path))
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node, clean=True)
+                if doc and doc.strip():
+                    yield {"text": doc, "source": top(path)}
+    topics = ast.literal_eval(_parse(_read(STDLIB / "pydoc_data" / "topics.py")).body[-1].value)
+    for name in sorted(topics):
+        yield {"text": topics[name].strip(), "source": "pydoc-topics"}
+    for metadata in sorted(SITE_PACKAGES.glob("*.dist-info/METADATA")):
+        body = _read(metadata).split("\n\n", 1)[1] if "\n\n" in _read(metadata) else ""
+        package = metadata.parent.name.split("-")[0].lower()
+        for paragraph in PARAGRAPH_BREAK.split(body):
+            if paragraph.strip():
+                yield {"text": paragraph.strip(), "source": package}
+
+
 BUILDERS = {
     "packages": packages_corpus,
     "stdlib-tests": stdlib_tests_corpus,
@@ -204,7 +234,9 @@ BUILDERS = {
     "mix-stdlib": mix_stdlib_corpus,
     "docstring-lines": docstring_lines_corpus,
     "files": files_corpus,
+    "prose": prose_corpus,
 }
+EXTRA_CORPORA = ("prose",)
 
 
 def build(out: Path, names: list[str]) -> None:
@@ -249,7 +281,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("build", "label", "all", "shape"))
     p.add_argument("out", type=Path)
-    p.add_argument("--only", nargs="+", choices=CORPORA + ("demo",), help="default: every corpus (build: all but demo)")
+    p.add_argument("--only", nargs="+", choices=CORPORA + EXTRA_CORPORA + ("demo",),
+                   help="default: every corpus of the suite (build: all but demo)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "demo/SmolLM2-135M")
     args = p.parse_args()
     names = args.only or list(CORPORA) + ["demo"]
