@@ -268,15 +268,19 @@ class StageTimer:
         beside = getattr(self._thread, "beside", False)
         cpu_clock = time.thread_time if beside else time.process_time
         started, cpu_started = time.perf_counter(), cpu_clock()
+        compiling_before = compile_seconds()
         yield
         elapsed, cpu = time.perf_counter() - started, cpu_clock() - cpu_started
+        compiling = compile_seconds() - compiling_before
         self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
         self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0) + cpu, 3)
         self.peak_rss_mb[name] = peak_rss_mb()
         if beside:
             self.beside.add(name)
-        log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB)", name, elapsed, cpu,
-                 " in its thread, beside other stages" if beside else "", self.peak_rss_mb[name])
+        # First runs only: numba compiling the package's kernels (cached afterwards) can be most of a stage.
+        compiled = f"; {compiling:.1f} s of it compiling numba kernels, first run only" if compiling >= 0.5 else ""
+        log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB%s)", name, elapsed, cpu,
+                 " in its thread, beside other stages" if beside else "", self.peak_rss_mb[name], compiled)
         release_free_memory()
 
     @contextlib.contextmanager
@@ -422,13 +426,21 @@ class CompileNotice:
 
         class _Listener(numba_events.Listener):
             def on_start(listener, event) -> None:
+                if self.depth == 0:
+                    self.started = time.perf_counter()
+                self.depth += 1
                 self.on_compile(event.data["dispatcher"].py_func.__module__)
 
             def on_end(listener, event) -> None:
-                pass
+                self.depth -= 1
+                if self.depth == 0:
+                    self.seconds += time.perf_counter() - self.started
 
         self.listener = _Listener()
         self.said = False
+        self.depth = 0  # compiles nest (a kernel compiles the kernels it calls): time the outermost
+        self.started = 0.0
+        self.seconds = 0.0  # spent compiling this package's kernels, outermost compiles summed
 
     def on_compile(self, module: str) -> None:
         if not self.said and module.split(".")[0] == __name__.split(".")[0]:
@@ -452,3 +464,8 @@ class CompileNotice:
 def notice_compiling() -> CompileNotice:
     """Install the process's one ``CompileNotice`` (the scripts call it when they set up logging)."""
     return CompileNotice().install()
+
+
+def compile_seconds() -> float:
+    """Seconds numba has spent compiling in this process since the scripts set up logging (0 before)."""
+    return notice_compiling.cache_info().currsize and notice_compiling().seconds

@@ -358,6 +358,23 @@ def test_compiling_the_packages_kernels_is_said_once_and_only_for_its_own(caplog
         notice.remove()
     lines = [r.getMessage() for r in caplog.records if "Compiling the package's numba kernels" in r.getMessage()]
     assert len(lines) == 1, lines
+    assert notice.depth == 0 and notice.seconds > 0  # the compiles' time, outermost ones summed
+
+
+def test_a_stage_says_how_much_of_it_was_compiling(caplog, monkeypatch):
+    from diversity_order import runtime
+
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    readings = iter([3.0, 5.5, 5.5, 5.6])  # compile_seconds() at the start and end of each stage
+    monkeypatch.setattr(runtime, "compile_seconds", lambda: next(readings))
+    timer = runtime.StageTimer()
+    with timer.stage("Ordering (paced)"):
+        pass
+    with timer.stage("Diversity statistics"):
+        pass
+    done = [r.getMessage() for r in caplog.records if " done in " in r.getMessage()]
+    assert "2.5 s of it compiling numba kernels, first run only" in done[0]
+    assert "compiling" not in done[1]  # 0.1 s: not worth a word
 
 
 def test_scripts_log_compiling(caplog):
