@@ -65,7 +65,13 @@ def init_from_env(use_cuda: bool) -> DistContext:
 
     if not dist.is_initialized():
         _import_modules_that_capture_the_world_group()
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=collective_timeout())
+        backend = "nccl" if use_cuda else "gloo"
+        if os.environ.get("RANK", "0") == "0":
+            # It waits for every process: said first, so a run stuck there does not look stuck anywhere else.
+            log.info("Joining the process group (%s processes, %s, rendezvous %s:%s) ...",
+                     os.environ.get("WORLD_SIZE", "?"), backend, os.environ.get("MASTER_ADDR", "?"),
+                     os.environ.get("MASTER_PORT", "?"))
+        dist.init_process_group(backend=backend, timeout=collective_timeout())
     ctx = DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
     if use_cuda:
         torch.cuda.set_device(ctx.local_rank)

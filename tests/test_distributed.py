@@ -64,6 +64,7 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
     assert log.count("Token counts and embeddings (2 ranks) done") == 1  # every rank times it; only rank 0 logs
     assert "Embedding 150 new or changed record(s) of 150 on 2 ranks" in log and "Rank 0 of 2: " in log
+    assert log.count("Joining the process group (2 processes, gloo, rendezvous ") == 1  # before it waits
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
 

@@ -270,9 +270,10 @@ def gather_and_write(job: _Job, partial: Partial) -> None:
         if result.batch_seconds > 0:
             own = f"rank 0's share, {result.batch_seconds:.1f} s" if job.data_ctx.active else f"{result.batch_seconds:.1f} s"
             batches = f"; the batches alone: {own}, {result.batch_tokens / result.batch_seconds:,.0f} tokens/s"
-        log.info("Deep embeddings: %d docs, %d tokens in %.1f s (%.0f tokens/s from the start%s), %d skipped -> %s "
-                 "(%d x %d)", result.docs, result.tokens, result.seconds, result.tokens / max(result.seconds, 1e-9),
-                 batches, len(result.skipped), config.output, job.n, job.dim)
+        log.info("Deep embeddings: %s docs, %s tokens in %.1f s (%s tokens/s from the start%s), %d skipped -> %s "
+                 "(%d x %d)", f"{result.docs:,}", f"{result.tokens:,}", result.seconds,
+                 f"{result.tokens / max(result.seconds, 1e-9):,.0f}", batches, len(result.skipped), config.output,
+                 job.n, job.dim)
 
 
 def _write_skipped(output: Path, skipped: list) -> None:
