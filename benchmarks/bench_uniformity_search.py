@@ -424,11 +424,15 @@ def search_cell(labels, counts, k, seq_len, packing, iterations_per_doc, min_div
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpora", type=Path, required=True)
+    parser.add_argument("--corpora", type=Path, required=True, help="the folder eval_corpora.py built and labelled")
     parser.add_argument("--quality", type=Path,
-                        default=ROOT / "benchmarks" / "results_ordering_quality_2026-11-26_leaders.json")
-    parser.add_argument("--iterations-per-doc", type=float, default=400)
-    parser.add_argument("--synthetic-docs", type=int, default=100_000)
+                        default=ROOT / "benchmarks" / "results_ordering_quality_2026-11-26_leaders.json",
+                        help="a bench_ordering_quality.py result: its random and stratified figures are the criteria's "
+                             "yardsticks, its misses the default cells (default: %(default)s)")
+    parser.add_argument("--iterations-per-doc", type=float, default=400,
+                        help="steps of the search per document (default %(default)s)")
+    parser.add_argument("--synthetic-docs", type=int, default=100_000,
+                        help="documents of each synthetic corpus (default %(default)s, as the quality bench)")
     parser.add_argument("--cells", nargs="*", help="corpus:seq_len to run (default: every cell paced misses U in, in --quality)")
     parser.add_argument("--packing", choices=("whole", "split"), help="only this packing model (default: both)")
     parser.add_argument("--t-start", type=float, default=T_START,
@@ -442,13 +446,24 @@ def main() -> None:
                         help="packing whole: each step keeps its two windows' unique clusters, as paced's rules do")
     parser.add_argument("--keep-paced-diversity", action="store_true",
                         help="keep paced's unique clusters per window (default: down to stratified's - 0.05)")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="a JSON of the settings and every cell's result")
     args = parser.parse_args()
+    whole_only = {"--max-window-gap": args.max_window_gap != 0, "--forward-only": args.forward_only,
+                  "--trades-only": args.trades_only, "--fixed-openers": args.fixed_openers,
+                  "--per-step-diversity": args.per_step_diversity}
+    given = [flag for flag, on in whole_only.items() if on]
+    if given and args.packing != "whole":
+        parser.error(f"{', '.join(given)}: packing whole only; add --packing whole (the split search ignores them)")
 
     quality = json.loads(args.quality.read_text())["corpora"]
     wanted = None if args.cells is None else {(c.split(":")[0], int(c.split(":")[1])) for c in args.cells}
     corpora = load_corpora(args.corpora, args.synthetic_docs)
     rows = []
+    missing = set() if wanted is None else wanted - {(n, c["seq_len"]) for n in corpora
+                                                     for c in quality.get(n, {}).get("cells", [])}
+    if missing:
+        parser.error(f"--cells {' '.join(f'{n}:{L}' for n, L in sorted(missing))}: no such corpus and length in "
+                     f"--corpora {args.corpora} and --quality {args.quality.name}")
     for name, (labels, counts, k) in corpora.items():
         for cell in quality.get(name, {}).get("cells", []):
             if args.packing and cell["packing"] != args.packing:
@@ -485,7 +500,10 @@ def main() -> None:
                   f"paced {row['paced_over_random']:.3f}  found D {row['found_diversity_vs_stratified']:+.2f} "
                   f"B {row['found_shift_over_random']:.2f}  {row['seconds']} s", flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"iterations_per_doc": args.iterations_per_doc, "cells": rows}, indent=1))
+        settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()
+                    if key != "out"}
+        args.out.write_text(json.dumps({"settings": settings, "iterations_per_doc": args.iterations_per_doc,
+                                        "cells": rows}, indent=1))
 
 
 if __name__ == "__main__":

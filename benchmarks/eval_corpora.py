@@ -259,9 +259,11 @@ def _input(out: Path, name: str) -> Path:
 def label(out: Path, names: list[str], model_dir: Path) -> None:
     """The real pipeline, once per corpus: token counts beside the input, labels in OUT/labels/."""
     for name in names:
-        subprocess.run([sys.executable, str(ROOT / "curate_dataset.py"), "--input", str(_input(out, name)),
-                        "--output", str(out / "labels" / f"{name}_curated.jsonl"), "--model-dir", str(model_dir),
-                        "--stats-only", "--no-plot", "--no-progress"], check=True)
+        done = subprocess.run([sys.executable, str(ROOT / "curate_dataset.py"), "--input", str(_input(out, name)),
+                               "--output", str(out / "labels" / f"{name}_curated.jsonl"), "--model-dir",
+                               str(model_dir), "--stats-only", "--no-plot", "--no-progress"])
+        if done.returncode:  # curate_dataset.py has said why, in one line
+            sys.exit(f"labelling {name} failed (exit {done.returncode}); --model-dir {model_dir} is the model used")
 
 
 def load(out: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -282,7 +284,7 @@ def main() -> None:
     p.add_argument("command", choices=("build", "label", "all", "shape"))
     p.add_argument("out", type=Path)
     p.add_argument("--only", nargs="+", choices=CORPORA + EXTRA_CORPORA + ("demo",),
-                   help="default: every corpus of the suite (build: all but demo)")
+                   help="default: every corpus of the suite (build: all but demo); prose only when named")
     p.add_argument("--model-dir", type=Path, default=ROOT / "demo/SmolLM2-135M")
     args = p.parse_args()
     names = args.only or list(CORPORA) + ["demo"]

@@ -2,28 +2,33 @@
 # One-go check on a GPU machine (no network, no real SmolLM2 weights): environment, deep-embedding
 # throughput, extraction single process vs torchrun, k-means backends, the device/torchrun tests.
 #
-#     OUT=/some/folder bash benchmarks/gpu_check.sh                 # on the GPU machine, from the repo root
-#     GPU_CHECK_SITE=/tmp/site OUT=... bash benchmarks/gpu_check.sh  # wheels installed there with pip --target
-#     GPU_CHECK_DEVICE=cpu GPU_CHECK_SMALL=1 OUT=/tmp/gpuout PY=.venv/bin/python bash benchmarks/gpu_check.sh
-#                                                                   # CPU dry run with tiny sizes
+#     make setup model corpus && OUT=gpu_out bash benchmarks/gpu_check.sh   # from the repo root, ~10 min on an H200
+#     GPU_CHECK_DEADLINE_S=340 OUT=... bash benchmarks/gpu_check.sh      # a machine lent for minutes: later steps skipped
+#     GPU_CHECK_DEVICE=cpu GPU_CHECK_SMALL=1 OUT=/tmp/gpuout bash benchmarks/gpu_check.sh   # CPU dry run, tiny sizes
 #
-# Needs (carried, git-ignored): demo/smollm2_files/ (SmolLM2-135M's config.json, tokenizer.json,
-# tokenizer_config.json, chat_template.jinja, generation_config.json) and demo/stdlib.jsonl (else a
-# corpus is cut from this Python's standard library). The model is built here with random weights
-# (bf16 safetensors): throughput is measured, not embedding quality.
+# Reads the model's small files (config.json, tokenizer files) from demo/SmolLM2-135M (`make model`) or
+# from demo/smollm2_files/ (a copy of them alone, for a machine the 257 MB weights cannot reach), and
+# demo/stdlib.jsonl (`make corpus`; else a corpus is cut from this Python's standard library). The model
+# is built here with random weights (bf16 safetensors): throughput is measured, not embedding quality.
+# PY: the Python to use (default .venv/bin/python where it exists, else python3).
+# GPU_CHECK_SITE=DIR: packages installed with `pip install --target DIR` (a machine without the project's
+# venv); the script then writes DIR into zz_gpu_check_site.pth in that Python's site folder so the tests'
+# subprocesses see them too, and leaves it there (delete it afterwards).
 #
-# Every step has its own timeout (also cut to what is left of GPU_CHECK_DEADLINE_S), a failing step
-# is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything), gpu_check_summary.json
-# (each step's exit code and seconds, plus every result), env.json, deep_512.json, deep_2048.json,
-# extract_compare.json, cluster.json.
+# Every step has its own timeout (also cut to what is left of GPU_CHECK_DEADLINE_S, default: none), a
+# failing step is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything),
+# gpu_check_summary.json (each step's exit code and seconds, plus every result), env.json, deep_512.json,
+# deep_2048.json, extract_compare.json, cluster.json.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 : "${OUT:?set OUT to the folder the results go to}"
-PY=${PY:-python3}
+if [[ -z ${PY:-} ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 SMALL=${GPU_CHECK_SMALL:-0}
-DEADLINE=${GPU_CHECK_DEADLINE_S:-340}  # no step runs past this many seconds from the start
+DEADLINE=${GPU_CHECK_DEADLINE_S:-0}  # no step runs past this many seconds from the start (0: no deadline)
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 # Where the missing wheels were installed with pip --target (e.g. /tmp/site): written into a .pth file of
 # this Python's site folder so the tests' subprocesses see them too. Only where asked: it changes that Python.
@@ -66,8 +71,8 @@ step() {
   local name=$1 limit=$2
   shift 2
   local left=$((DEADLINE - ($(date +%s) - T0)))
-  ((limit > left)) && limit=$left
-  if ((limit < 15)); then
+  ((DEADLINE > 0 && limit > left)) && limit=$left
+  if ((DEADLINE > 0 && limit < 15)); then
     echo "=== [$name] SKIPPED: $left s left before the ${DEADLINE} s deadline"
     printf '%s\tskipped\t0\n' "$name" >> "$STEPS"
     return 0
