@@ -278,7 +278,9 @@ class StageTimer:
         if beside:
             self.beside.add(name)
         # First runs only: numba compiling the package's kernels (cached afterwards) can be most of a stage.
-        compiled = f"; {compiling:.1f} s of it compiling numba kernels, first run only" if compiling >= 0.5 else ""
+        # (Not for stages beside others: the compile time is the process's, and may be another stage's.)
+        compiled = (f"; {compiling:.1f} s of it compiling numba kernels, first run only"
+                    if compiling >= 0.5 and not beside else "")
         log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB%s)", name, elapsed, cpu,
                  " in its thread, beside other stages" if beside else "", self.peak_rss_mb[name], compiled)
         release_free_memory()
