@@ -83,8 +83,12 @@ class Progress:
         """``desc: done of total unit (pct), rate, [work rate,] ETA[; note]``."""
         elapsed = max(time.monotonic() - self.started, 1e-9)
         done, total = self.done / self.scale, (self.total or 0) / self.scale
-        parts = [f"{self.desc}: {done:,.0f}" + (f" of {total:,.0f}" if self.total else "") + f" {self.unit}"
-                 + (f" ({100 * self.done / self.total:.0f}%)" if self.total else ""),
+        # Scaled units (MB) of small totals get a decimal: "0 of 0 MB" said nothing.
+        digits = 1 if self.scale > 1 and max(done, total) < 10 else 0
+        # A rank's byte range ends inside its last record, which it reads whole: at most 100% is said.
+        percent = min(100.0, 100 * self.done / self.total) if self.total else None
+        parts = [f"{self.desc}: {done:,.{digits}f}" + (f" of {total:,.{digits}f}" if self.total else "") + f" {self.unit}"
+                 + (f" ({percent:.0f}%)" if percent is not None else ""),
                  f"{done / elapsed:,.1f} {self.rate_unit}/s"]
         if self.work:
             parts.append(f"{self.work / elapsed:,.0f} {self.work_unit}/s")

@@ -400,6 +400,21 @@ def test_scripts_log_compiling(caplog):
     assert [r for r in caplog.records if "Compiling the package's numba kernels" in r.getMessage()]
 
 
+def test_progress_lines_of_small_byte_counts_and_of_ranges_read_past_their_end():
+    from diversity_order.runtime import Progress
+
+    small = Progress(300_000, "Indexing a.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
+    small.update(150_000)
+    assert small.line().startswith("Indexing a.jsonl: 0.1 of 0.3 MB (50%)")
+    # A rank's range ends inside its last record, read whole: more bytes than the range, at most 100% said.
+    ranged = Progress(20 << 20, "Indexing b.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
+    ranged.update(21 << 20)
+    assert ranged.line().startswith("Indexing b.jsonl: 21 of 20 MB (100%)")
+    counted = Progress(1000, "Tokenizing", bar=False)
+    counted.update(500)
+    assert counted.line().startswith("Tokenizing: 500 of 1,000 documents (50%)")
+
+
 def _random_clusters(n, k, seed):
     rng = np.random.default_rng(seed)
     return rng.normal(size=(n, 3)).astype(np.float32), rng.integers(0, k, n)
