@@ -28,8 +28,9 @@ the order is the same on any number of cores.
 
 O(N * TRIES) proposals, each O(log N) to place and O(MAX_WINDOWS * K + MAX_RECUT) to measure. Memory:
 per position its document, cluster, tokens and token offset (32 bytes), per window 17 bytes (its fill
-and part of the order), and per run the cluster counts of a band of ``BAND`` windows, so nothing grows
-with windows x K.
+and part of the order), and per run the cluster counts of a band of ``BAND`` windows and a proposal's
+changes to at most ``MAX_WINDOWS`` of them, so nothing grows with windows x K. A proposal is measured
+from its changes alone (the entries it touches, listed once), not from a copy of its windows.
 """
 
 from __future__ import annotations
