@@ -18,7 +18,7 @@
 # Every step has its own timeout (also cut to what is left of GPU_CHECK_DEADLINE_S, default: none), a
 # failing step is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything),
 # gpu_check_summary.json (each step's exit code and seconds, plus every result), env.json, deep_512.json,
-# deep_2048.json, extract_compare.json, cluster.json.
+# batch_sizes.json, deep_2048.json, extract_compare.json, cluster.json.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -41,11 +41,11 @@ CORPUS=${GPU_CHECK_CORPUS:-demo/stdlib.jsonl}
 PYTEST_STOP=${GPU_CHECK_PYTEST_STOP:---maxfail=25}  # -x to stop at the first failure
 TESTS=${GPU_CHECK_TESTS:-tests/test_deep.py tests/test_distributed.py tests/test_embed.py tests/test_clustering.py tests/test_formats.py::test_torchrun_on_parquet_equals_single_process}
 if [[ $SMALL == 1 ]]; then
-  DEEP_DOCS=24 DEEP_DOCS_LONG=12 EXTRACT_DOCS=40 CLUSTER_N=20000 TINY=--tiny
+  DEEP_DOCS=24 DEEP_DOCS_LONG=12 EXTRACT_DOCS=40 CLUSTER_N=20000 TINY=--tiny BS_LIMIT="--limit 40"
 else
   # On an H200 the one-document-at-a-time path is bound by kernel launches (~30 layers): ~10 ms a
   # document, so 2000 documents ~20-30 s; the batched path takes a few seconds of that.
-  DEEP_DOCS=2000 DEEP_DOCS_LONG=1200 EXTRACT_DOCS=2000 CLUSTER_N=1000000 TINY=
+  DEEP_DOCS=2000 DEEP_DOCS_LONG=1200 EXTRACT_DOCS=2000 CLUSTER_N=1000000 TINY= BS_LIMIT=
 fi
 DEEP_DOCS=${GPU_CHECK_DEEP_DOCS:-$DEEP_DOCS}
 DEEP_DOCS_LONG=${GPU_CHECK_DEEP_DOCS_LONG:-$DEEP_DOCS_LONG}
@@ -114,6 +114,18 @@ main() {
   # 3. Deep-embedding throughput: batched extraction vs one document at a time (512 tokens).
   step deep_512 150 bash -c "'$PY' benchmarks/bench_deep.py --device '$DEVICE' --model '$MODEL' --corpus '$CORPUS' \
     --docs $DEEP_DOCS --max-tokens 512 > '$WORK/deep_512.txt' && '$PY' '$HELP' json-tail '$WORK/deep_512.txt' '$OUT/deep_512.json'"
+
+  # 3a. The batch-size cap on a GPU: the whole corpus at 512 tokens, the batches' own rate per --batch-size
+  #     (the H200 run gave 97K tokens/s at the default 64, batches far below the token budget).
+  local bs logs=()
+  for bs in ${GPU_CHECK_BATCH_SIZES:-64 256 1024}; do
+    mkdir -p "$WORK/bs_$bs"
+    step "batch_size_$bs" 120 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/bs_$bs' '$PY' extract_deep_embeddings.py \
+      --input '$CORPUS' --model-dir '$MODEL' --device '$DEVICE' --max-tokens 512 --batch-size $bs $BS_LIMIT --no-progress \
+      --output '$WORK/bs_$bs/e.npy' 2> '$WORK/bs_$bs/log'; tail -1 '$WORK/bs_$bs/log'"
+    logs+=("$bs" "$WORK/bs_$bs/log")
+  done
+  step batch_sizes 20 "$PY" "$HELP" batch-rates "$OUT/batch_sizes.json" "${logs[@]}"
 
   # 4. extract_deep_embeddings.py: one process, torchrun with 1 process (WORLD_SIZE=1: no process group
   #    is joined, the single-process path), and torchrun with the group forced (NCCL on CUDA, gloo on CPU).

@@ -7,6 +7,7 @@
     python3 benchmarks/gpu_check_helpers.py json-tail STDOUT.txt OUT.json
     python3 benchmarks/gpu_check_helpers.py compare OUT.json A.npy B.npy [C.npy ...]
     python3 benchmarks/gpu_check_helpers.py forced-pg -- EXTRACT_ARGS...   # extract with a 1-process group joined
+    python3 benchmarks/gpu_check_helpers.py batch-rates OUT.json BATCH_SIZE LOG [BATCH_SIZE LOG ...]
     python3 benchmarks/gpu_check_helpers.py cluster-base OUT.npy [--rows 50000 --dim 576 --centres 60]
     python3 benchmarks/gpu_check_helpers.py summary OUT_DIR STEPS.tsv [PYTEST_JUNIT.xml]
 
@@ -222,6 +223,28 @@ def cluster_base(out: str, rows: int = 50_000, dim: int = 576, centres: int = 60
     print(f"{out}: {rows} x {dim}, {centres} centres")
 
 
+def batch_rates(out: str, pairs: list[str]) -> None:
+    """From extract_deep_embeddings logs (BATCH_SIZE LOG pairs): each run's whole time and its batches' own
+    time and tokens/s, read off its last line."""
+    import re
+
+    rows = []
+    for size, log in zip(pairs[::2], pairs[1::2]):
+        text = Path(log).read_text() if Path(log).is_file() else ""
+        whole = re.search(r"Deep embeddings: ([\d,]+) docs, ([\d,]+) tokens in ([\d.]+) s", text)
+        alone = re.search(r"the batches alone: ([\d.]+) s, ([\d,]+) tokens/s", text)
+        row = {"batch_size": int(size)}
+        if whole and alone:
+            row.update(docs=int(whole.group(1).replace(",", "")), tokens=int(whole.group(2).replace(",", "")),
+                       seconds=float(whole.group(3)), batch_seconds=float(alone.group(1)),
+                       batch_tokens_per_s=int(alone.group(2).replace(",", "")))
+        else:
+            row["error"] = "no last line (see the log)"
+        rows.append(row)
+    Path(out).write_text(json.dumps(rows, indent=1) + "\n")
+    print(json.dumps(rows))
+
+
 def _junit_counts(path: Path) -> dict | None:
     import xml.etree.ElementTree as ET
 
@@ -268,6 +291,12 @@ def summary(out_dir: str, steps_file: str, junit: str | None = None) -> None:
             print(f"{key}: ours {r.get('ours_tokens_per_s')} tok/s, one at a time {r.get('one_at_a_time_tokens_per_s')} "
                   f"tok/s, speedup {r.get('speedup')}, min cosine {r.get('min_cosine_vs_plain')} ({r.get('device')}, "
                   f"{r.get('docs')} docs, {r.get('tokens')} tokens)")
+    r = results.get("batch_sizes")
+    if isinstance(r, list):
+        for row in r:
+            error = f" {row['error']}" if "error" in row else ""
+            print(f"--batch-size {row['batch_size']}: batches {row.get('batch_seconds')} s, "
+                  f"{row.get('batch_tokens_per_s')} tokens/s; whole run {row.get('seconds')} s{error}")
     r = results.get("extract_compare")
     if isinstance(r, dict):
         for row in r.get("against", []):
@@ -301,6 +330,8 @@ def main() -> int:
         compare(rest[0], rest[1:])
     elif command == "forced-pg":
         return forced_pg(rest[rest.index("--") + 1 :] if "--" in rest else rest)
+    elif command == "batch-rates":
+        batch_rates(rest[0], rest[1:])
     elif command == "cluster-base":
         opts = dict(zip(rest[1::2], rest[2::2]))
         cluster_base(rest[0], int(opts.get("--rows", 50_000)), int(opts.get("--dim", 576)),
