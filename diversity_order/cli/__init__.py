@@ -73,9 +73,6 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    from ..runtime import notice_compiling
-
-    notice_compiling()
 
 
 INTERRUPTED = "interrupted: files already written are complete; nothing half-written was kept"
