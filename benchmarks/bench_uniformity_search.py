@@ -124,8 +124,17 @@ def _deviation(row, fill, tau, c_out, s_out, c_in, s_in):
 
 @njit(cache=True, inline="always")
 def _cooling(t_start, t_end, iterations):
-    """The factor the temperature shrinks by each step, from t_start to t_end over the iterations."""
+    """The factor the temperature shrinks by each step, from t_start to t_end over the iterations (1 when
+    t_start is 0: a search that never goes uphill)."""
+    if t_start <= 0:
+        return 1.0
     return (t_end / t_start) ** (1.0 / max(iterations - 1, 1))
+
+
+@njit(cache=True, inline="always")
+def _refused(delta, temp):
+    """Metropolis: a step that raises the objective by delta is refused, always at temperature 0."""
+    return delta > 0 and (temp == 0.0 or np.random.random() >= np.exp(-delta / temp))
 
 
 @njit(cache=True, inline="always")
@@ -190,7 +199,7 @@ def _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, t
     total = dev.sum()
     if m < 2:
         return total
-    ratio = _cooling(t_start, t_end, iterations) if t_start > 0 else 1.0
+    ratio = _cooling(t_start, t_end, iterations)
     temp = t_start
     for _ in range(iterations):
         temp *= ratio
@@ -245,7 +254,7 @@ def _anneal(labels, counts, window_of, pinned, tokens, docs, min_unique, fill, t
         da = _deviation(tokens[wa], fill[wa], tau, ca, sa, cb, sb)
         db = _deviation(tokens[wb], fill[wb], tau, cb, sb, ca, sa)
         delta = da + db - dev[wa] - dev[wb]
-        if delta > 0 and (temp == 0.0 or np.random.random() >= np.exp(-delta / temp)):
+        if _refused(delta, temp):
             continue
         tokens[wa, ca] -= sa
         tokens[wb, ca] += sa
@@ -326,7 +335,7 @@ def _anneal_split(labels, counts, seq, min_unique, tau, seq_len, n_clusters, ite
     total = dev.sum()
     if n < 2:
         return total
-    ratio = _cooling(t_start, t_end, iterations) if t_start > 0 else 1.0
+    ratio = _cooling(t_start, t_end, iterations)
     temp = t_start
     for _ in range(iterations):
         temp *= ratio
@@ -356,7 +365,7 @@ def _anneal_split(labels, counts, seq, min_unique, tau, seq_len, n_clusters, ite
             delta += _deviation(new_tokens[w - w0], fill[w], tau, -1, 0, -1, 0) - dev[w]
         if unique + gained < min_unique:
             continue
-        if delta > 0 and (temp == 0.0 or np.random.random() >= np.exp(-delta / temp)):
+        if _refused(delta, temp):
             continue
         seq[i], seq[j] = b, a
         for p in range(i, j + 1):

@@ -57,25 +57,17 @@ BAND = 8  # band rows held, a power of two above MAX_WINDOWS + 1
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _put(cnt, nd, c, offset, t, sign, seq_len, w_lo, w_hi, base, mask):
-    """Add (sign 1) or take out (-1) a document of cluster c at ``offset``, its pieces in windows w_lo..w_hi
-    only (window w in row (w - base) & mask). Returns the change in unique clusters summed over them."""
-    gained = 0
+def _add_piece(cnt, nd, row, w, c, offset, t, seq_len):
+    """Add to row ``row`` (window w) the piece of a document of cluster c at ``offset`` that window holds, if any
+    (a document without tokens: where ``recut._window_of_empty`` puts it)."""
     if t == 0:
-        w = _window_of_empty(offset, seq_len)
-        if w_lo <= w <= w_hi:
-            row = (w - base) & mask
-            before = nd[row, c] > 0
-            nd[row, c] += sign
-            gained += (nd[row, c] > 0) - before
-        return gained
-    for w in range(max(offset // seq_len, w_lo), min((offset + t - 1) // seq_len, w_hi) + 1):
-        row = (w - base) & mask
-        cnt[row, c] += sign * (min(offset + t, (w + 1) * seq_len) - max(offset, w * seq_len))
-        before = nd[row, c] > 0
-        nd[row, c] += sign
-        gained += (nd[row, c] > 0) - before
-    return gained
+        if _window_of_empty(offset, seq_len) == w:
+            nd[row, c] += 1
+        return
+    piece = min(offset + t, (w + 1) * seq_len) - max(offset, w * seq_len)
+    if piece > 0:
+        cnt[row, c] += piece
+        nd[row, c] += 1
 
 
 @njit(cache=True, nogil=True)
@@ -106,7 +98,7 @@ def _load(w, lab, tok, off, seq_len, cnt, nd, r):
         r += 1
     first = r
     while r < n and off[r] <= (w + 1) * seq_len:
-        _put(cnt, nd, lab[r], off[r], tok[r], 1, seq_len, w, w, 0, BAND - 1)
+        _add_piece(cnt, nd, row, w, lab[r], off[r], tok[r], seq_len)
         r += 1
     return first
 

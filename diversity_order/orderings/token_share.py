@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit
 
 from .options import OrderingOptions
+from .pools import grouped_stable
 
 
 def length_bins(token_counts: np.ndarray, n_bins: int) -> np.ndarray:
@@ -121,9 +122,9 @@ def token_balanced_order(
     pool_of_doc = pool_of_doc.reshape(-1)
     n_pools = int(pool_of_doc.max()) + 1 if pool_of_doc.size else 0
     shuffled = np.random.default_rng(options.seed).permutation(labels.size)
-    members = shuffled[np.argsort(pool_of_doc[shuffled], kind="stable")].astype(np.int64)
     pool_starts = np.zeros(n_pools + 1, dtype=np.int64)
     np.cumsum(np.bincount(pool_of_doc, minlength=n_pools), out=pool_starts[1:])
+    members = shuffled[grouped_stable(pool_of_doc[shuffled].astype(np.int64), pool_starts)]
     pool_groups = np.ascontiguousarray(groups[members[pool_starts[:-1]]])
     return _token_share_greedy(members, pool_starts, pool_groups, counts[members], targets, family_of_group,
                                weights)
