@@ -285,7 +285,7 @@ class StageTimer:
             self.beside.add(name)
         # First runs only: numba compiling the package's kernels (cached afterwards) can be most of a stage.
         # (Not for stages beside others: the compile time is the process's, and may be another stage's.)
-        compiled = (f"; {compiling:.1f} s of it compiling numba kernels, first run only"
+        compiled = (f"; {compiling:.1f} s of it compiling the package's numba kernels, first run only"
                     if compiling >= 0.5 and not beside else "")
         log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB%s)", name, elapsed, cpu,
                  " in its thread, beside other stages" if beside else "", self.peak_rss_mb[name], compiled)
@@ -434,24 +434,33 @@ class CompileNotice:
 
         class _Listener(numba_events.Listener):
             def on_start(listener, event) -> None:
+                module = event.data["dispatcher"].py_func.__module__
                 if self.depth == 0:
                     self.started = time.perf_counter()
+                    # Only ours are timed: they are cached on disk, so "first run only" holds (some other
+                    # packages' kernels, UMAP's nearest-neighbour search among them, compile in every run).
+                    self.timing = self._ours(module)
                 self.depth += 1
-                self.on_compile(event.data["dispatcher"].py_func.__module__)
+                self.on_compile(module)
 
             def on_end(listener, event) -> None:
                 self.depth -= 1
-                if self.depth == 0:
+                if self.depth == 0 and self.timing:
                     self.seconds += time.perf_counter() - self.started
 
         self.listener = _Listener()
         self.said = False
         self.depth = 0  # compiles nest (a kernel compiles the kernels it calls): time the outermost
         self.started = 0.0
+        self.timing = False
         self.seconds = 0.0  # spent compiling this package's kernels, outermost compiles summed
 
+    @staticmethod
+    def _ours(module: str) -> bool:
+        return module.split(".")[0] == __name__.split(".")[0]
+
     def on_compile(self, module: str) -> None:
-        if not self.said and module.split(".")[0] == __name__.split(".")[0]:
+        if not self.said and self._ours(module):
             self.said = True
             log.info("Compiling the package's numba kernels (the first run after installing or upgrading; "
                      "cached for later runs; up to a minute)")
