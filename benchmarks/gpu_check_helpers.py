@@ -229,6 +229,7 @@ def batch_rates(out: str, pairs: list[str]) -> None:
     import re
 
     rows = []
+    first = None
     for size, log in zip(pairs[::2], pairs[1::2]):
         text = Path(log).read_text() if Path(log).is_file() else ""
         whole = re.search(r"Deep embeddings: ([\d,]+) docs, ([\d,]+) tokens in ([\d.]+) s", text)
@@ -240,6 +241,18 @@ def batch_rates(out: str, pairs: list[str]) -> None:
                        batch_tokens_per_s=int(alone.group(2).replace(",", "")))
         else:
             row["error"] = "no last line (see the log)"
+        # The batch size changes which documents share a padded batch, not what each one is: each run's
+        # embeddings (e.npy beside its log) against the first run's, row by row.
+        embeddings = Path(log).parent / "e.npy"
+        if embeddings.is_file():
+            import numpy as np
+
+            rows_here = np.load(embeddings).astype(np.float64)
+            if first is None:
+                first = rows_here
+            elif rows_here.shape == first.shape:
+                norms = np.linalg.norm(rows_here, axis=1) * np.linalg.norm(first, axis=1)
+                row["min_cosine_vs_first"] = float(np.min(np.sum(rows_here * first, axis=1) / np.maximum(norms, 1e-30)))
         rows.append(row)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows))

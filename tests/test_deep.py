@@ -101,6 +101,35 @@ def test_reverse_and_batch_size_do_not_change_results(data, tiny_model_dir, base
     np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
 
 
+def test_batch_size_defaults_by_device_kind_and_a_given_one_wins():
+    from diversity_order.deep.batches import batch_size_for
+    from diversity_order.deep.config import CPU_BATCH_SIZE, GPU_BATCH_SIZE
+
+    unset = deep.DeepConfig(input=Path("x"), output=Path("y"), model_dir=Path("m"))
+    assert unset.batch_size is None
+    assert batch_size_for(unset, torch.device("cpu")) == CPU_BATCH_SIZE
+    assert batch_size_for(unset, torch.device("cuda", 0)) == GPU_BATCH_SIZE  # a device object needs no GPU
+    given = deep.DeepConfig(input=Path("x"), output=Path("y"), model_dir=Path("m"), batch_size=7)
+    assert batch_size_for(given, torch.device("cpu")) == batch_size_for(given, torch.device("cuda", 0)) == 7
+
+
+def test_cli_defaults_are_the_configs():
+    """The script's flags left out give DeepConfig's own defaults (each default written once)."""
+    from diversity_order.cli.extract_deep_embeddings import parse_args
+
+    args = vars(parse_args(["--input", "in.jsonl", "--output", "out.npy", "--model-dir", "m"]))
+    config = deep.DeepConfig(input=Path("x"), output=Path("y"), model_dir=Path("m"))
+    for name in ("batch_size", "device", "gpu", "dtype", "tp", "max_tokens", "max_seq_len", "limit", "token_budget",
+                 "checkpoint_docs", "checkpoint_seconds", "attn_implementation", "reverse"):
+        assert args[name] == getattr(config, name), name
+
+
+def test_the_batch_log_line_names_the_batch_size(data, tiny_model_dir, tmp_path, caplog):
+    caplog.set_level("INFO", logger="diversity_order.deep")
+    deep.extract(_config(data[0], tmp_path / "e.npy", tiny_model_dir, batch_size=None))
+    assert any(f"at most {deep.config.CPU_BATCH_SIZE} documents" in r.getMessage() for r in caplog.records)
+
+
 def _oom_when(predicate):
     def forward(model, input_ids, attention_mask):
         if predicate(input_ids, attention_mask):

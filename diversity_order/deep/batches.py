@@ -15,7 +15,16 @@ import numpy as np
 
 from ..runtime import Progress, memory_text
 from .checkpoint import Partial
-from .config import CPU_TOKEN_BUDGET, GPU_MEMORY_FRACTION, OOM_SHRINK, SUCCESS_GROWTH, DeepConfig, DeepResult
+from .config import (
+    CPU_BATCH_SIZE,
+    CPU_TOKEN_BUDGET,
+    GPU_BATCH_SIZE,
+    GPU_MEMORY_FRACTION,
+    OOM_SHRINK,
+    SUCCESS_GROWTH,
+    DeepConfig,
+    DeepResult,
+)
 from .layout import TensorParallelGroup
 from .model import ForwardFn, default_forward, is_oom
 from .tokens import Tokens
@@ -39,6 +48,13 @@ def initial_budget(config: DeepConfig, model, device, dtype) -> int:
     # Rough live activations per token in one layer (residual, attention, MLP) + float32 pooling.
     per_token = (6 * hidden + 3 * inter) * elem + 2 * hidden * 4
     return max(256, int(GPU_MEMORY_FRACTION * free / per_token))
+
+
+def batch_size_for(config: DeepConfig, device) -> int:
+    """Most documents per forward pass: given, or the default for the device's kind."""
+    if config.batch_size is not None:
+        return int(config.batch_size)
+    return GPU_BATCH_SIZE if device.type == "cuda" else CPU_BATCH_SIZE
 
 
 class Embedder:

@@ -24,7 +24,7 @@ from ..atomic import save_json
 from ..fields import cache_key
 from ..runtime import start
 from ..sources import open_source
-from .batches import BatchLoop, Embedder, initial_budget, progress_for
+from .batches import BatchLoop, Embedder, batch_size_for, initial_budget, progress_for
 from .checkpoint import Partial, skipped_path
 from .config import DeepConfig, DeepResult, check_config
 from .layout import Layout, TensorParallelGroup
@@ -220,11 +220,12 @@ def embed_share(job: _Job, partial: Partial, todo: np.ndarray, position: dict) -
     config, ctx, layout, lengths = job.config, job.ctx, job.layout, job.tokens.lengths
     tp_group = _tp_group(job)
     budget = tp_group.min(initial_budget(config, job.model, job.device, job.dtype))
-    embedder = Embedder(job.model, job.device, config.batch_size, budget, job.forward)
+    batch_size = batch_size_for(config, job.device)
+    embedder = Embedder(job.model, job.device, batch_size, budget, job.forward)
     who = f"Rank {ctx.rank}" if layout.mesh is None else \
         f"Data-parallel group {layout.dp_rank} (ranks {ctx.rank}-{ctx.rank + layout.tp - 1})"
-    log.info("%s: %d document(s) to embed (%d tokens) on %s in %s; token budget %d per batch",
-             who, todo.size, int(lengths[todo].sum()), job.device, job.dtype, budget)
+    log.info("%s: %d document(s) to embed (%d tokens) on %s in %s; token budget %d per batch, at most %d documents",
+             who, todo.size, int(lengths[todo].sum()), job.device, job.dtype, budget, batch_size)
     loop = BatchLoop(embedder, job.tokens, partial, position, tp_group, config.checkpoint_docs,
                      config.checkpoint_seconds)
     started = time.perf_counter()
