@@ -18,6 +18,8 @@ from .packing import WHOLE, n_pieces, packing_model, piece_tokens, place
 
 # The head and the tail of the order (fractions of its tokens) whose cluster mixes boundary_shift compares.
 BOUNDARY_FRACTION = 0.05
+# D, the diversity criterion: an ordering's mean unique clusters per window >= stratified's - this.
+DIVERSITY_MARGIN = 0.05
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -64,7 +64,7 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
 
 # The bar an ordering has to clear at each seq_len, against the default (stratified) and a random
 # shuffle: D keeps stratified's clusters per window, U and B must beat a shuffle by a clear margin.
-DIVERSITY_MARGIN = 0.05  # D: mean unique clusters per window >= stratified's - this
+DIVERSITY_MARGIN = diversity.DIVERSITY_MARGIN  # D: mean unique clusters per window >= stratified's - this
 UNIFORMITY_RATIO = 0.8  # U: mean token-share uniformity <= this x the random shuffle's
 SHIFT_RATIO = 0.5  # B: boundary shift <= this x the random shuffle's
 CRITERIA = (f"D: unique clusters per window >= stratified's - {DIVERSITY_MARGIN:g}; U: mean uniformity <= "

@@ -2,7 +2,8 @@
 packing whole, against plain loops written from the rule: the groups (least room that holds the document
 and lacks its cluster, first come first served among equal rooms, at most MAX_CHECKED looked at), their
 keys (organ-pipe slots), their placing among the other documents' windows (opening a window, never in the
-first or last BOUNDARY_FRACTION of tokens), and paced's use of them; on random inputs from hypothesis
+first or last BOUNDARY_FRACTION of tokens), and paced's use of them (only where the windows keep
+stratified's clusters per window); on random inputs from hypothesis
 with zero-token documents and documents longer than a window; plus a hand-worked case.
 """
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
-from diversity_order.orderings import OrderingOptions, grouping, paced
+from diversity_order.orderings import ORDERINGS, OrderingOptions, grouping, paced
 
 
 def plain_groups(labels, counts, seq_len):
@@ -194,6 +195,11 @@ def test_paced_groups_large_documents_only_where_rule_7_applies(corpus, seed):
         rest_order = rest[paced._rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, 0)]
         want = grouping.place_groups(rest_order, counts, groups, grouping.group_keys(labels, counts, groups),
                                      seq_len, total)
+        # kept only while its windows hold as many clusters as stratified's, within the D margin
+        stratified = ORDERINGS["stratified"](labels, counts, n_clusters, options)
+        mean_unique = [diversity.window_counts(labels, counts, seq_len, o, "whole")[0].mean() for o in (want, stratified)]
+        if mean_unique[0] < mean_unique[1] - diversity.DIVERSITY_MARGIN:
+            want = None
     if want is None:
         want = paced._rules_1_to_5(labels, counts, n_clusters, options, shares, 0)
     assert got.tolist() == want.tolist()
@@ -243,3 +249,24 @@ def test_hand_worked_a_long_document_leads_a_group():
         opens, fill = plain_fill(fill, counts[d], 100)
     assert opens and fill == 30
     assert plain_fill(fill, 60, 100) == (False, 90)  # ...which the 60 joins
+
+
+def test_rule_7_is_dropped_where_it_would_lose_stratifieds_clusters_per_window():
+    """A small corpus (2,000 documents) of Zipf-sized clusters and log-normal lengths up to 35% of a window,
+    as a chat fine-tuning set: grouping the large documents two or three to a window leaves those windows
+    few clusters. paced then keeps rules 1-5's order, whose windows hold more."""
+    rng = np.random.default_rng(0)
+    n, k, seq_len = 2000, 30, 2048
+    sizes = rng.zipf(1.6, k).astype(np.float64)
+    labels = rng.choice(k, n, p=sizes / sizes.sum()).astype(np.int64)
+    counts = np.minimum(rng.lognormal(4.2, 0.9, n), 720).astype(np.int64) + 5
+    options = OrderingOptions(seq_len=seq_len, packing="whole", seed=42)
+    shares = diversity.global_token_shares(labels, counts, k)
+    grouped = paced._with_large_grouped(labels, counts, k, options, shares, int(counts.sum()))
+    assert grouped is not None  # rule 7 applies here...
+    unique = lambda order: diversity.window_counts(labels, counts, seq_len, order, "whole")[0].mean()  # noqa: E731
+    stratified = ORDERINGS["stratified"](labels, counts, k, options)
+    assert unique(grouped) < unique(stratified) - diversity.DIVERSITY_MARGIN  # ...and would lose D
+    got = paced.paced_order(labels, counts, k, options)
+    assert got.tolist() == paced._rules_1_to_5(labels, counts, k, options, shares, 0).tolist()
+    assert unique(got) >= unique(stratified) - diversity.DIVERSITY_MARGIN

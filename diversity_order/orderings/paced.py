@@ -42,7 +42,8 @@ rule 7's large-document threshold were set on the tuning corpora):
    two or three share a window, a longer document whose last window part is that large leading a group
    (its remainder first), and the groups go among the windows rules 1-5 make of the others, off
    the head and the tail of the order (uniformity; ``grouping.py``). A window's deviation is set by its
-   largest document; grouped, the large ones set it in fewer windows.
+   largest document; grouped, the large ones set it in fewer windows. Kept only where its windows hold as
+   many clusters as stratified's, within the D margin (else rules 1-5 alone).
 8. Packing split, two documents within two windows' worth of documents of each other trade places where
    that lowers their stretch's summed token-share deviation without losing clusters, the windows between
    them cut again (uniformity; ``split_trades.py``). Rule 5 trades only documents that move no cut but
@@ -58,7 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..diversity import BOUNDARY_FRACTION, global_token_shares
+from ..diversity import BOUNDARY_FRACTION, DIVERSITY_MARGIN, global_token_shares, window_counts
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
 from .grouping import group_keys, group_large, place_groups
@@ -66,6 +67,7 @@ from .options import OrderingOptions
 from .pools import cluster_pools, from_both_ends
 from .recut import recut_pass
 from .split_trades import split_trade_pass
+from .window_greedy import stratified_order
 
 NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
 # Split packing: the straddler is chosen among the documents due before this many windows after the open one.
@@ -335,13 +337,24 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     total = int(counts.sum())
     if model == WHOLE and not windows_saturated(labels.size, options.seq_len, n_clusters, total):
         grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total)
-        if grouped is not None:
+        if grouped is not None and _keeps_stratified_diversity(grouped, labels, counts, n_clusters, options):
             return grouped
     order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model)
     if model != SPLIT:
         return order
     order = recut_pass(order, labels, counts, options.seq_len, shares)
     return split_trade_pass(order, labels, counts, options.seq_len, shares, options.seed)
+
+
+def _keeps_stratified_diversity(order, labels, counts, n_clusters, options) -> bool:
+    """Rule 7's guard: its windows hold as many clusters as stratified's (the default's), within the D margin.
+    Grouping the large documents trades clusters per window for uniformity; on small corpora (a few
+    thousand documents, windows a percent of the tokens) it fell below stratified's."""
+    seq_len = int(options.seq_len)
+    stratified = stratified_order(labels, counts, n_clusters, options)
+    ours = window_counts(labels, counts, seq_len, order, "whole")[0].mean()
+    theirs = window_counts(labels, counts, seq_len, stratified, "whole")[0].mean()
+    return bool(ours >= theirs - DIVERSITY_MARGIN)
 
 
 def _rules_1_to_5(labels, counts, n_clusters, options, shares, model) -> np.ndarray:
