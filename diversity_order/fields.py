@@ -51,7 +51,7 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
         if not isinstance(message, dict) or "content" not in message or "role" not in message:
             raise UserError(f"{where}: field '{field}' message {i} is not a {{\"role\": ..., \"content\": ...}} object")
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):
-            kind = _json_type(message["content"] if isinstance(message["role"], str) else message["role"])
+            kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
             what = "content" if isinstance(message["role"], str) else "role"
             raise UserError(f"{where}: field '{field}' message {i} has a {what} that is a JSON {kind}, expected a string")
     if not value:
@@ -78,7 +78,7 @@ def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Co
         elif isinstance(value, list):
             raise UserError(f"{where()}: field '{field}' is a conversation; a conversation must be the only --text-field")
         else:
-            raise UserError(f"{where()}: field '{field}' is a JSON {_json_type(value)}, expected a string "
+            raise UserError(f"{where()}: field '{field}' is a JSON {json_type(value)}, expected a string "
                             "(or a conversation: a list of role/content messages)")
     return parts[0] if len(parts) == 1 else JOIN.join(parts)
 
@@ -104,7 +104,8 @@ def render(value: str | Conversation, tokenizer) -> str:
     return value
 
 
-def _json_type(value) -> str:
+def json_type(value) -> str:
+    """A JSON value's type in JSON's words (object, array, null, ...), for error lines."""
     return {dict: "object", list: "array", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
         type(value), type(value).__name__)
 

@@ -501,7 +501,7 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
         raise UserError(f"{path}:{line_number}: JSON nested too deeply to read (more than about "
                         f"{sys.getrecursionlimit()} levels)") from None
     if not isinstance(record, dict):
-        raise _NotJsonl(f"{path}:{line_number}: expected a JSON object, found a JSON {type(record).__name__}")
+        raise _NotJsonl(f"{path}:{line_number}: expected a JSON object, found a JSON {fields.json_type(record)}")
     if isinstance(text_field, str):  # the usual case, kept fast: one top-level field holding a string
         text = record.get(text_field, _MISSING)
         if isinstance(text, str):
@@ -509,10 +509,7 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
         if text is _MISSING and "." not in text_field:
             raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
                             f"{_keys_text(record)}); choose the text field with --text-field")
-        if text is not _MISSING and not isinstance(text, list):
-            raise UserError(f"{path}:{line_number}: field '{text_field}' is a JSON {type(text).__name__}, "
-                            f"expected a string")
-        text_field = (text_field,)
+        text_field = (text_field,)  # a conversation, or a value fields.extract refuses in the same words
     return fields.extract(record, text_field, lambda: f"{path}:{line_number}", _keys_text)
 
 

@@ -95,13 +95,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, nargs="+", default=[options.seq_len], metavar="TOKENS",
                    help=f"training sequence length in tokens (default: {options.seq_len}); with --compare-strategies "
                         "several values may be given, and the curated file follows the first")
-    p.add_argument("--stats-only", action="store_true", help="compute and report everything but do not write the curated JSONL")
+    p.add_argument("--stats-only", action="store_true",
+                   help="compute and report everything but do not write the curated records (JSONL or Parquet)")
     p.add_argument("--calibrate-k", action="store_true",
                    help="sweep k = 5..100, report silhouette scores and a recommended k, then exit")
     p.add_argument("--calibrate-k-samples", type=int, default=defaults["calibrate_k_samples"],
                    help=f"rows sampled for the silhouette during --calibrate-k (0 = all; default: "
                         f"{defaults['calibrate_k_samples']})")
-    p.add_argument("--no-plot", action="store_true", help="skip ordering_comparison.png and cluster_cloud.png")
+    p.add_argument("--no-plot", action="store_true",
+                   help="skip the plots (B_ordering_comparison.png, B_cluster_cloud.png, B_strategies.png)")
     _add_ordering_flags(p.add_argument_group("ordering (see README: 'Choosing an ordering')"), defaults)
     p.add_argument("--seed", type=int, default=options.seed,
                    help=f"random seed for k-means, PCA, sampling, UMAP and the orderings' random choices "
