@@ -115,7 +115,10 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
     key = {"kind": "umap2d", "embeddings": embeddings_key(embeddings), "seed": seed}
     found = caches.lookup(path, key, fingerprints)
     if found.hit.all():
-        log.info("2-D projection reused from %s", path.name)
+        # The reason names where the rows came from: this output's cache, or another run's (the registry).
+        log.info("2-D projection: %s", found.reason)
+        if not path.exists():  # found elsewhere: a copy beside this output, as a computed one would be
+            caches.store(path, key, fingerprints, np.asarray(found.data))
         return found.data
     log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it",
              "no cached projection" if found.data is None and "no cache" in found.reason
