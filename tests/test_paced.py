@@ -74,7 +74,34 @@ def plain_due_positions(pool_starts, counts_in_pool):
 
 
 def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
-    """Rules 3-4 against the due positions (tokens) of rule 2. Packing whole: the earliest-due document of a
+    """Rules 3-4 from both ends: the slots whose middle is due before the last BOUNDARY_FRACTION of tokens
+    and two windows more (at most half of them) in one pass from the start; the others in a pass from the
+    end, each pool's slots last first, due positions counted from the end (total - due - tokens), packing
+    split its first window with the room the real last window has (total mod L, or L); that pass reversed
+    follows the first."""
+    n_clusters = len(pool_starts) - 1
+    due = plain_due_positions(pool_starts, counts_in_pool)
+    cluster_tokens = [sum(counts_in_pool[pool_starts[k]:pool_starts[k + 1]]) for k in range(n_clusters)]
+    total = sum(cluster_tokens)
+    backward_tokens = min(diversity.BOUNDARY_FRACTION * total + 2 * seq_len, total / 2)
+    passes = []
+    for from_end in (False, True):
+        slots, starts = [], [0]
+        for k in range(n_clusters):
+            pool = [p for p in range(pool_starts[k], pool_starts[k + 1])
+                    if (2 * due[p] + counts_in_pool[p] < 2 * (total - backward_tokens)) != from_end]
+            slots += pool[::-1] if from_end else pool
+            starts.append(len(slots))
+        slot_due = [total - due[p] - counts_in_pool[p] if from_end else due[p] for p in slots]
+        offset = (seq_len - (total % seq_len or seq_len)) if from_end and split else 0
+        passes.append(plain_pass([members[p] for p in slots], starts, [counts_in_pool[p] for p in slots], slot_due,
+                                 cluster_tokens, len(members), seq_len, split, offset))
+    return passes[0] + passes[1][::-1]
+
+
+def plain_pass(members, pool_starts, counts_in_pool, due, cluster_tokens, n_docs, seq_len, split, offset):
+    """Rules 3-4 against the due positions (tokens) of rule 2, the first window holding ``offset`` tokens
+    already (packing split). Packing whole: the earliest-due document of a
     cluster the window lacks that fits and is due before the next window ends; else the earliest-due one that
     fits and is due before this window ends; else the earliest-due one. Packing split: the straddler is the
     document due before STRADDLE_HORIZON windows after this one ends with the largest excess t / L - T_k / T,
@@ -85,8 +112,6 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
     earliest-due lacking document due before the next window ends; else the earliest-due one. Ties: lowest
     cluster."""
     n_clusters = len(pool_starts) - 1
-    due = plain_due_positions(pool_starts, counts_in_pool)
-    cluster_tokens = [sum(counts_in_pool[pool_starts[k]:pool_starts[k + 1]]) for k in range(n_clusters)]
     total = sum(cluster_tokens)
     horizon_windows = paced.STRADDLE_HORIZON
     taken = [0] * n_clusters
@@ -95,8 +120,8 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
     order = []
     for _ in range(len(members)):
         if split:
-            window = placed // seq_len
-            room = (window + 1) * seq_len - placed
+            window = (placed + offset) // seq_len
+            room = (window + 1) * seq_len - (placed + offset)
         else:
             room = seq_len - fill
         window_end = placed + room
@@ -112,7 +137,7 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
             near = [h for h in heads if h[0] <= window_end + horizon_windows * seq_len]
             if near:
                 # windows hold more documents than there are clusters: any cluster may straddle
-                saturated = len(members) * seq_len >= n_clusters * total
+                saturated = n_docs * seq_len >= n_clusters * total
                 pool = near if saturated else ([h for h in near if h[3]] or near)
                 excess = {h[1]: Fraction(h[2], seq_len) - Fraction(cluster_tokens[h[1]], total or 1) for h in pool}
                 straddler = max(pool, key=lambda h: (excess[h[1]], -h[1]))
@@ -139,10 +164,11 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
         order.append(members[position])
         t = counts_in_pool[position]
         if split:
+            at = placed + offset
             if t > 0:
-                in_window[k].update(range(placed // seq_len, (placed + t - 1) // seq_len + 1))
+                in_window[k].update(range(at // seq_len, (at + t - 1) // seq_len + 1))
             else:
-                in_window[k].add((placed - 1) // seq_len if placed > 0 else 0)
+                in_window[k].add((at - 1) // seq_len if at > 0 else 0)
             placed += t
         else:
             placed += t
@@ -256,20 +282,27 @@ def test_paced_order_is_a_seeded_permutation(corpus, seed, split):
 @given(corpora(), st.integers(0, 2**32 - 1), st.booleans())
 def test_documents_run_at_most_the_horizon_ahead(corpus, seed, split):
     """The pacing guarantee: each document starts at most STRADDLE_HORIZON + 1 windows (split) or 2 windows
-    (whole) before its due position, unless no document at all was due by then (it is then the earliest due)."""
+    (whole) before its due position, unless no document at all was due by then (it is then the earliest due);
+    the documents of the pass from the end likewise, positions and due positions counted from the end."""
     labels, counts, n_clusters, seq_len = corpus
     order = greedy_order(labels, counts, n_clusters, seq_len, split, seed)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     due_of = dict(zip(members.tolist(), paced.due_positions(members, pool_starts, counts).tolist()))
+    total = int(counts.sum())
+    backward_tokens = min(diversity.BOUNDARY_FRACTION * total + 2 * seq_len, total / 2)
+    from_start = [d for d in order.tolist() if 2 * due_of[d] + int(counts[d]) < 2 * (total - backward_tokens)]
+    assert order.tolist()[:len(from_start)] == from_start  # the pass from the start comes first
+    from_end = order.tolist()[len(from_start):][::-1]
     ahead = (paced.STRADDLE_HORIZON + 1 if split else 2) * seq_len
-    placed = 0
-    remaining = set(order.tolist())
-    for doc in order.tolist():
-        # whole packing: a window ends at most seq_len after the document's start
-        if due_of[doc] > placed + ahead:
-            assert due_of[doc] == min(due_of[d] for d in remaining)
-        remaining.discard(doc)
-        placed += int(counts[doc])
+    for docs, due in ((from_start, due_of), (from_end, {d: total - due_of[d] - int(counts[d]) for d in from_end})):
+        placed = 0
+        remaining = set(docs)
+        for doc in docs:
+            # whole packing: a window ends at most seq_len after the document's start
+            if due[doc] > placed + ahead:
+                assert due[doc] == min(due[d] for d in remaining)
+            remaining.discard(doc)
+            placed += int(counts[doc])
 
 
 def _one_long_among_short(long_tokens: int, short_per_cluster: int):

@@ -29,6 +29,9 @@ rule 7's large-document threshold were set on the tuning corpora):
    fills floor(t / L) - 1 windows alone, not floor(t / L)): if the room left is at most h it goes
    now; else the earliest-due document of a lacking cluster, due before the next window ends, that
    fits in the room minus h; else the straddler if the room is at most 1.5 h; else rule 3.
+   Rules 3 and 4 walk from both ends (flat head-to-tail mix): the documents whose middle is due in
+   the last BOUNDARY_FRACTION of tokens and two windows more are ordered from the end, due positions
+   counted from it (packing split, its first window the real last one's room), and follow the others.
 5. Documents trade places between nearby windows where that lowers both windows' summed token-share
    deviation without moving any window's cut, losing clusters or touching the head and the tail of
    the order (uniformity; ``exchange.py``). Rules 1-4 work on document counts and token schedules,
@@ -247,8 +250,10 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
 
 
 @njit(cache=True, nogil=True)
-def _paced(members, pool_starts, member_counts, due, cluster_tokens, seq_len, model, saturated):
-    """Rules 3 and 4 over the paced pools: the order, walking windows with ``packing.advance``."""
+def _paced(members, pool_starts, member_counts, due, cluster_tokens, seq_len, model, saturated, first_room):
+    """Rules 3 and 4 over the paced pools: the order, walking windows with ``packing.advance``; the first
+    window has ``first_room`` tokens of room (less than ``seq_len`` where the pass ends a run of windows
+    that does not start at a window boundary)."""
     n_clusters = pool_starts.shape[0] - 1
     total = cluster_tokens.sum()
     taken = np.zeros(n_clusters, dtype=np.int64)
@@ -264,7 +269,7 @@ def _paced(members, pool_starts, member_counts, due, cluster_tokens, seq_len, mo
             next_excess[k] = next_length[k] * total - cluster_tokens[k] * seq_len
     stamp = np.full(n_clusters, -1, dtype=np.int64)  # stamp[k] == w: cluster k is in window w
     window = 0
-    fill = 0
+    fill = seq_len - first_room
     placed = 0  # tokens placed so far
     order = np.empty(members.shape[0], dtype=np.int64)
     for step in range(members.shape[0]):
@@ -315,9 +320,30 @@ def paced_greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
     running = np.concatenate(([0], np.cumsum(member_counts)))
     cluster_tokens = running[pool_starts[1:]] - running[pool_starts[:-1]]
     seq_len = int(options.seq_len)
-    saturated = windows_saturated(labels.size, seq_len, n_clusters, int(running[-1]))
-    return _paced(members, pool_starts, member_counts, _due_positions(pool_starts, member_counts), cluster_tokens,
-                  seq_len, packing_model(options.packing), saturated)
+    total = int(running[-1])
+    saturated = windows_saturated(labels.size, seq_len, n_clusters, total)
+    model = packing_model(options.packing)
+    due = _due_positions(pool_starts, member_counts)
+    # Rules 3 and 4 take a lacking cluster's document due up to two windows ahead, which shifts the head's
+    # mix and not the tail's; where two windows are a good part of the first BOUNDARY_FRACTION of tokens
+    # (a few thousand documents) that was most of the boundary shift. So the documents due in the last
+    # stretch (that fraction and two windows) go in from the end, their due positions counted from it:
+    # the tail is made as the head is.
+    backward_tokens = min(BOUNDARY_FRACTION * total + 2 * seq_len, total / 2)
+    early = 2 * due + member_counts < 2 * (total - backward_tokens)  # the document's middle is due before it
+    pool_of = np.repeat(np.arange(n_clusters), np.diff(pool_starts))
+    head = np.flatnonzero(early)  # each pool's slots keep their order: due grows along a pool
+    tail = np.flatnonzero(~early)
+    tail = tail[np.lexsort((-tail, pool_of[tail]))]  # each pool's late slots, last due first
+    head_starts = np.concatenate(([0], np.cumsum(np.bincount(pool_of[head], minlength=n_clusters))))
+    tail_starts = np.concatenate(([0], np.cumsum(np.bincount(pool_of[tail], minlength=n_clusters))))
+    # Packing split the windows are cut from the start, so the last one holds total % seq_len tokens.
+    last_room = (total % seq_len or seq_len) if model == SPLIT else seq_len
+    forward = _paced(members[head], head_starts, member_counts[head], due[head], cluster_tokens, seq_len, model,
+                     saturated, seq_len)
+    backward = _paced(members[tail], tail_starts, member_counts[tail], total - due[tail] - member_counts[tail],
+                      cluster_tokens, seq_len, model, saturated, last_room)
+    return np.concatenate((forward, backward[::-1]))
 
 
 def windows_saturated(n_docs: int, seq_len: int, n_clusters: int, total_tokens: int) -> bool:
