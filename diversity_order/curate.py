@@ -589,6 +589,9 @@ def write_outputs(run: Run) -> None:
     ``settle_output_paths`` says), and the packed sequences (--export-packed)."""
     config = run.config
     if not config.stats_only:
+        if config.output_shards > run.n:
+            log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
+                        run.n, config.output_shards - run.n)
         shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
         with run.timer.stage(f"Writing {config.output}{shards}"):
             if _shards_across_ranks(run):

@@ -160,6 +160,17 @@ def test_shards_and_conversion(tmp_path, demo_jsonl, tiny_model_dir):
     assert rows == [json.loads(line) for line in (tmp_path / "one" / "c.jsonl").read_text().splitlines()]
 
 
+def test_more_shards_than_records_are_written_empty_with_a_warning(tmp_path, demo_jsonl, tiny_model_dir, caplog):
+    n = len(Path(demo_jsonl).read_bytes().splitlines())
+    out = tmp_path / "c.jsonl"
+    assert curate("--input", demo_jsonl, "--output", out, "--output-shards", n + 2, "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    shards = sorted(tmp_path.glob("c-*.jsonl"))
+    assert len(shards) == n + 2 and sum(p.stat().st_size == 0 for p in shards) == 2
+    assert any(f"--output-shards {n + 2} for {n} records: 2 of the shards will be empty" in r.getMessage()
+               for r in caplog.records if r.levelname == "WARNING")
+
+
 def test_special_tokens_are_counted_in_every_window(tmp_path, demo_jsonl, tiny_model_dir):
     from diversity_order.diversity import window_counts
 
