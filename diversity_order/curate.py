@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 # one after another, 10.5 s side by side). Below it they are short and compete for the cores, and their
 # working memory adds up (20K documents: 1.08 s one after another, 1.2 s side by side, +125 MB peak).
 SIDE_BY_SIDE_ROWS = 1_000_000
+# Records longer than a window holding this share of the tokens or more: said as a warning, not a note.
+LONG_RECORDS_WARN_SHARE = 0.1
 
 
 @dataclass
@@ -773,9 +775,24 @@ def _warn_if_degenerate(run: Run) -> None:
     elif np.median(documents) <= 1:
         log.warning("Most %s-token windows hold a single document (the documents are about as long as --seq-len): "
                     "each such window holds one cluster whatever the order", f"{config.seq_len:,}")
+    _say_records_longer_than_a_window(run.counts, config.seq_len, config.ordering_options.packing)
     log.info("Curated order: %.1f%% of the most clusters these windows could hold (a window holds at most as many "
              "clusters as documents); input order %.1f%%", 100 * run.quality["curated"]["efficiency"],
              100 * run.quality["original"]["efficiency"])
+
+
+def _say_records_longer_than_a_window(counts: np.ndarray, seq_len: int, packing: str) -> None:
+    """Records longer than --seq-len set windows that no order changes: how many, and their share of the tokens."""
+    longer = counts > seq_len
+    if not longer.any():
+        return
+    share = float(counts[longer].sum()) / float(counts.sum())
+    what = ("packed whole, each fills windows by itself" if packing == "whole"
+            else "packed split, each fills windows by itself but for its ends")
+    log.log(logging.WARNING if share >= LONG_RECORDS_WARN_SHARE else logging.INFO,
+            "%d record(s) longer than --seq-len %s (the longest %s tokens; %.1f%% of all tokens): %s, whatever the "
+            "order; a trainer that truncates to the window keeps only their first %s tokens",
+            int(longer.sum()), f"{seq_len:,}", f"{int(counts.max()):,}", 100 * share, what, f"{seq_len:,}")
 
 
 def _warn_unused_flags(config: CurateConfig) -> None:

@@ -162,6 +162,23 @@ def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, 
     assert "hold a single document" in caplog.text
 
 
+def test_records_longer_than_a_window_are_counted(tmp_path, tiny_model_dir, caplog):
+    records = topical_records(per_topic=4)
+    records.append({"text": " ".join(["word"] * 3000), "topic": "long", "id": "long"})
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    caplog.set_level(logging.INFO)
+    assert curate("--input", src, "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+                  "--seq-len", 1000, "--no-plot") == 0
+    lines = [r for r in caplog.records if "longer than --seq-len 1,000" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].getMessage().startswith("1 record(s) longer than --seq-len 1,000")
+    assert lines[0].levelname == "WARNING"  # one record holding most of the tokens
+    assert "packed whole, each fills windows by itself" in lines[0].getMessage()
+    caplog.clear()
+    assert curate("--input", src, "--output", tmp_path / "e.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+                  "--seq-len", 100000, "--no-plot") == 0
+    assert not any("longer than --seq-len" in r.getMessage() for r in caplog.records)
+
+
 def test_calibration_logs_each_k_as_it_completes(tmp_path, tiny_model_dir, caplog):
     caplog.set_level(logging.INFO)
     src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=4))
