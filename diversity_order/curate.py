@@ -39,7 +39,7 @@ from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
-from .fields import as_tuple, cache_key
+from .fields import Conversation, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
 from .projection import projection_or_none
 from .runtime import StageTimer, side_by_side, start
@@ -205,6 +205,7 @@ class Run:
     packed: dict | None = None  # what --export-packed wrote
     curated_files: list = field(default_factory=list)
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
+    chat_template: dict | None = None  # the template conversations are rendered with (file, hash), if any
     cluster_plan: clustering.Plan | None = None
     scratch: list = field(default_factory=list)  # temp files of this run, removed when it ends
     torchrun: dict | None = None  # how the ranks shared the work (for the metadata)
@@ -364,6 +365,8 @@ def index_input(run: Run, fail_fast: bool) -> None:
             run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
     # The records' own bytes (no line ends, no file framing): the output line gives the files' size instead.
     log.info("%s: %d records, %.1f MB of records", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
+    if run.ctx.is_main:
+        run.chat_template = _chat_template_used(run)
     if not fail_fast:
         return
     if config.n_clusters > run.n:
@@ -371,6 +374,22 @@ def index_input(run: Run, fail_fast: bool) -> None:
                         f"choose at most {run.n}")
     if run.ctx.is_main:  # a bad score or balance field fails before the long work
         run.options = _ordering_options(config, run.index)
+
+
+def _chat_template_used(run: Run) -> dict | None:
+    """The chat template conversations are rendered with, said once, when the first record is one."""
+    from .tokenizer import chat_template_source
+
+    if run.config.model_dir is None or run.n == 0:
+        return None
+    _, documents = next(iter(run.index.iter_documents(np.zeros(1, dtype=np.int64))))
+    if not isinstance(documents[0], Conversation):
+        return None
+    source = chat_template_source(Path(run.config.model_dir))
+    if source is not None:
+        log.info("Conversations in '%s': each rendered with the chat template of %s (blake2b %s) before its tokens are "
+                 "counted, as a chat trainer renders them", run.config.text_field, source["file"], source["blake2b"])
+    return source
 
 
 def _ranks_keep_own_rows(run: Run) -> bool:
@@ -705,6 +724,7 @@ def write_metadata(run: Run) -> dict:
         "load_embeddings_path": str(config.load_embeddings) if config.load_embeddings else None,
         "model_dir": str(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
+        "chat_template": run.chat_template,
         "input_format": config.inputs.kind,
         "input_files": [str(path) for path in config.inputs.files],
         "output_format": config.written_kind,

@@ -190,6 +190,16 @@ class DocumentTokenizer:
 SPECIAL_TOKEN_MODES = ("none", "tokenizer", "eos", "bos-eos")
 
 
+def chat_template_source(model_dir: Path) -> dict | None:
+    """Where the folder's chat template is written and a short hash of it, for the log and metadata; None
+    where it has none."""
+    template = _chat_template_text(model_dir)
+    if not template:
+        return None
+    where = "chat_template.jinja" if (model_dir / "chat_template.jinja").is_file() else "tokenizer_config.json"
+    return {"file": str(model_dir / where), "blake2b": hashlib.blake2b(template.encode("utf-8"), digest_size=8).hexdigest()}
+
+
 def _chat_template_text(model_dir: Path) -> str:
     """The folder's chat template as written (chat_template.jinja, else tokenizer_config.json's), or ""."""
     jinja = model_dir / "chat_template.jinja"

@@ -120,6 +120,11 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
     meta_c = json.loads((tmp_path / "c" / "c_meta.json").read_text())
     meta_r = json.loads((tmp_path / "r" / "c_meta.json").read_text())
     assert meta_c["total_tokens"] == meta_r["total_tokens"]
+    # the metadata names the template conversations went through; plain texts went through none
+    where = Path(chat_model_dir) / ("chat_template.jinja" if (Path(chat_model_dir) / "chat_template.jinja").is_file()
+                                    else "tokenizer_config.json")
+    assert meta_c["chat_template"]["file"] == str(where) and len(meta_c["chat_template"]["blake2b"]) == 16
+    assert meta_r["chat_template"] is None
     assert (tmp_path / "c" / "c.jsonl").read_bytes().splitlines() == [
         chat.read_bytes().splitlines()[i] for i in np.load(tmp_path / "c" / "c_order.npy")]
 
