@@ -28,6 +28,7 @@ import numpy as np
 from . import fields as fields_mod
 from .atomic import atomic_path, give_plain_permissions
 from .errors import UserError
+from .records import DocumentKinds
 
 # Rows gathered per output piece (and at most about this many bytes): bounds the writer's memory.
 OUTPUT_PIECE_BYTES = 512 << 20
@@ -66,6 +67,7 @@ class ArrowTableSource:
     pieces: list[_Piece] = field(default_factory=list)
     fingerprints: np.ndarray | None = None
     row_sizes: np.ndarray | None = None
+    kinds: DocumentKinds | None = None  # conversations or plain texts, as the scan found them
     stats: list = field(default_factory=list)  # (size, mtime_ns, inode) per file when indexed
     _opened: dict = field(default_factory=dict, repr=False)  # file -> (memory map, record batches): Arrow streams
     _schema_cache: object = field(default=None, repr=False)
@@ -352,8 +354,10 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
         raise UserError(f"--input {source.name}: no column '{missing[0]}' (columns: {', '.join(schema.names[:10])}); "
                         "choose the text field with --text-field")
     digests = bytearray()
+    kinds = DocumentKinds()
     for piece in source.pieces:
         for document in source._documents(piece):
+            kinds.saw(len(sizes), not isinstance(document, str))
             # Each text encoded once, for its fingerprint (records.text_fingerprint's bytes) and its size.
             encoded = fields_mod.fingerprint_text(document).encode("utf-8", "surrogatepass")
             digests += hashlib.blake2b(encoded, digest_size=8).digest()
@@ -362,6 +366,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             progress.update(piece.nbytes)
     if not sizes:
         raise UserError(f"--input {source.name}: no rows")
+    source.kinds = kinds
     source.fingerprints = np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
     source.row_sizes = np.asarray(sizes, dtype=np.int64)
     return source

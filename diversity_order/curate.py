@@ -39,7 +39,7 @@ from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
-from .fields import Conversation, as_tuple, cache_key
+from .fields import as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
 from .projection import projection_or_none
 from .runtime import StageTimer, side_by_side, start
@@ -377,18 +377,23 @@ def index_input(run: Run, fail_fast: bool) -> None:
 
 
 def _chat_template_used(run: Run) -> dict | None:
-    """The chat template conversations are rendered with, said once, when the first record is one."""
+    """The chat template conversations are rendered with, said once where the text field holds them; a field
+    that holds conversations in some records and plain text in others is warned of, naming both."""
     from .tokenizer import chat_template_source
 
-    if run.config.model_dir is None or run.n == 0:
+    kinds = getattr(run.index, "kinds", None)
+    if kinds is None or kinds.conversations == 0:
         return None
-    _, documents = next(iter(run.index.iter_documents(np.zeros(1, dtype=np.int64))))
-    if not isinstance(documents[0], Conversation):
-        return None
-    source = chat_template_source(Path(run.config.model_dir))
+    field = run.config.text_field
+    if kinds.first_text_row >= 0:
+        log.warning("'%s' holds a conversation in %d of %d records and plain text in the others (the first: %s; the "
+                    "first conversation: %s): plain texts are tokenized as they are, without the chat template; give "
+                    "every record the same kind", field, kinds.conversations, run.n, run.index.where(kinds.first_text_row),
+                    run.index.where(kinds.first_conversation_row))
+    source = chat_template_source(Path(run.config.model_dir)) if run.config.model_dir is not None else None
     if source is not None:
         log.info("Conversations in '%s': each rendered with the chat template of %s (blake2b %s) before its tokens are "
-                 "counted, as a chat trainer renders them", run.config.text_field, source["file"], source["blake2b"])
+                 "counted, as a chat trainer renders them", field, source["file"], source["blake2b"])
     return source
 
 

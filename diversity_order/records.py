@@ -20,7 +20,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -385,6 +385,35 @@ MAX_RECORD_BYTES = (1 << 32) - 1
 
 
 @dataclass
+class DocumentKinds:
+    """How many records' text field holds a conversation, and the first row holding each kind (-1: none),
+    rows counted from the index's (or range's) first record: a field should hold one kind throughout."""
+
+    conversations: int = 0
+    first_text_row: int = -1
+    first_conversation_row: int = -1
+
+    def saw(self, row: int, conversation: bool) -> None:
+        if conversation:
+            self.conversations += 1
+            if self.first_conversation_row < 0:
+                self.first_conversation_row = row
+        elif self.first_text_row < 0:
+            self.first_text_row = row
+
+    @staticmethod
+    def joined(parts: list[tuple[int, DocumentKinds]]) -> DocumentKinds:
+        """Consecutive parts' kinds as one, each part given with its first row."""
+        out = DocumentKinds(conversations=sum(kinds.conversations for _, kinds in parts))
+        for first, kinds in parts:
+            if out.first_text_row < 0 <= kinds.first_text_row:
+                out.first_text_row = first + kinds.first_text_row
+            if out.first_conversation_row < 0 <= kinds.first_conversation_row:
+                out.first_conversation_row = first + kinds.first_conversation_row
+        return out
+
+
+@dataclass
 class RecordIndex:
     """Where each record of a JSONL file lies, by input position (blank lines are not records)."""
 
@@ -400,6 +429,7 @@ class RecordIndex:
     # line numbers (for messages) follow from it without 8 bytes per record.
     non_record_lines: np.ndarray  # int64, ascending
     first_line: int = 1  # the line of row 0's part of the file (not 1 for a torchrun rank's own range)
+    kinds: DocumentKinds = field(default_factory=lambda: DocumentKinds())  # conversations or plain texts
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -680,6 +710,7 @@ class IndexPart:
     non_record_lines: np.ndarray
     identity: FileIdentity
     first_line: int = 1  # the line number of the range's first line
+    kinds: DocumentKinds = field(default_factory=lambda: DocumentKinds())
 
     COLUMNS = {"starts": np.int64, "lengths": np.uint32, "fingerprints": np.uint64, "raw_hashes": np.uint32,
                "non_record_lines": np.int64}
@@ -712,14 +743,15 @@ def index_from_parts(path: Path, text_field, parts: list[IndexPart], consume: bo
             for part in parts:
                 setattr(part, name, None)
     return RecordIndex(path=path, text_field=text_field, identity=parts[0].identity,
-                       non_record_lines=lines[0] if len(lines) == 1 else np.concatenate(lines), **joined)
+                       non_record_lines=lines[0] if len(lines) == 1 else np.concatenate(lines),
+                       kinds=DocumentKinds.joined(list(zip(before.tolist(), [part.kinds for part in parts]))), **joined)
 
 
 def index_of_part(path: Path, text_field, part: IndexPart) -> RecordIndex:
     """One range's records as an index of their own (row 0: the range's first record), with their
     line numbers in the file: a torchrun rank that reads only its own range."""
     return RecordIndex(path=path, text_field=text_field, identity=part.identity, first_line=part.first_line,
-                       **{name: getattr(part, name) for name in IndexPart.COLUMNS})
+                       kinds=part.kinds, **{name: getattr(part, name) for name in IndexPart.COLUMNS})
 
 
 def count_lines_before(path: Path, offset: int, chunk: int = 16 << 20) -> int:
@@ -748,6 +780,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
     fingerprints, non_record_lines = bytearray(), array.array("q")
     blake2b, crc32 = hashlib.blake2b, zlib.crc32
     read = TextReader(path, text_field)
+    kinds = DocumentKinds()
     with open_binary(path, buffer_size=1 << 20) as handle:
         identity = _identity(os.fstat(handle.fileno()))
         if lo == 0:
@@ -777,6 +810,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
                             raise UserError(f"{path}:{line_number}: a line of {len(content):,} bytes, more than "
                                             f"the {MAX_RECORD_BYTES:,} one record may hold; split the record")
                         text = read(content, line_number)
+                        kinds.saw(len(starts), not isinstance(text, str))
                         if not isinstance(text, str):  # a conversation: its canonical JSON
                             text = fields.fingerprint_text(text)
                         try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
@@ -812,6 +846,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
         non_record_lines=np.frombuffer(non_record_lines, dtype=columns["non_record_lines"]),
         identity=identity,
         first_line=first_line,
+        kinds=kinds,
     )
 
 

@@ -228,12 +228,12 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
         raise UserError(errors[0])
     # Which file each part belongs to, its row count and its identity (small); then the columns one at
     # a time, each joined file by file at once, so the gather holds two copies of one column at most.
-    shapes = distributed.all_gather_object(ctx, [(f, len(part), part.non_record_lines.size, part.identity)
+    shapes = distributed.all_gather_object(ctx, [(f, len(part), part.non_record_lines.size, part.identity, part.kinds)
                                                  for f, part in mine])
-    bounds = np.concatenate([[0], np.cumsum([sum(n for _, n, _, _ in pieces) for pieces in shapes])]).astype(np.int64)
+    bounds = np.concatenate([[0], np.cumsum([sum(n for _, n, *_ in pieces) for pieces in shapes])]).astype(np.int64)
     for f, path in enumerate(files):  # every rank refuses alike, before any gathering
-        records.check_one_identity(path, [identity for _, _, _, identity in _pieces_of(shapes, f)])
-        if not any(n for _, n, _, _ in _pieces_of(shapes, f)):
+        records.check_one_identity(path, [identity for _, _, _, identity, _ in _pieces_of(shapes, f)])
+        if not any(n for _, n, *_ in _pieces_of(shapes, f)):
             raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     receives = everyone or ctx.is_main
     joined: list[dict] = [{} for _ in files]
@@ -251,13 +251,13 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
         chunks: list[list[np.ndarray]] = [[] for _ in files]
         for rank, pieces in enumerate(shapes):
             at = 0
-            for f, n, n_lines, _ in pieces:
+            for f, n, n_lines, *_ in pieces:
                 size = n_lines if name == "non_record_lines" else n
                 chunks[f].append(gathered[rank][at: at + size])
                 at += size
         for f, file_chunks in enumerate(chunks):
             if name == "non_record_lines":  # rows counted from each part's first record: from the file's
-                before = np.cumsum([0] + [n for g, n, _, _ in _pieces_of(shapes, f)][:-1])
+                before = np.cumsum([0] + [n for g, n, *_ in _pieces_of(shapes, f)][:-1])
                 file_chunks = [chunk + first for chunk, first in zip(file_chunks, before.tolist())]
             joined[f][name] = _joined(file_chunks, dtype, None if name == "non_record_lines" else spill_folder)
         del gathered, chunks
@@ -265,8 +265,11 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
         return None, mine, bounds
     indexes = []
     for f, path in enumerate(files):
-        identity = _pieces_of(shapes, f)[0][3]
-        indexes.append(records.index_from_parts(path, field, [records.IndexPart(identity=identity, **joined[f])]))
+        pieces = _pieces_of(shapes, f)
+        firsts = np.cumsum([0] + [n for _, n, *_ in pieces][:-1]).tolist()
+        kinds = records.DocumentKinds.joined([(first, piece[4]) for first, piece in zip(firsts, pieces)])
+        indexes.append(records.index_from_parts(path, field, [records.IndexPart(identity=pieces[0][3], kinds=kinds,
+                                                                                  **joined[f])]))
     return indexes, [], bounds
 
 
@@ -306,6 +309,7 @@ class RecordPieces:
             raise ValueError("record pieces overlap or are not in row order")
         self.n_records = int(n_records)
         self.name = name
+        self.kinds = records.DocumentKinds.joined([(first, part.kinds) for first, part in self.pieces])
 
     def __len__(self) -> int:
         return self.n_records

@@ -129,6 +129,28 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
         chat.read_bytes().splitlines()[i] for i in np.load(tmp_path / "c" / "c_order.npy")]
 
 
+def test_a_field_mixing_conversations_and_plain_text_is_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
+    rows = [{"messages": [{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"]}]}
+            for r in demo_records[:60]]
+    rows[6]["messages"] = "a plain string where a conversation was meant"
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    caplog.set_level("INFO")
+    assert curate("--input", src, "--text-field", "messages", "--output", tmp_path / "o" / "c.jsonl",
+                  "--model-dir", chat_model_dir, "--n-clusters", 4) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "plain text" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "in 59 of 60 records" in warnings[0] and f"{src}:7" in warnings[0] and f"{src}:1" in warnings[0]
+    # every record a conversation: no warning
+    caplog.clear()
+    rows[6]["messages"] = rows[5]["messages"]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert curate("--input", src, "--text-field", "messages", "--output", tmp_path / "p" / "c.jsonl",
+                  "--model-dir", chat_model_dir, "--n-clusters", 4) == 0
+    assert not any("plain text" in r.getMessage() for r in caplog.records)
+    assert any("rendered with the chat template" in r.getMessage() for r in caplog.records)
+
+
 def test_dotted_and_joined_fields(tmp_path, demo_records, tiny_model_dir):
     nested = tmp_path / "nested.jsonl"
     nested.write_text("".join(json.dumps({"meta": {"body": r["text"]}, "name": r["name"]}) + "\n"
