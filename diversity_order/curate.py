@@ -381,7 +381,7 @@ def _chat_template_used(run: Run) -> dict | None:
     that holds conversations in some records and plain text in others is warned of, naming both."""
     from .tokenizer import chat_template_source
 
-    kinds = getattr(run.index, "kinds", None)
+    kinds = run.index.kinds
     if kinds is None or kinds.conversations == 0:
         return None
     field = run.config.text_field

@@ -429,7 +429,7 @@ class RecordIndex:
     # line numbers (for messages) follow from it without 8 bytes per record.
     non_record_lines: np.ndarray  # int64, ascending
     first_line: int = 1  # the line of row 0's part of the file (not 1 for a torchrun rank's own range)
-    kinds: DocumentKinds = field(default_factory=lambda: DocumentKinds())  # conversations or plain texts
+    kinds: DocumentKinds = field(default_factory=DocumentKinds)  # conversations or plain texts
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -710,7 +710,7 @@ class IndexPart:
     non_record_lines: np.ndarray
     identity: FileIdentity
     first_line: int = 1  # the line number of the range's first line
-    kinds: DocumentKinds = field(default_factory=lambda: DocumentKinds())
+    kinds: DocumentKinds = field(default_factory=DocumentKinds)
 
     COLUMNS = {"starts": np.int64, "lengths": np.uint32, "fingerprints": np.uint64, "raw_hashes": np.uint32,
                "non_record_lines": np.int64}

@@ -95,7 +95,7 @@ class DocumentTokenizer:
         else:
             digest.update(json.dumps(sorted(self._hf.get_vocab().items())).encode("utf-8"))
             digest.update(type(self._hf).__name__.encode())
-        template = _chat_template_text(self.model_dir)
+        template, _ = _chat_template(self.model_dir)
         if template:
             digest.update(b"\0chat template\0" + template.encode("utf-8"))
         return digest.hexdigest()
@@ -193,23 +193,24 @@ SPECIAL_TOKEN_MODES = ("none", "tokenizer", "eos", "bos-eos")
 def chat_template_source(model_dir: Path) -> dict | None:
     """Where the folder's chat template is written and a short hash of it, for the log and metadata; None
     where it has none."""
-    template = _chat_template_text(model_dir)
+    template, file = _chat_template(model_dir)
     if not template:
         return None
-    where = "chat_template.jinja" if (model_dir / "chat_template.jinja").is_file() else "tokenizer_config.json"
-    return {"file": str(model_dir / where), "blake2b": hashlib.blake2b(template.encode("utf-8"), digest_size=8).hexdigest()}
+    return {"file": str(model_dir / file), "blake2b": hashlib.blake2b(template.encode("utf-8"), digest_size=8).hexdigest()}
 
 
-def _chat_template_text(model_dir: Path) -> str:
-    """The folder's chat template as written (chat_template.jinja, else tokenizer_config.json's), or ""."""
+def _chat_template(model_dir: Path) -> tuple[str, str]:
+    """The folder's chat template as written (chat_template.jinja, else tokenizer_config.json's), or "",
+    and the name of the file it was read from."""
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return jinja.read_text(encoding="utf-8"), jinja.name
+    config = "tokenizer_config.json"
     try:
-        template = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+        template = json.loads((model_dir / config).read_text(encoding="utf-8")).get("chat_template")
     except (OSError, ValueError, AttributeError):
-        return ""
-    return template if isinstance(template, str) else json.dumps(template or "")
+        return "", config
+    return (template if isinstance(template, str) else json.dumps(template or "")), config
 
 
 # tokenizer_config.json keys that leave transformers' tokenizer pipeline as tokenizer.json has it.
