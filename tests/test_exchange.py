@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
-from diversity_order.orderings import OrderingOptions, exchange, paced
+from diversity_order.orderings import OrderingOptions, exchange, last_window, paced
 from diversity_order.packing import packing_model
 
 MASK = (1 << 64) - 1
@@ -251,7 +251,8 @@ def test_nothing_to_gain_leaves_the_order():
 
 
 def test_paced_is_the_greedy_then_the_trades():
-    """Packing whole (packing split rules 6 and 8 follow: tests/test_split_trades.py)."""
+    """Packing whole, then rule 9 (tests/test_last_window.py); packing split rules 6 and 8 follow
+    (tests/test_split_trades.py)."""
     rng = np.random.default_rng(5)
     labels = rng.integers(0, 6, 600)
     counts = rng.integers(1, 300, 600)
@@ -259,5 +260,6 @@ def test_paced_is_the_greedy_then_the_trades():
     greedy = paced.paced_greedy_order(labels, counts, 6, options)
     want = exchange.exchange_pass(greedy, labels, counts, 1024, diversity.global_token_shares(labels, counts, 6),
                                   packing_model("whole"), 9)
-    assert paced.paced_order(labels, counts, 6, options).tolist() == want.tolist()
+    mended = last_window.mend_last_window(want, labels, counts, 1024, 6)
+    assert paced.paced_order(labels, counts, 6, options).tolist() == mended.tolist()
     assert want.tolist() != greedy.tolist()  # the trades do something here

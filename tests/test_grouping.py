@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
-from diversity_order.orderings import ORDERINGS, OrderingOptions, grouping, paced
+from diversity_order.orderings import ORDERINGS, OrderingOptions, grouping, last_window, paced
 
 
 def plain_groups(labels, counts, seq_len):
@@ -195,13 +195,16 @@ def test_paced_groups_large_documents_only_where_rule_7_applies(corpus, seed):
         rest_order = rest[paced._rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, 0)]
         want = grouping.place_groups(rest_order, counts, groups, grouping.group_keys(labels, counts, groups),
                                      seq_len, total)
+    if want is not None:  # None: no window start with the head and the tail of the order either side
+        want = last_window.mend_last_window(want, labels, counts, seq_len, n_clusters)  # then rule 9
         # kept only while its windows hold as many clusters as stratified's, within the D margin
         stratified = ORDERINGS["stratified"](labels, counts, n_clusters, options)
         mean_unique = [diversity.window_counts(labels, counts, seq_len, o, "whole")[0].mean() for o in (want, stratified)]
         if mean_unique[0] < mean_unique[1] - diversity.DIVERSITY_MARGIN:
             want = None
     if want is None:
-        want = paced._rules_1_to_5(labels, counts, n_clusters, options, shares, 0)
+        want = last_window.mend_last_window(paced._rules_1_to_5(labels, counts, n_clusters, options, shares, 0),
+                                            labels, counts, seq_len, n_clusters)
     assert got.tolist() == want.tolist()
     # packing split, rule 7 never applies
     split = OrderingOptions(seq_len=seq_len, packing="split", seed=seed)
@@ -264,9 +267,11 @@ def test_rule_7_is_dropped_where_it_would_lose_stratifieds_clusters_per_window()
     shares = diversity.global_token_shares(labels, counts, k)
     grouped = paced._with_large_grouped(labels, counts, k, options, shares, int(counts.sum()))
     assert grouped is not None  # rule 7 applies here...
+    grouped = last_window.mend_last_window(grouped, labels, counts, seq_len, k)
     unique = lambda order: diversity.window_counts(labels, counts, seq_len, order, "whole")[0].mean()  # noqa: E731
     stratified = ORDERINGS["stratified"](labels, counts, k, options)
     assert unique(grouped) < unique(stratified) - diversity.DIVERSITY_MARGIN  # ...and would lose D
     got = paced.paced_order(labels, counts, k, options)
-    assert got.tolist() == paced._rules_1_to_5(labels, counts, k, options, shares, 0).tolist()
+    assert got.tolist() == last_window.mend_last_window(paced._rules_1_to_5(labels, counts, k, options, shares, 0),
+                                                        labels, counts, seq_len, k).tolist()
     assert unique(got) >= unique(stratified) - diversity.DIVERSITY_MARGIN

@@ -2,8 +2,9 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Eight rules; no constant in rules 1-4 and 6 was fitted to a corpus (rules 5 and 8's effort bounds and
-rule 7's large-document threshold were set on the tuning corpora):
+Nine rules; no constant in rules 1-4 was fitted to a corpus (rules 5 and 8's effort bounds and rule 7's
+large-document threshold were set on the tuning corpora; rule 6's uniformity allowance and rule 9's
+boundary allowance on samples of held-out ones, BENCHMARKS.md "The last window"):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -52,9 +53,14 @@ rule 7's large-document threshold were set on the tuning corpora):
    them cut again (uniformity; ``split_trades.py``). Rule 5 trades only documents that move no cut but
    one inside a document between them; most of what is left lies in trades that move cuts. Swept in
    runs of whole windows at once, one per core.
+9. Packing whole, the last window, which holds what is left, is emptied into the room the windows
+   before it closed with where all its documents fit there, else given the clusters it lacks from
+   nearby windows that keep their cuts and clusters; only where the boundary shift barely moves
+   (diversity: on a corpus of a few dozen windows a last window of a few documents cost a tenth of a
+   cluster per window or more; ``last_window.py``).
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
-greedy, O(N) for the trades and the re-cuts, O(N log L) for the groups, compiled with numba.
+greedy, O(N) for the trades, the re-cuts and the last window, O(N log L) for the groups, compiled with numba.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from ..diversity import BOUNDARY_FRACTION, DIVERSITY_MARGIN, global_token_shares
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
 from .grouping import group_keys, group_large, place_groups
+from .last_window import mend_last_window
 from .options import OrderingOptions
 from .pools import cluster_pools, from_both_ends
 from .recut import recut_pass
@@ -355,7 +362,7 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
                 options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
     and ``options.seed``: an int64 permutation of input positions. Rules 1-5, then 6 and 8 packing split;
-    rule 7 packing whole where it applies, rules 1-5 ordering the documents it does not group."""
+    packing whole, rule 7 where it applies (rules 1-5 ordering the documents it does not group), then 9."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     shares = global_token_shares(labels, counts, n_clusters)
@@ -363,11 +370,13 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     total = int(counts.sum())
     if model == WHOLE and not windows_saturated(labels.size, options.seq_len, n_clusters, total):
         grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total)
-        if grouped is not None and _keeps_stratified_diversity(grouped, labels, counts, n_clusters, options):
-            return grouped
+        if grouped is not None:
+            grouped = mend_last_window(grouped, labels, counts, options.seq_len, n_clusters)
+            if _keeps_stratified_diversity(grouped, labels, counts, n_clusters, options):
+                return grouped
     order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model)
     if model != SPLIT:
-        return order
+        return mend_last_window(order, labels, counts, options.seq_len, n_clusters)
     order = recut_pass(order, labels, counts, options.seq_len, shares)
     return split_trade_pass(order, labels, counts, options.seq_len, shares, options.seed)
 
