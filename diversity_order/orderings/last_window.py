@@ -17,8 +17,8 @@ windows were closed with, each goes there, and the last window is gone:
 Where they do not all fit, the documents of clusters the last window lacks are pulled into it from the
 windows before it (nearest the end first, among the last ``SCAN_WINDOWS``), each from a window holding
 another document of its cluster and tokens left, and still closing where it did (the document after it
-still does not fit); a window's opening document stays. Either change is kept only where the boundary shift rises by
-at most ``BOUNDARY_SLACK``.
+still does not fit); a window's opening document stays. Either change is kept only where the boundary
+shift rises by at most ``BOUNDARY_SLACK``.
 
 O(N) for the windows and the boundary shift, O(SCAN_WINDOWS * documents per window) for the choice.
 """
@@ -36,8 +36,8 @@ from ..packing import WHOLE, n_pieces, piece_tokens, place
 SCAN_WINDOWS = 256
 # Documents leaving the last window, or joining it, change the mix of the order's last tokens, which meet
 # its first at the epoch boundary; a change is kept only where the boundary shift (total variation between
-# the two mixes) rises by at most this, a tenth of the 0.5 a shuffle's shift typically is on a corpus of a
-# few thousand documents (`paced` keeps it to 0.05-0.1 there). Moved into windows before the tail, the last
+# the two mixes) rises by at most this: about a tenth of a shuffle's shift on a corpus of a few thousand
+# documents (0.4-0.5 on the samples looked at; `paced`'s 0.05-0.1). Moved into windows before the tail, the last
 # window's documents let the tail reach back into what precedes it: on such samples with long documents,
 # that was a long document's cluster, and the shift rose fivefold.
 BOUNDARY_SLACK = 0.05
@@ -178,7 +178,8 @@ def _pulled(lab, tok, seq_len, n_clusters, scan, fill, last, first):
 
 @njit(cache=True, nogil=True)
 def _rebuild(order, after, start):
-    """``order`` with the positions from ``start`` on each moved after its destination (in the order given)."""
+    """``order`` with the positions from ``start`` on each moved after its destination (several after one
+    destination in position order)."""
     n = order.shape[0]
     follow_count = np.zeros(n, dtype=np.int64)
     for p in range(start, n):

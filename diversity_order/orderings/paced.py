@@ -60,7 +60,8 @@ boundary allowance on samples of held-out ones, BENCHMARKS.md "The last window")
    cluster per window or more; ``last_window.py``).
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
-greedy, O(N) for the trades, the re-cuts and the last window, O(N log L) for the groups, compiled with numba.
+greedy, O(N) for the trades, the re-cuts and the last window, O(N log L) for the groups, compiled with
+numba.
 """
 
 from __future__ import annotations
