@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from . import distributed
 from .errors import UserError
+from .interrupts import stop_if_interrupted
 
 log = logging.getLogger("diversity_order")
 
@@ -253,7 +254,8 @@ def memory_text(device=None) -> str:
 
 
 class StageTimer:
-    """Times named stages, logs each one's wall time and keeps them for the metadata."""
+    """Times named stages, logs each one's wall time and keeps them for the metadata; a stage that starts
+    or ends after Ctrl-C raises KeyboardInterrupt (``interrupts.stop_if_interrupted``)."""
 
     def __init__(self) -> None:
         import threading
@@ -268,6 +270,7 @@ class StageTimer:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        stop_if_interrupted()
         log.info("%s ...", name)
         if "numba" in sys.modules:  # its kernels may compile in this stage (importing numba here costs 0.3 s)
             notice_compiling()
@@ -276,6 +279,7 @@ class StageTimer:
         started, cpu_started = time.perf_counter(), cpu_clock()
         compiling_before = compile_seconds()
         yield
+        stop_if_interrupted()
         elapsed, cpu = time.perf_counter() - started, cpu_clock() - cpu_started
         compiling = compile_seconds() - compiling_before
         self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)

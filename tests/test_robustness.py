@@ -310,6 +310,26 @@ raise RuntimeError("a bug")
     assert result.returncode == 1 and "RuntimeError: a bug" in result.stderr and "interrupted" not in result.stderr
 
 
+def test_ctrl_c_that_a_library_swallows_inside_a_stage_stops_the_run_when_the_stage_ends():
+    # A UMAP fit dropped the KeyboardInterrupt and the run went on to write every file; now the stage it
+    # ran in raises it again when it ends, and no later stage starts.
+    result, _ = _run_command("""
+from diversity_order.runtime import StageTimer
+timer = StageTimer()
+with timer.stage("Plots"):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    except BaseException:
+        pass
+print("after the stage", flush=True)
+with timer.stage("Metadata"):
+    print("the next stage ran", flush=True)
+""")
+    _one_interrupted_line(result)
+    assert "after the stage" not in result.stdout and "the next stage ran" not in result.stdout
+
+
 def test_ctrl_c_that_a_library_swallows_in_a_long_run_ends_it_after_the_grace():
     result, seconds = _run_command("""
 try:

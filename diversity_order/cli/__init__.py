@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import UserError
+from ..interrupts import request_interrupt
 
 log = logging.getLogger("diversity_order")
 
@@ -108,6 +109,7 @@ def _quiet_about_interrupts(unraisable) -> None:
 def _on_interrupt(signum, frame) -> None:
     if not _interrupt["received"]:
         _interrupt["received"] = True
+        request_interrupt()  # where a library drops the KeyboardInterrupt, the next stage raises it again
         threading.Thread(target=_end_after_grace, name="interrupt-grace", daemon=True).start()
     raise KeyboardInterrupt
 
