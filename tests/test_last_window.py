@@ -68,7 +68,7 @@ def plain_mend(order, labels, counts, seq_len, n_clusters, scan):
                     present.add(lab[p])
         for p in movers:  # then any window with room
             for w in nearest_first:
-                if p not in after and windows[w][0] > 0 and tok[p] <= room[w]:
+                if p not in after and windows[w][0] > 0 and 0 < room[w] and tok[p] <= room[w]:
                     after[p] = windows[w][1][-1]
                     room[w] -= tok[p]
         rest = sum(unique.values()) - unique[end]
@@ -108,8 +108,9 @@ def corpora(draw, max_docs=60):
     seq_len = draw(st.integers(2, 16))
     n = draw(st.integers(0, max_docs))
     labels = draw(st.lists(st.integers(0, n_clusters - 1), min_size=n, max_size=n))
+    # exactly a window or two close the window they fill (a document without tokens after one opens the next)
     length = st.one_of(st.just(0), st.integers(1, max(seq_len // 4, 1)), st.integers(1, seq_len),
-                       st.integers(seq_len, 3 * seq_len))
+                       st.integers(seq_len, 3 * seq_len), st.sampled_from([seq_len, 2 * seq_len]))
     counts = draw(st.lists(length, min_size=n, max_size=n))
     return np.asarray(labels, dtype=np.int64), np.asarray(counts, dtype=np.int64), n_clusters, seq_len
 
@@ -168,6 +169,20 @@ def test_a_last_window_too_large_to_empty_gains_the_clusters_it_lacks():
     got = last_window.mend_last_window(np.arange(8), labels, counts, 10, 3)
     assert got.tolist() == [0, 1, 4, 5, 6, 7, 3, 2]
     assert diversity.window_counts(labels, counts, 10, got, "whole")[0].tolist() == [3, 3]
+
+
+def test_a_document_without_tokens_does_not_go_after_a_window_that_closed_full():
+    # L = 6, clusters A B C D = 0 1 2 3: [A0 D2] (D6 does not fit), [D6] (full: it closes), [C1 A1 D0].
+    # The last window's documents go into the first window's room: C1 (lacking there), then A1 and D0.
+    # D0 has no tokens; after the full D6 it would open a window of its own (found by review: three
+    # windows again, the mean 2 -> 5/3). Now: [A0 D2 C1 A1 D0], [D6].
+    labels = np.array([3, 0, 0, 2, 3, 3])
+    counts = np.array([0, 0, 1, 1, 2, 6])
+    order = np.array([1, 4, 5, 3, 2, 0])
+    got = last_window.mend_last_window(order, labels, counts, 6, 4)
+    assert got.tolist() == [1, 4, 3, 2, 0, 5]
+    assert diversity.window_counts(labels, counts, 6, got, "whole")[0].tolist() == [3, 1]
+    assert got.tolist() == plain_mend(order.tolist(), labels, counts, 6, 4, last_window.SCAN_WINDOWS)
 
 
 def test_a_mend_that_would_shift_the_boundary_is_not_made():

@@ -7,15 +7,17 @@ documents, or one, so a window of few clusters weighs on the mean as much as a f
 trainer gets a nearly empty sequence). Where every document of the last window fits in the room other
 windows were closed with, each goes there, and the last window is gone:
 
-- each is appended after the last document of a window with room for it, which cuts no window
+- each is appended after the last document of a window with room for it (some room: a full window may
+  have closed already, and a document without tokens would open the next one), which cuts no window
   anywhere else: that window's next document did not fit before and fits still less now;
 - longest first, each goes to the nearest window before the end that lacks its cluster, among the
-  last ``SCAN_WINDOWS`` windows, else the nearest one with room (the documents stay near the end,
+  last ``SCAN_WINDOWS`` window numbers, else the nearest one with room (the documents stay near the end,
   which meets the head of the order at the epoch boundary);
 - all of them or none, and only where the mean unique clusters per window does not fall.
 
-Where they do not all fit, the documents of clusters the last window lacks are pulled into it from the
-windows before it (nearest the end first, among the last ``SCAN_WINDOWS``), each from a window holding
+Where they do not all fit (or emptying it is not kept), the documents of clusters the last window lacks
+are pulled into it from the windows before it (nearest the end first, among the last ``SCAN_WINDOWS``
+window numbers, empty windows counted), each from a window holding
 another document of its cluster and tokens left, and still closing where it did (the document after it
 still does not fit); a window's opening document stays. Either change is kept only where the boundary
 shift rises by at most ``BOUNDARY_SLACK``.
@@ -123,7 +125,7 @@ def _destinations(lab, tok, seq_len, n_clusters, scan, fill, unique, last, first
         if after[p] >= 0:
             continue
         for w in range(end - 1, lowest - 1, -1):
-            if fill[w] > 0 and tok[p] <= room[w]:
+            if fill[w] > 0 and room[w] > 0 and tok[p] <= room[w]:
                 after[p] = last[w]
                 room[w] -= tok[p]
                 break
@@ -214,6 +216,8 @@ def mend_last_window(order: np.ndarray, labels: np.ndarray, token_counts: np.nda
     lab = np.asarray(labels, dtype=np.int64)[order]
     tok = np.asarray(token_counts, dtype=np.int64)[order]
     seq_len, n_clusters, scan_windows = int(seq_len), int(n_clusters), int(scan_windows)
+    if lab.min() < 0 or lab.max() >= n_clusters:  # the kernels index per-cluster arrays unchecked
+        raise ValueError(f"labels must lie in 0..{n_clusters - 1}")
     shift = None
     fill, unique, last, first = _windows(lab, tok, seq_len, n_clusters)
     after = _destinations(lab, tok, seq_len, n_clusters, scan_windows, fill, unique, last, first)
