@@ -66,7 +66,7 @@ def _draw_partner(state, p, span):
 
 
 @njit(cache=True, nogil=True)
-def _layout(tok, seq_len, model):
+def window_layout(tok, seq_len, model):
     """The windows of the order as the trainer cuts them (``packing.place``), numbered as they open.
 
     Per position: its window (of its first piece) and whether it may move. Per window: the span of
@@ -230,7 +230,7 @@ def _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, sign):
 @njit(cache=True, nogil=True)
 def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max_gap, fraction):
     n = doc.shape[0]
-    win, movable, lo, hi, fill, opener, frozen, cut, cut_head = _layout(tok, seq_len, model)
+    win, movable, lo, hi, fill, opener, frozen, cut, cut_head = window_layout(tok, seq_len, model)
     n_windows = fill.shape[0]
     part = _parts(fill, frozen, fraction)
     offsets = np.zeros(n if model == SPLIT else 0, dtype=np.int64)  # token offsets as first cut (split)

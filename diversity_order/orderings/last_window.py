@@ -31,7 +31,8 @@ import numpy as np
 from numba import njit
 
 from ..diversity import boundary_shift
-from ..packing import WHOLE, n_pieces, piece_tokens, place
+from ..packing import WHOLE
+from .exchange import window_layout
 
 # Windows before the end looked at for room: the rule is for corpora of few windows, where one window
 # weighs on the mean; on larger ones the last window hardly counts, and the scan stays bounded.
@@ -46,43 +47,18 @@ BOUNDARY_SLACK = 0.05
 
 
 @njit(cache=True, nogil=True)
-def _windows(lab, tok, seq_len, n_clusters):
-    """Per window, as the trainer packs whole: (its tokens, its unique clusters, the last and the first
-    position with a piece in it); windows numbered as they open."""
-    n = tok.shape[0]
-    cap = 2  # at most: a window per document and per window-length of its tokens, and one opened empty
-    for p in range(n):
-        cap += 1 + tok[p] // seq_len
-    fill = np.zeros(cap, dtype=np.int64)
-    unique = np.zeros(cap, dtype=np.int64)
-    last = np.full(cap, -1, dtype=np.int64)
-    first = np.full(cap, -1, dtype=np.int64)
+def _unique_per_window(lab, first, last, n_clusters):
+    """Unique clusters in each window, from the positions with a piece in it (``first``..``last``)."""
+    unique = np.zeros(first.shape[0], dtype=np.int64)
     stamp = np.full(n_clusters, -1, dtype=np.int64)
-    w = 0
-    f = 0
-    for p in range(n):
-        t = tok[p]
-        close_first, head, n_full, tail, close_last = place(f, t, seq_len, WHOLE)
-        if close_first:
-            w += 1
-            f = 0
-        for piece in range(n_pieces(n_full, tail)):
-            if piece > 0:
-                w += 1
-                f = 0
-            part = piece_tokens(piece, head, n_full, tail, seq_len)
-            f += part
-            fill[w] += part
-            if first[w] < 0:
-                first[w] = p
-            last[w] = p
+    for w in range(first.shape[0]):
+        if first[w] < 0:
+            continue
+        for p in range(first[w], last[w] + 1):
             if stamp[lab[p]] != w:
                 stamp[lab[p]] = w
                 unique[w] += 1
-        if close_last:
-            w += 1
-            f = 0
-    return fill, unique, last, first
+    return unique
 
 
 @njit(cache=True, nogil=True)
@@ -219,7 +195,8 @@ def mend_last_window(order: np.ndarray, labels: np.ndarray, token_counts: np.nda
     if lab.min() < 0 or lab.max() >= n_clusters:  # the kernels index per-cluster arrays unchecked
         raise ValueError(f"labels must lie in 0..{n_clusters - 1}")
     shift = None
-    fill, unique, last, first = _windows(lab, tok, seq_len, n_clusters)
+    first, last, fill = window_layout(tok, seq_len, WHOLE)[2:5]  # windows as the trainer packs them
+    unique = _unique_per_window(lab, first, last, n_clusters)
     after = _destinations(lab, tok, seq_len, n_clusters, scan_windows, fill, unique, last, first)
     if after.size:
         emptied = _rebuild(order, after, int(np.flatnonzero(after >= 0)[0]))
