@@ -151,7 +151,7 @@ main() {
   # is auto (the torchrun curate tests) then take the CPU, as on a machine without one.
   local hide=()
   [[ ${GPU_CHECK_PYTEST_CPU:-0} == 1 ]] && hide=(env CUDA_VISIBLE_DEVICES=)
-  SIG=INT step pytest "${GPU_CHECK_PYTEST_TIMEOUT:-150}" ${hide[@]+"${hide[@]}"} "$PY" -m pytest -q $PYTEST_STOP -p no:cacheprovider -m "not slow" $xdist \
+  SIG=INT step pytest "${GPU_CHECK_PYTEST_TIMEOUT:-240}" ${hide[@]+"${hide[@]}"} "$PY" -m pytest -q $PYTEST_STOP -p no:cacheprovider -m "not slow" $xdist \
     --junitxml="$WORK/pytest.xml" $TESTS
 
   # 6. k-means: scikit-learn MiniBatchKMeans (CPU) vs the torch backend on $DEVICE, CLUSTER_N x 576, k=30.

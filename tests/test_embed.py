@@ -115,7 +115,7 @@ print("exit", code, "torch imported" if "torch" in sys.modules else "no torch")
 """
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVERSITY_ORDER_CACHE_DIR": ""}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert done.stdout.strip().splitlines()[-1] == "exit 0 no torch", done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1:] == ["exit 0 no torch"], done.stderr[-2000:]
 
 
 def test_auto_device_without_a_gpu_driver_is_the_cpu_without_asking_torch(monkeypatch):
