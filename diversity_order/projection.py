@@ -77,7 +77,7 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
         embeddings = matrix.load(embeddings)
         reduced = PCA(components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
         with heartbeat(f"Fitting UMAP on {n:,} points"):
-            return reducer.fit_transform(reduced).astype(np.float32)
+            return _fit_umap(reducer, reduced)
     # Big inputs: PCA and UMAP are fitted on a seeded sample; every other point is projected
     # with that PCA and placed at the distance-weighted mean of its nearest sample points'
     # positions, batch by batch (BLAS; seconds per million points, where UMAP's own transform
@@ -88,11 +88,25 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
     project = (lambda rows: pca.transform(rows).astype(np.float32)) if pca else (lambda rows: np.asarray(rows, np.float32))
     anchors = project(sampled)
     with heartbeat(f"Fitting UMAP on a sample of {UMAP_FIT_SAMPLE:,} points"):
-        anchor_xy = reducer.fit_transform(anchors).astype(np.float32)
+        anchor_xy = _fit_umap(reducer, anchors)
     out = np.empty((n, 2), dtype=np.float32)
     for lo, hi, block in matrix.blocks(embeddings, 100_000):
         out[lo:hi] = place_by_neighbours(project(block), anchors, anchor_xy)
     return out
+
+
+def _fit_umap(reducer, points: np.ndarray) -> np.ndarray:
+    """``reducer.fit_transform(points)`` as float32, its warnings logged one line each: on many identical
+    documents UMAP's spectral start fails and it prints several lines and a source line to stderr
+    before starting from random positions, which only changes the cloud plot's layout."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # the filters set so far still apply
+        xy = reducer.fit_transform(points).astype(np.float32)
+    said = dict.fromkeys(" ".join(str(w.message).split()) for w in caught)  # in order, once each
+    for message in said:
+        log.info("UMAP (the cluster cloud's layout only): %s", message)
+    return xy
 
 
 def place_by_neighbours(points: np.ndarray, anchors: np.ndarray, anchor_xy: np.ndarray, k: int = 10,

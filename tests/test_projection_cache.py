@@ -39,3 +39,24 @@ def test_a_projection_found_through_the_registry_is_named_and_copied(tmp_path, m
     projection.cached_umap(second, embeddings, fingerprints, 7)
     assert calls == [7]
     assert any("B_umap2d.npy" in r.getMessage() for r in caplog.records)
+
+
+def test_umap_warnings_are_one_log_line_each_not_stderr(capfd, caplog):
+    """On many identical documents UMAP's spectral start fails and it warns over several lines (and a
+    source line) on stderr; the run logs each warning once, on one line, and the fit's result is kept."""
+    import warnings
+
+    class WarningReducer:
+        def fit_transform(self, points):
+            for _ in range(2):
+                warnings.warn("Spectral initialisation failed! The eigenvector solver\nfailed. Consider\n"
+                              "adding some noise.\n\nFalling back to random initialisation!", UserWarning, stacklevel=2)
+            return np.ones((points.shape[0], 2))
+
+    with caplog.at_level(logging.INFO, logger="diversity_order.projection"):
+        xy = projection._fit_umap(WarningReducer(), np.zeros((5, 3)))
+    assert xy.dtype == np.float32 and xy.shape == (5, 2) and (xy == 1).all()
+    assert capfd.readouterr().err == ""
+    lines = [r.getMessage() for r in caplog.records if "UMAP" in r.getMessage()]
+    assert lines == ["UMAP (the cluster cloud's layout only): Spectral initialisation failed! The eigenvector "
+                     "solver failed. Consider adding some noise. Falling back to random initialisation!"]
