@@ -118,6 +118,15 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
     plt.close(fig)
 
 
+def cluster_label_anchors(projection: np.ndarray, labels: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per non-empty cluster (ascending id), its point nearest the median of its points."""
+    anchors = []
+    for k in np.flatnonzero(sizes):
+        points = projection[labels == k]
+        anchors.append(points[np.argmin(((points - np.median(points, axis=0)) ** 2).sum(1))])
+    return np.asarray(anchors).reshape(-1, 2)
+
+
 def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projection: np.ndarray | None) -> None:
     """Scatter of the 2-D projection coloured by cluster; a bar chart of sizes without one."""
     plt = pyplot()
@@ -140,9 +149,11 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
         pad = (hi - lo) * 0.05
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
-        for k in np.flatnonzero(sizes):
-            centre = np.clip(np.median(projection[labels == k], axis=0), lo, hi)
-            ax.annotate(f"c{k} ({sizes[k]})", centre, fontsize=8, ha="center", va="center",
+        for k, anchor in zip(np.flatnonzero(sizes), cluster_label_anchors(projection, labels, sizes), strict=True):
+            # Just above one of its points: centred on them, the box hid a cluster of identical documents
+            # (one dot), and the median of a cluster in several islands fell in empty space.
+            ax.annotate(f"c{k} ({sizes[k]})", np.clip(anchor, lo, hi), xytext=(0, 4), textcoords="offset points",
+                        fontsize=8, ha="center", va="bottom",
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
         ax.set_xticks([])
         ax.set_yticks([])

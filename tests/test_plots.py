@@ -5,7 +5,13 @@ import pytest
 from PIL import Image
 
 from diversity_order.diversity import summarize_windows, window_diversity
-from diversity_order.plots import _colour_strip, cluster_colors, plot_cluster_cloud, plot_ordering_comparison
+from diversity_order.plots import (
+    _colour_strip,
+    cluster_colors,
+    cluster_label_anchors,
+    plot_cluster_cloud,
+    plot_ordering_comparison,
+)
 
 
 @pytest.mark.parametrize("k", [1, 6, 20, 30, 60])
@@ -36,6 +42,22 @@ def test_plots_are_written(tmp_path):
     for name in ("o.png", "bars.png", "cloud.png"):
         with Image.open(tmp_path / name) as image:
             assert image.format == "PNG" and image.width > 600
+
+
+def test_a_cluster_label_sits_on_one_of_its_points():
+    # Cluster 0 in two islands (its median between them, where no point is); cluster 2 empty; cluster 3
+    # one spot of identical documents.
+    projection = np.array([[0.0, 0], [0.1, 0], [10, 10], [10.1, 10], [10.2, 10], [5, -3], [5, -3], [5, -3]])
+    labels = np.array([0, 0, 0, 0, 1, 3, 3, 3])
+    sizes = np.bincount(labels, minlength=4)
+    anchors = cluster_label_anchors(projection, labels, sizes)
+    assert anchors.shape == (3, 2)
+    for k, anchor in zip((0, 1, 3), anchors, strict=True):
+        members = projection[labels == k]
+        median = np.median(members, axis=0)
+        distances = ((members - median) ** 2).sum(1)
+        assert any((anchor == m).all() for m in members)  # a point of its own, not empty space
+        assert ((anchor - median) ** 2).sum() == distances.min()  # the nearest such point to the median
 
 
 def test_place_by_neighbours_puts_anchor_copies_on_their_anchors():
