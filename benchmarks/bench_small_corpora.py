@@ -35,12 +35,16 @@ K = 30
 SHUFFLES = 5
 
 
-def one_pass_greedy(labels, token_counts, n_clusters, options=None):
-    """Rules 1-4 with rules 3-4 in one pass from the start: ``paced._paced`` over all pools."""
+def one_pass_greedy(labels, token_counts, n_clusters, options=None, clear_ends=False):
+    """Rules 1-4 with rules 3-4 in one pass from the start: ``paced._paced`` over all pools (after rule
+    10's move where asked)."""
     options = options or OrderingOptions()
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, options.seed)
+    if clear_ends:
+        cleared = paced.ends_cleared(members, pool_starts, counts, int(options.seq_len))
+        members = members if cleared is None else cleared
     member_counts = counts[members]
     running = np.concatenate(([0], np.cumsum(member_counts)))
     seq_len = int(options.seq_len)

@@ -73,6 +73,43 @@ def plain_due_positions(pool_starts, counts_in_pool):
     return due
 
 
+def plain_ends_cleared(members, pool_starts, counts_in_pool, seq_len):
+    """Rule 10's move: while a document of more than BIG_SHARE of the boundary stretch (BOUNDARY_FRACTION of
+    the tokens) is due within the stretch and two windows of an end, the largest such one that can (ties to
+    the earlier slot) goes to the nearest slot of its pool, later if it is near the head and earlier if near
+    the tail, at which it would be due clear of both; each trial placement is measured from scratch. None
+    where nothing moves."""
+    members, counts = list(members), list(counts_in_pool)
+    total = sum(counts)
+    reach = diversity.BOUNDARY_FRACTION * total + 2 * seq_len
+    if 2 * reach >= total:
+        return None
+    big = paced.BIG_SHARE * diversity.BOUNDARY_FRACTION * total
+    moved = False
+    for _ in range(paced.MAX_END_MOVES):
+        due = plain_due_positions(pool_starts, counts)
+        near = [p for p in range(len(counts)) if counts[p] > big and (due[p] < reach or due[p] + counts[p] > total - reach)]
+        placed = None
+        for p in sorted(near, key=lambda p: -counts[p]):
+            k = next(k for k in range(len(pool_starts) - 1) if pool_starts[k] <= p < pool_starts[k + 1])
+            targets = range(p + 1, pool_starts[k + 1]) if due[p] < reach else range(p - 1, pool_starts[k] - 1, -1)
+            for q in targets:
+                trial_members, trial_counts = members[:], counts[:]
+                trial_members.insert(q, trial_members.pop(p))
+                trial_counts.insert(q, trial_counts.pop(p))
+                start = plain_due_positions(pool_starts, trial_counts)[q]
+                if start >= reach and start + counts[p] <= total - reach:
+                    placed = trial_members, trial_counts
+                    break
+            if placed:
+                break
+        if placed is None:
+            break
+        members, counts = placed
+        moved = True
+    return members if moved else None
+
+
 def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
     """Rules 3-4 from both ends: the slots whose middle is due before the last BOUNDARY_FRACTION of tokens
     and two windows more (at most half of them) in one pass from the start; the others in a pass from the
@@ -303,6 +340,76 @@ def test_documents_run_at_most_the_horizon_ahead(corpus, seed, split):
                 assert due[doc] == min(due[d] for d in remaining)
             remaining.discard(doc)
             placed += int(counts[doc])
+
+
+@st.composite
+def few_large_documents(draw, max_docs=80):
+    """Many short documents and a few of several percent of the tokens each: rule 10's case."""
+    n_clusters = draw(st.integers(1, 5))
+    seq_len = draw(st.integers(1, 12))
+    n = draw(st.integers(1, max_docs))
+    labels = draw(st.lists(st.integers(0, n_clusters - 1), min_size=n, max_size=n))
+    counts = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    for _ in range(draw(st.integers(0, 4))):
+        counts[draw(st.integers(0, n - 1))] = draw(st.integers(4, 60))
+    return np.asarray(labels, dtype=np.int64), np.asarray(counts, dtype=np.int64), n_clusters, seq_len
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(corpora(), few_large_documents()), st.integers(0, 2**32 - 1))
+def test_ends_cleared_matches_plain_loop(corpus, seed):
+    labels, counts, n_clusters, seq_len = corpus
+    members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
+    got = paced.ends_cleared(members, pool_starts, counts, seq_len)
+    want = plain_ends_cleared(members.tolist(), pool_starts.tolist(), counts[members].tolist(), seq_len)
+    assert (got is None and want is None) or got.tolist() == want
+    if got is not None:  # each pool keeps its documents
+        for k in range(n_clusters):
+            span = slice(pool_starts[k], pool_starts[k + 1])
+            assert sorted(got[span].tolist()) == sorted(members[span].tolist())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(corpora(), few_large_documents()), st.integers(0, 2**32 - 1), st.booleans())
+def test_rule_10_is_kept_only_where_it_lowers_the_shift_within_the_allowances(corpus, seed, split):
+    labels, counts, n_clusters, seq_len = corpus
+    options = options_for(seq_len, split, seed)
+    packing = options.packing
+    got = paced.paced_order(labels, counts, n_clusters, options)
+    before = paced._rules_1_to_9(labels, counts, n_clusters, options, clear_ends=False)
+    if not (counts > paced.BIG_SHARE * diversity.BOUNDARY_FRACTION * counts.sum()).any():
+        assert got.tolist() == before.tolist()
+        return
+    cleared = paced._rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True)
+
+    def measured(order):
+        return (diversity.boundary_shift(labels, counts, order, n_clusters),
+                diversity.window_counts(labels, counts, seq_len, order, packing)[0].mean(),
+                diversity.window_share_deviation(labels, counts, seq_len, order, n_clusters, packing).mean())
+
+    (shift, unique, deviation), (shift_was, unique_was, deviation_was) = measured(cleared), measured(before)
+    keep = (cleared.tolist() != before.tolist() and shift < shift_was
+            and unique >= unique_was - diversity.DIVERSITY_MARGIN
+            and deviation <= deviation_was + paced.ENDS_UNIFORMITY_ALLOWANCE)
+    assert got.tolist() == (cleared if keep else before).tolist()
+
+
+def test_a_large_document_due_at_the_tail_moves_inward():
+    """One pool of 100 one-token documents and one of 20 tokens in the last slot: 120 tokens, the stretch 6,
+    windows of 2, so the reach is 6 + 4 = 10 tokens from either end and documents of more than 1.2 tokens are
+    large. The 20-token one starts at 100 and ends past 110: it goes to the last slot where it ends by 110,
+    slot 90 (due at 90), the ten after it one slot later."""
+    counts = np.array([1] * 100 + [20], dtype=np.int64)
+    members = np.arange(101, dtype=np.int64)
+    pool_starts = np.array([0, 101], dtype=np.int64)
+    got = paced.ends_cleared(members, pool_starts, counts, 2)
+    assert got.tolist() == list(range(90)) + [100] + list(range(90, 100))
+    # near the head it goes later: first slot, then slot 10 (due at 10, clear of the head's reach)
+    counts = np.array([20] + [1] * 100, dtype=np.int64)
+    got = paced.ends_cleared(members, pool_starts, counts, 2)
+    assert got.tolist() == list(range(1, 11)) + [0] + list(range(11, 101))
+    # nothing large near an end: None
+    assert paced.ends_cleared(members, pool_starts, np.ones(101, dtype=np.int64), 2) is None
 
 
 def _one_long_among_short(long_tokens: int, short_per_cluster: int):

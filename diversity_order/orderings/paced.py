@@ -2,9 +2,10 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Nine rules; no constant in rules 1-4 was fitted to a corpus (rules 5 and 8's effort bounds and rule 7's
+Ten rules; no constant in rules 1-4 was fitted to a corpus (rules 5 and 8's effort bounds and rule 7's
 large-document threshold were set on the tuning corpora; rule 6's uniformity allowance and rule 9's
-boundary allowance on samples of held-out ones, BENCHMARKS.md "The last window"):
+boundary allowance on samples of held-out ones, BENCHMARKS.md "The last window"; rule 10's share and
+allowances likewise, "Large documents off the ends"):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
@@ -58,6 +59,13 @@ boundary allowance on samples of held-out ones, BENCHMARKS.md "The last window")
    nearby windows that keep their cuts and clusters; only where the boundary shift barely moves
    (diversity: on a corpus of a few dozen windows a last window of a few documents cost a tenth of a
    cluster per window or more; ``last_window.py``).
+10. A document of more than ``BIG_SHARE`` of the stretch the boundary shift compares (the first or last
+   BOUNDARY_FRACTION of tokens), due within that stretch and two windows of either end, moves inward in its
+   pool to the nearest slot where it is due clear of both (the documents between move one slot back);
+   then rules 2-9 run again, and that order is kept where its boundary shift is lower, its clusters per
+   window at most ``DIVERSITY_MARGIN`` fewer and its uniformity at most ``ENDS_UNIFORMITY_ALLOWANCE``
+   higher (boundary shift: on a few thousand documents rule 1 left a pool's few long documents near its
+   ends, where one could be a third of a stretch and set its mix).
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
 greedy, O(N) for the trades, the re-cuts and the last window, O(N log L) for the groups, compiled with
@@ -69,7 +77,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..diversity import BOUNDARY_FRACTION, DIVERSITY_MARGIN, global_token_shares, window_counts
+from ..diversity import (
+    BOUNDARY_FRACTION,
+    DIVERSITY_MARGIN,
+    boundary_shift,
+    global_token_shares,
+    window_counts,
+    window_share_deviation,
+)
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
 from .grouping import group_keys, group_large, place_groups
@@ -83,6 +98,13 @@ from .window_greedy import stratified_order
 NONE = np.iinfo(np.int64).max  # no next document: the pool is empty
 # Split packing: the straddler is chosen among the documents due before this many windows after the open one.
 STRADDLE_HORIZON = 3
+# Rule 10: documents of more than this share of the boundary stretch are moved off the ends; the order so
+# made is kept where its uniformity rises by at most this (and its clusters per window fall by at most the
+# D margin). Set on samples of the held-out corpora (BENCHMARKS.md, "Large documents off the ends").
+BIG_SHARE = 0.2
+ENDS_UNIFORMITY_ALLOWANCE = 0.005
+# Rule 10 moves one document at a time and measures again; at most this many moves.
+MAX_END_MOVES = 32
 
 
 @njit(cache=True, nogil=True)
@@ -316,14 +338,66 @@ def due_positions(members: np.ndarray, pool_starts: np.ndarray, token_counts: np
     return _due_positions(pool_starts, np.asarray(token_counts, dtype=np.int64)[members])
 
 
+def big_document_tokens(total: int) -> float:
+    """Rule 10: documents of more tokens than this are moved off the ends."""
+    return BIG_SHARE * BOUNDARY_FRACTION * total
+
+
+def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.ndarray,
+                 seq_len: int) -> np.ndarray | None:
+    """Rule 10's move: pools (as ``paced_pools`` returns them) in which each document of more than
+    ``big_document_tokens`` due within the reach of an end (the boundary stretch and two windows, the
+    most rules 3-4 move a document) has gone to the nearest slot of its pool, later for the head and
+    earlier for the tail, where it is due clear of both reaches; the documents between move one slot
+    back. The largest such document first, one at a time, due positions measured after each move. None
+    where no document moves."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    member_counts = counts[members]
+    total = int(member_counts.sum())
+    reach = BOUNDARY_FRACTION * total + 2 * seq_len
+    if 2 * reach >= total:
+        return None
+    members = members.copy()
+    moved = False
+    for _ in range(MAX_END_MOVES):
+        due = _due_positions(pool_starts, member_counts)
+        near_an_end = (due < reach) | (due + member_counts > total - reach)
+        candidates = np.flatnonzero((member_counts > big_document_tokens(total)) & near_an_end)
+        for p in candidates[np.argsort(-member_counts[candidates], kind="stable")]:
+            k = int(np.searchsorted(pool_starts, p, side="right")) - 1
+            t = member_counts[p]
+            if due[p] < reach:  # to a later slot q: then due at due[q] - t + (the tokens of q's document)
+                after = due[p + 1:pool_starts[k + 1]] - t + member_counts[p + 1:pool_starts[k + 1]]
+                clear = np.flatnonzero((after >= reach) & (after + t <= total - reach))
+                if clear.size:
+                    span = slice(p, p + 1 + int(clear[0]) + 1)
+                    members[span], member_counts[span] = np.roll(members[span], -1), np.roll(member_counts[span], -1)
+                    break
+            else:  # to an earlier slot q: then due where q's document was
+                before = due[pool_starts[k]:p]
+                clear = np.flatnonzero((before >= reach) & (before + t <= total - reach))
+                if clear.size:
+                    span = slice(pool_starts[k] + int(clear[-1]), p + 1)
+                    members[span], member_counts[span] = np.roll(members[span], 1), np.roll(member_counts[span], 1)
+                    break
+        else:
+            break  # no document near an end can move
+        moved = True
+    return members if moved else None
+
+
 def paced_greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
-                       options: OrderingOptions = OrderingOptions()) -> np.ndarray:
-    """Rules 1-4 (see the module docstring): the order before rule 5's trades."""
+                       options: OrderingOptions = OrderingOptions(), clear_ends: bool = False) -> np.ndarray:
+    """Rules 1-4 (see the module docstring): the order before rule 5's trades; with ``clear_ends``, from the
+    pools after rule 10's move."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if labels.size == 0:
         return np.zeros(0, dtype=np.int64)
     members, pool_starts = paced_pools(labels, counts, n_clusters, options.seed)
+    if clear_ends:
+        cleared = ends_cleared(members, pool_starts, counts, int(options.seq_len))
+        members = members if cleared is None else cleared
     member_counts = counts[members]
     running = np.concatenate(([0], np.cumsum(member_counts)))
     cluster_tokens = running[pool_starts[1:]] - running[pool_starts[:-1]]
@@ -363,19 +437,64 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
                 options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
     and ``options.seed``: an int64 permutation of input positions. Rules 1-5, then 6 and 8 packing split;
-    packing whole, rule 7 where it applies (rules 1-5 ordering the documents it does not group), then 9."""
+    packing whole, rule 7 where it applies (rules 1-5 ordering the documents it does not group), then 9;
+    where some document is large against the boundary stretch, rule 10."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
+    order = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=False)
+    total = int(counts.sum())
+    if not (counts > big_document_tokens(total)).any() or not _ends_would_move(labels, counts, n_clusters, options):
+        return order  # (rules 1-9 again would give the same order)
+    cleared = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True)
+    return cleared if _ends_clearer(cleared, order, labels, counts, n_clusters, options) else order
+
+
+def _ends_would_move(labels, counts, n_clusters, options) -> bool:
+    """Whether rule 10's move changes a pool rules 1-4 start from: all documents', or, packing whole where
+    rule 7 may apply, those of the documents it does not group. Pools and due positions cost a fifth of
+    rules 1-9, so a corpus with a large document in the middle of its pool is not ordered twice."""
+    subsets = [np.arange(labels.size)]
+    total = int(counts.sum())
+    if packing_model(options.packing) == WHOLE and not windows_saturated(labels.size, options.seq_len, n_clusters,
+                                                                          total):
+        grouped = _rule_7_groups(labels, counts, n_clusters, options, total)
+        if grouped is not None:
+            subsets.append(grouped[1])
+    for rows in subsets:
+        members, pool_starts = paced_pools(labels[rows], counts[rows], n_clusters, options.seed)
+        if ends_cleared(members, pool_starts, counts[rows], int(options.seq_len)) is not None:
+            return True
+    return False
+
+
+def _ends_clearer(cleared, order, labels, counts, n_clusters, options) -> bool:
+    """Rule 10 keeps its order where the boundary shift is lower, the clusters per window at most the D
+    margin fewer and the uniformity at most ENDS_UNIFORMITY_ALLOWANCE higher."""
+    if np.array_equal(cleared, order):
+        return False
+    seq_len, packing = int(options.seq_len), options.packing
+
+    def measured(o):
+        return (boundary_shift(labels, counts, o, n_clusters),
+                float(window_counts(labels, counts, seq_len, o, packing)[0].mean()),
+                float(window_share_deviation(labels, counts, seq_len, o, n_clusters, packing).mean()))
+
+    (shift, diversity, uniformity), (shift_was, diversity_was, uniformity_was) = measured(cleared), measured(order)
+    return bool(shift < shift_was and diversity >= diversity_was - DIVERSITY_MARGIN
+                and uniformity <= uniformity_was + ENDS_UNIFORMITY_ALLOWANCE)
+
+
+def _rules_1_to_9(labels, counts, n_clusters, options, clear_ends) -> np.ndarray:
     shares = global_token_shares(labels, counts, n_clusters)
     model = packing_model(options.packing)
     total = int(counts.sum())
     if model == WHOLE and not windows_saturated(labels.size, options.seq_len, n_clusters, total):
-        grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total)
+        grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends)
         if grouped is not None:
             grouped = mend_last_window(grouped, labels, counts, options.seq_len, n_clusters)
             if _keeps_stratified_diversity(grouped, labels, counts, n_clusters, options):
                 return grouped
-    order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model)
+    order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends)
     if model != SPLIT:
         return mend_last_window(order, labels, counts, options.seq_len, n_clusters)
     order = recut_pass(order, labels, counts, options.seq_len, shares)
@@ -393,14 +512,13 @@ def _keeps_stratified_diversity(order, labels, counts, n_clusters, options) -> b
     return bool(ours >= theirs - DIVERSITY_MARGIN)
 
 
-def _rules_1_to_5(labels, counts, n_clusters, options, shares, model) -> np.ndarray:
-    order = paced_greedy_order(labels, counts, n_clusters, options)
+def _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends=False) -> np.ndarray:
+    order = paced_greedy_order(labels, counts, n_clusters, options, clear_ends)
     return exchange_pass(order, labels, counts, options.seq_len, shares, model, options.seed)
 
 
-def _with_large_grouped(labels, counts, n_clusters, options, shares, total) -> np.ndarray | None:
-    """Rule 7 (``grouping.py``): the large documents' groups placed among the others' windows, those
-    ordered by rules 1-5 (the shares are all documents' own); None where rule 7 does not apply."""
+def _rule_7_groups(labels, counts, n_clusters, options, total) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rule 7's groups of large documents and the positions of the others; None where it does not apply."""
     groups = group_large(labels, counts, options.seq_len)
     large = groups[groups >= 0]
     rest = np.ones(labels.size, dtype=bool)
@@ -413,6 +531,16 @@ def _with_large_grouped(labels, counts, n_clusters, options, shares, total) -> n
     if (large.size < 2 or windows_saturated(rest.size, options.seq_len, n_clusters, rest_tokens)
             or rest_tokens < 2 * BOUNDARY_FRACTION * total):
         return None
-    rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE)]
+    return groups, rest
+
+
+def _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends=False) -> np.ndarray | None:
+    """Rule 7 (``grouping.py``): the large documents' groups placed among the others' windows, those
+    ordered by rules 1-5 (the shares are all documents' own); None where rule 7 does not apply."""
+    grouped = _rule_7_groups(labels, counts, n_clusters, options, total)
+    if grouped is None:
+        return None
+    groups, rest = grouped
+    rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE, clear_ends)]
     keys = group_keys(labels, counts, groups)
     return place_groups(rest_order, counts, groups, keys, options.seq_len, total)
