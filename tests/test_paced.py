@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
-from diversity_order.orderings import OrderingOptions, paced, polish
+from diversity_order.orderings import ORDERINGS, OrderingOptions, paced, polish
 
 
 def options_for(seq_len, split, seed):
@@ -388,10 +388,37 @@ def test_rule_10_is_kept_only_where_it_lowers_the_shift_within_the_allowances(co
                 diversity.window_share_deviation(labels, counts, seq_len, order, n_clusters, packing).mean())
 
     (shift, unique, deviation), (shift_was, unique_was, deviation_was) = measured(cleared), measured(before)
+    stratified = ORDERINGS["stratified"](labels, counts, n_clusters, options)
+    unique_stratified = diversity.window_counts(labels, counts, seq_len, stratified, packing)[0].mean()
+    lead_kept = unique_stratified + paced.ENDS_DIVERSITY_LEAD_KEPT * (unique_was - unique_stratified)
     keep = (cleared.tolist() != before.tolist() and shift < shift_was
-            and unique >= unique_was - diversity.DIVERSITY_MARGIN
-            and deviation <= deviation_was + paced.ENDS_UNIFORMITY_ALLOWANCE)
+            and deviation <= deviation_was + paced.ENDS_UNIFORMITY_ALLOWANCE
+            and (unique >= unique_was - diversity.DIVERSITY_MARGIN
+                 or unique >= max(unique_stratified - diversity.DIVERSITY_MARGIN, lead_kept)))
     assert got.tolist() == (cleared if keep else before).tolist()
+
+
+def test_rule_10_may_cost_clusters_per_window_while_half_the_lead_over_stratified_stays():
+    """A corpus (seeded: 600 documents, 12 clusters, log-normal lengths, six of 300-900 tokens) where the
+    order rule 10 makes has 0.05 clusters per window fewer than rules 1-9's and more than half their lead
+    over stratified: it is kept, and its boundary shift is lower."""
+    rng = np.random.default_rng(388)
+    labels = rng.integers(0, 12, 600).astype(np.int64)
+    counts = np.minimum(rng.lognormal(3.0, 1.0, 600), 400).astype(np.int64) + 1
+    for i in rng.choice(600, 6, replace=False):
+        counts[i] = rng.integers(300, 900)
+    options = OrderingOptions(seq_len=512, packing="whole", seed=42)
+    before = paced._rules_1_to_9(labels, counts, 12, options, clear_ends=False)
+    cleared = paced._rules_1_to_9(labels, counts, 12, options, clear_ends=True)
+    unique = {name: diversity.window_counts(labels, counts, 512, order, "whole")[0].mean()
+              for name, order in (("before", before), ("cleared", cleared),
+                                  ("stratified", ORDERINGS["stratified"](labels, counts, 12, options)))}
+    assert unique["cleared"] < unique["before"] - diversity.DIVERSITY_MARGIN  # past the margin...
+    assert unique["cleared"] - unique["stratified"] >= paced.ENDS_DIVERSITY_LEAD_KEPT * (
+        unique["before"] - unique["stratified"])  # ...but half the lead kept
+    assert paced.paced_order(labels, counts, 12, options).tolist() == cleared.tolist()
+    assert (diversity.boundary_shift(labels, counts, cleared, 12)
+            < diversity.boundary_shift(labels, counts, before, 12))
 
 
 def test_a_large_document_due_at_the_tail_moves_inward():

@@ -7,7 +7,7 @@ clusters without documents.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from diversity_order import diversity
@@ -99,8 +99,19 @@ def test_recut_matches_plain_loop(corpus, seed):
     assert got.tolist() == plain_recut(order.tolist(), labels, counts, seq_len, n_clusters)
 
 
+# Found by hypothesis: with this seed a document without tokens moves with its neighbours onto the start
+# of the last 5% of tokens.
+_ZERO_TOKEN_ON_THE_TAIL_BOUNDARY = (
+    np.array([0] * 77 + [1] + [0] * 50, dtype=np.int64),
+    np.array([0] * 15 + [1] * 22 + [2, 2, 2, 6, 0, 0, 0] + [0, 0, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 2, 2, 2, 3, 2, 2, 6, 1]
+             + [3, 3, 1, 5, 8, 0, 0, 0, 2, 2, 4, 4, 3, 1, 2, 2, 4, 7, 0, 0, 0, 0] + [0] * 11 + [1] * 18
+             + [2, 2, 2, 1, 2, 2, 2, 3, 2, 2, 4], dtype=np.int64),
+    2, 2)
+
+
 @settings(max_examples=300, deadline=None)
 @given(corpora(max_docs=150), st.integers(0, 2**32 - 1))
+@example(_ZERO_TOKEN_ON_THE_TAIL_BOUNDARY, 889)
 def test_recut_gains_clusters_for_little_deviation(corpus, seed):
     labels, counts, n_clusters, seq_len = corpus
     order = np.random.default_rng(seed).permutation(labels.size)
@@ -112,13 +123,15 @@ def test_recut_gains_clusters_for_little_deviation(corpus, seed):
     deviation = [diversity.window_share_deviation(labels, counts, seq_len, o, n_clusters, "split").sum()
                  for o in (order, got)]
     assert deviation[1] <= deviation[0] + recut.RECUT_RATE * (unique[1] - unique[0]) + 1e-9
-    # the documents wholly in the first and the last BOUNDARY_FRACTION of tokens stay there
+    # the documents wholly in the first and the last BOUNDARY_FRACTION of tokens stay there (those with
+    # tokens: one without may ride along with its neighbours onto the boundary, changing no mix)
     total = counts.sum()
     for o in (order, got):
         ends = np.cumsum(counts[o])
         starts = ends - counts[o]
-        ends_of = (frozenset(o[ends <= exchange.BOUNDARY_FRACTION * total].tolist()),
-                   frozenset(o[starts >= (1 - exchange.BOUNDARY_FRACTION) * total].tolist()))
+        has_tokens = counts[o] > 0
+        ends_of = (frozenset(o[(ends <= exchange.BOUNDARY_FRACTION * total) & has_tokens].tolist()),
+                   frozenset(o[(starts >= (1 - exchange.BOUNDARY_FRACTION) * total) & has_tokens].tolist()))
         if o is order:
             want = ends_of
     assert ends_of == want
