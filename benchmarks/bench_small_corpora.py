@@ -35,7 +35,7 @@ K = 30
 SHUFFLES = 5
 
 
-def one_pass_greedy(labels, token_counts, n_clusters, options=None, clear_ends=False):
+def one_pass_greedy(labels, token_counts, n_clusters, options=None, clear_ends=False, stream_tokens=None):
     """Rules 1-4 with rules 3-4 in one pass from the start: ``paced._paced`` over all pools (after rule
     10's move where asked)."""
     options = options or OrderingOptions()
@@ -43,7 +43,7 @@ def one_pass_greedy(labels, token_counts, n_clusters, options=None, clear_ends=F
     counts = np.asarray(token_counts, dtype=np.int64)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, options.seed)
     if clear_ends:
-        cleared = paced.ends_cleared(members, pool_starts, counts, int(options.seq_len))
+        cleared = paced.ends_cleared(members, pool_starts, counts, int(options.seq_len), stream_tokens)
         members = members if cleared is None else cleared
     member_counts = counts[members]
     running = np.concatenate(([0], np.cumsum(member_counts)))

@@ -73,24 +73,32 @@ def plain_due_positions(pool_starts, counts_in_pool):
     return due
 
 
-def plain_ends_cleared(members, pool_starts, counts_in_pool, seq_len):
+def plain_ends_cleared(members, pool_starts, counts_in_pool, seq_len, stream_tokens=None):
     """Rule 10's move: while a document of more than BIG_SHARE of the boundary stretch (BOUNDARY_FRACTION of
-    the tokens) is due within the stretch and two windows of an end, the largest such one that can (ties to
-    the earlier slot) goes to the nearest slot of its pool, later if it is near the head and earlier if near
-    the tail, at which it would be due clear of both; each trial placement is measured from scratch. None
-    where nothing moves."""
+    the stream's tokens) is due within the stretch and two windows of an end, the largest one that can (ties
+    to the earlier slot) goes to the nearest slot of its pool, later if it is near the head and earlier if
+    near the tail, at which it would be due clear of both; each trial measured from scratch; it stops where
+    an arrangement comes back. Of the arrangements met, the one with the fewest tokens of such documents near
+    an end (the first of equals); None where that is the pools as given."""
     members, counts = list(members), list(counts_in_pool)
     total = sum(counts)
-    reach = diversity.BOUNDARY_FRACTION * total + 2 * seq_len
+    stretch = diversity.BOUNDARY_FRACTION * (total if stream_tokens is None else stream_tokens)
+    reach = stretch + 2 * seq_len
     if 2 * reach >= total:
         return None
-    big = paced.BIG_SHARE * diversity.BOUNDARY_FRACTION * total
-    moved = False
+    big = paced.BIG_SHARE * stretch
+
+    def near(due, counts):
+        return [p for p in range(len(counts)) if counts[p] > big and (due[p] < reach or due[p] + counts[p] > total - reach)]
+
+    def weight(counts):
+        return sum(counts[p] for p in near(plain_due_positions(pool_starts, counts), counts))
+
+    best, best_weight, seen = None, weight(counts), {tuple(members)}
     for _ in range(paced.MAX_END_MOVES):
         due = plain_due_positions(pool_starts, counts)
-        near = [p for p in range(len(counts)) if counts[p] > big and (due[p] < reach or due[p] + counts[p] > total - reach)]
         placed = None
-        for p in sorted(near, key=lambda p: -counts[p]):
+        for p in sorted(near(due, counts), key=lambda p: -counts[p]):
             k = next(k for k in range(len(pool_starts) - 1) if pool_starts[k] <= p < pool_starts[k + 1])
             targets = range(p + 1, pool_starts[k + 1]) if due[p] < reach else range(p - 1, pool_starts[k] - 1, -1)
             for q in targets:
@@ -103,11 +111,13 @@ def plain_ends_cleared(members, pool_starts, counts_in_pool, seq_len):
                     break
             if placed:
                 break
-        if placed is None:
+        if placed is None or tuple(placed[0]) in seen:
             break
         members, counts = placed
-        moved = True
-    return members if moved else None
+        seen.add(tuple(members))
+        if weight(counts) < best_weight:
+            best, best_weight = members, weight(counts)
+    return best
 
 
 def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
@@ -393,8 +403,7 @@ def test_rule_10_is_kept_only_where_it_lowers_the_shift_within_the_allowances(co
     lead_kept = unique_stratified + paced.ENDS_DIVERSITY_LEAD_KEPT * (unique_was - unique_stratified)
     keep = (cleared.tolist() != before.tolist() and shift < shift_was
             and deviation <= deviation_was + paced.ENDS_UNIFORMITY_ALLOWANCE
-            and (unique >= unique_was - diversity.DIVERSITY_MARGIN
-                 or unique >= max(unique_stratified - diversity.DIVERSITY_MARGIN, lead_kept)))
+            and (unique >= unique_was - diversity.DIVERSITY_MARGIN or unique >= lead_kept))
     assert got.tolist() == (cleared if keep else before).tolist()
 
 
@@ -437,6 +446,73 @@ def test_a_large_document_due_at_the_tail_moves_inward():
     assert got.tolist() == list(range(1, 11)) + [0] + list(range(11, 101))
     # nothing large near an end: None
     assert paced.ends_cleared(members, pool_starts, np.ones(101, dtype=np.int64), 2) is None
+
+
+def test_two_large_documents_that_push_each_other_to_an_end_stop():
+    """135 tokens, reach 10.75, large above 1.35 tokens: the 15-token document at the head goes to slot 1
+    (due at 20), which brings the 20-token one to the head, due at 0; moving it back gives the first
+    arrangement again, so the walk stops, and of the two the first has fewer large tokens near an end:
+    None (before, the two moved in turn until the move limit)."""
+    counts = np.array([15, 20] + [1] * 100, dtype=np.int64)
+    assert paced.ends_cleared(np.arange(102), np.array([0, 102]), counts, 2) is None
+
+
+def test_large_documents_at_both_ends_both_move():
+    """One pool, a 20-token document first and one last among 100 one-token ones: two moves, each lowering
+    the large tokens near an end, leave neither within the reach (7 + 4 tokens) of either end."""
+    counts = np.array([20] + [1] * 100 + [20], dtype=np.int64)
+    got = paced.ends_cleared(np.arange(102), np.array([0, 102]), counts, 2)
+    starts = np.cumsum(counts[got]) - counts[got]
+    reach = diversity.BOUNDARY_FRACTION * 140 + 4
+    for doc in (0, 101):
+        at = starts[got.tolist().index(doc)]
+        assert reach <= at and at + 20 <= 140 - reach
+
+
+def _rule_7_corpus(seed):
+    """Windows of 100 tokens holding fewer documents than the 12 clusters: a hundred documents of 85 tokens
+    (rule 7 groups them), a hundred of 8-14 (of which some are large against a boundary stretch of theirs)."""
+    rng = np.random.default_rng(seed)
+    rest = rng.integers(8, 14, 100)
+    rest[rng.choice(100, 6, replace=False)] = 14
+    counts = np.concatenate([rest, np.full(100, 85)]).astype(np.int64)
+    return rng.integers(0, 12, 200).astype(np.int64), counts
+
+
+def test_rule_10_on_the_documents_rule_7_leaves_uses_the_whole_streams_stretch():
+    """Where rule 7 groups the large documents, rule 10 moves the others within the whole stream's boundary
+    stretch (the groups go off the head and the tail)."""
+    for seed in range(12):
+        labels, counts = _rule_7_corpus(seed)
+        options = OrderingOptions(seq_len=100, packing="whole", seed=seed)
+        total = int(counts.sum())
+        rest = paced._rule_7_groups(labels, counts, 12, options, total)[1]
+        members, pool_starts = paced.paced_pools(labels[rest], counts[rest], 12, seed)
+        got = paced.ends_cleared(members, pool_starts, counts[rest], 100, total)
+        want = plain_ends_cleared(members.tolist(), pool_starts.tolist(), counts[rest][members].tolist(), 100, total)
+        assert (got is None and want is None) or got.tolist() == want
+
+
+
+def test_rule_10s_shortcut_never_skips_a_move():
+    """Where ``_ends_would_move`` says no pool moves, running rule 10 gives rules 1-9's order: random corpora
+    packed whole with many documents of 15% of a window or more, so that rule 7 often groups them (the first
+    40 of a seeded stream of such corpora; in the 13th only the documents rule 7 leaves need a move)."""
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n_clusters, seq_len, n = int(rng.integers(4, 16)), int(rng.choice([32, 64, 128, 512])), int(rng.integers(20, 600))
+        labels = rng.integers(0, n_clusters, n).astype(np.int64)
+        counts = rng.integers(1, seq_len // 4 + 2, n)
+        large = rng.random(n) < rng.uniform(0.05, 0.6)
+        counts[large] = rng.integers(int(0.15 * seq_len), 2 * seq_len, large.sum())
+        counts[rng.integers(0, n, 3)] = rng.integers(int(0.05 * seq_len) + 1, int(0.15 * seq_len), 3)
+        counts = counts.astype(np.int64)
+        options = OrderingOptions(seq_len=seq_len, packing="whole", seed=int(rng.integers(0, 2**32)))
+        if paced.windows_saturated(n, seq_len, n_clusters, int(counts.sum())):
+            continue
+        if not paced._ends_would_move(labels, counts, n_clusters, options):
+            assert (paced._rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True).tolist()
+                    == paced._rules_1_to_9(labels, counts, n_clusters, options, clear_ends=False).tolist())
 
 
 def _one_long_among_short(long_tokens: int, short_per_cluster: int):

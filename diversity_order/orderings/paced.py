@@ -61,7 +61,9 @@ allowances likewise, "Large documents off the ends"):
    cluster per window or more; ``last_window.py``).
 10. A document of more than ``BIG_SHARE`` of the stretch the boundary shift compares (the first or last
    BOUNDARY_FRACTION of tokens), due within that stretch and two windows of either end, moves inward in its
-   pool to the nearest slot where it is due clear of both (the documents between move one slot back);
+   pool to the nearest slot where it is due clear of both (the documents between shift one slot), one
+   at a time while any can and no arrangement comes back, the one with the fewest such tokens near an end
+   kept;
    then rules 2-9 run again, and that order is kept where its boundary shift is lower, its uniformity at
    most ``ENDS_UNIFORMITY_ALLOWANCE`` higher and its clusters per window at most ``DIVERSITY_MARGIN``
    fewer, or still ahead of stratified's by ``ENDS_DIVERSITY_LEAD_KEPT`` of the lead they had (boundary
@@ -346,26 +348,35 @@ def big_document_tokens(total: int) -> float:
     return BIG_SHARE * BOUNDARY_FRACTION * total
 
 
-def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.ndarray,
-                 seq_len: int) -> np.ndarray | None:
-    """Rule 10's move: pools (as ``paced_pools`` returns them) in which each document of more than
-    ``big_document_tokens`` due within the reach of an end (the boundary stretch and two windows, the
-    most rules 3-4 move a document) has gone to the nearest slot of its pool, later for the head and
-    earlier for the tail, where it is due clear of both reaches; the documents between move one slot
-    back. The largest such document first, one at a time, due positions measured after each move. None
-    where no document moves."""
+def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.ndarray, seq_len: int,
+                 stream_tokens: int | None = None) -> np.ndarray | None:
+    """Rule 10's move on pools (as ``paced_pools`` returns them): a document of more than BIG_SHARE of the
+    boundary stretch (BOUNDARY_FRACTION of ``stream_tokens``, the whole stream's tokens where these pools
+    are part of it, else theirs) due within the stretch and two windows of an end (as rules 3-4's walk from
+    both ends counts them) goes to the nearest slot of its pool, later from the head and earlier from the
+    tail, where it would be due clear of both; the documents between shift one slot towards where it was.
+    One at a time, the largest that can move first, due positions measured again after each, until none
+    can or an arrangement comes back (a move can bring another large document to an end, and two can
+    push each other in turn); of the arrangements met, the one with the fewest tokens of such documents
+    near an end is returned (the first of equals), or None where that is the pools as given."""
     counts = np.asarray(token_counts, dtype=np.int64)
     member_counts = counts[members]
     total = int(member_counts.sum())
-    reach = BOUNDARY_FRACTION * total + 2 * seq_len
+    stretch = BOUNDARY_FRACTION * (total if stream_tokens is None else int(stream_tokens))
+    reach = stretch + 2 * seq_len
     if 2 * reach >= total:
         return None
+    big = BIG_SHARE * stretch
+
+    def near_an_end(due, tokens):
+        return (tokens > big) & ((due < reach) | (due + tokens > total - reach))
+
     members = members.copy()
-    moved = False
+    due = _due_positions(pool_starts, member_counts)
+    best, best_weight = None, int(member_counts[near_an_end(due, member_counts)].sum())
+    seen = {members.tobytes()}
     for _ in range(MAX_END_MOVES):
-        due = _due_positions(pool_starts, member_counts)
-        near_an_end = (due < reach) | (due + member_counts > total - reach)
-        candidates = np.flatnonzero((member_counts > big_document_tokens(total)) & near_an_end)
+        candidates = np.flatnonzero(near_an_end(due, member_counts))
         for p in candidates[np.argsort(-member_counts[candidates], kind="stable")]:
             k = int(np.searchsorted(pool_starts, p, side="right")) - 1
             t = member_counts[p]
@@ -373,33 +384,39 @@ def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.
                 after = due[p + 1:pool_starts[k + 1]] - t + member_counts[p + 1:pool_starts[k + 1]]
                 clear = np.flatnonzero((after >= reach) & (after + t <= total - reach))
                 if clear.size:
-                    span = slice(p, p + 1 + int(clear[0]) + 1)
-                    members[span], member_counts[span] = np.roll(members[span], -1), np.roll(member_counts[span], -1)
+                    span, shift = slice(p, p + 2 + int(clear[0])), -1
                     break
             else:  # to an earlier slot q: then due where q's document was
                 before = due[pool_starts[k]:p]
                 clear = np.flatnonzero((before >= reach) & (before + t <= total - reach))
                 if clear.size:
-                    span = slice(pool_starts[k] + int(clear[-1]), p + 1)
-                    members[span], member_counts[span] = np.roll(members[span], 1), np.roll(member_counts[span], 1)
+                    span, shift = slice(pool_starts[k] + int(clear[-1]), p + 1), 1
                     break
         else:
             break  # no document near an end can move
-        moved = True
-    return members if moved else None
+        members[span], member_counts[span] = np.roll(members[span], shift), np.roll(member_counts[span], shift)
+        if members.tobytes() in seen:
+            break
+        seen.add(members.tobytes())
+        due = _due_positions(pool_starts, member_counts)
+        weight = int(member_counts[near_an_end(due, member_counts)].sum())
+        if weight < best_weight:
+            best, best_weight = members.copy(), weight
+    return best
 
 
 def paced_greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
-                       options: OrderingOptions = OrderingOptions(), clear_ends: bool = False) -> np.ndarray:
+                       options: OrderingOptions = OrderingOptions(), clear_ends: bool = False,
+                       stream_tokens: int | None = None) -> np.ndarray:
     """Rules 1-4 (see the module docstring): the order before rule 5's trades; with ``clear_ends``, from the
-    pools after rule 10's move."""
+    pools after rule 10's move (``stream_tokens``: the whole stream's, where these documents are part of it)."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if labels.size == 0:
         return np.zeros(0, dtype=np.int64)
     members, pool_starts = paced_pools(labels, counts, n_clusters, options.seed)
     if clear_ends:
-        cleared = ends_cleared(members, pool_starts, counts, int(options.seq_len))
+        cleared = ends_cleared(members, pool_starts, counts, int(options.seq_len), stream_tokens)
         members = members if cleared is None else cleared
     member_counts = counts[members]
     running = np.concatenate(([0], np.cumsum(member_counts)))
@@ -465,7 +482,7 @@ def _ends_would_move(labels, counts, n_clusters, options) -> bool:
             subsets.append(grouped[1])
     for rows in subsets:
         members, pool_starts = paced_pools(labels[rows], counts[rows], n_clusters, options.seed)
-        if ends_cleared(members, pool_starts, counts[rows], int(options.seq_len)) is not None:
+        if ends_cleared(members, pool_starts, counts[rows], int(options.seq_len), total) is not None:
             return True
     return False
 
@@ -473,8 +490,7 @@ def _ends_would_move(labels, counts, n_clusters, options) -> bool:
 def _ends_clearer(cleared, order, labels, counts, n_clusters, options) -> bool:
     """Rule 10 keeps its order where the boundary shift is lower, the uniformity at most
     ENDS_UNIFORMITY_ALLOWANCE higher, and the clusters per window at most the D margin fewer or, failing
-    that, still ahead of stratified's by ENDS_DIVERSITY_LEAD_KEPT of rules 1-9's lead (and not below
-    stratified's less the margin)."""
+    that, still ahead of stratified's by ENDS_DIVERSITY_LEAD_KEPT of rules 1-9's lead."""
     if np.array_equal(cleared, order):
         return False
     seq_len, packing = int(options.seq_len), options.packing
@@ -491,8 +507,7 @@ def _ends_clearer(cleared, order, labels, counts, n_clusters, options) -> bool:
         return True
     stratified = float(window_counts(labels, counts, seq_len, stratified_order(labels, counts, n_clusters, options),
                                      packing)[0].mean())
-    return diversity >= max(stratified - DIVERSITY_MARGIN,
-                            stratified + ENDS_DIVERSITY_LEAD_KEPT * (diversity_was - stratified))
+    return diversity >= stratified + ENDS_DIVERSITY_LEAD_KEPT * (diversity_was - stratified)
 
 
 def _rules_1_to_9(labels, counts, n_clusters, options, clear_ends) -> np.ndarray:
@@ -523,8 +538,9 @@ def _keeps_stratified_diversity(order, labels, counts, n_clusters, options) -> b
     return bool(ours >= theirs - DIVERSITY_MARGIN)
 
 
-def _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends=False) -> np.ndarray:
-    order = paced_greedy_order(labels, counts, n_clusters, options, clear_ends)
+def _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends=False,
+                  stream_tokens=None) -> np.ndarray:
+    order = paced_greedy_order(labels, counts, n_clusters, options, clear_ends, stream_tokens)
     return exchange_pass(order, labels, counts, options.seq_len, shares, model, options.seed)
 
 
@@ -552,6 +568,8 @@ def _with_large_grouped(labels, counts, n_clusters, options, shares, total, clea
     if grouped is None:
         return None
     groups, rest = grouped
-    rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE, clear_ends)]
+    # (rule 10: the groups go off the head and the tail, so the boundary stretches are the others' documents)
+    rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE, clear_ends,
+                                    total)]
     keys = group_keys(labels, counts, groups)
     return place_groups(rest_order, counts, groups, keys, options.seq_len, total)
