@@ -362,11 +362,11 @@ def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.
     counts = np.asarray(token_counts, dtype=np.int64)
     member_counts = counts[members]
     total = int(member_counts.sum())
-    stretch = BOUNDARY_FRACTION * (total if stream_tokens is None else int(stream_tokens))
-    reach = stretch + 2 * seq_len
+    stream = total if stream_tokens is None else int(stream_tokens)
+    reach = BOUNDARY_FRACTION * stream + 2 * seq_len
     if 2 * reach >= total:
         return None
-    big = BIG_SHARE * stretch
+    big = big_document_tokens(stream)
 
     def near_an_end(due, tokens):
         return (tokens > big) & ((due < reach) | (due + tokens > total - reach))
