@@ -22,69 +22,72 @@ BOUNDARY_FRACTION = 0.05
 DIVERSITY_MARGIN = 0.05
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _push(out, n_out, value):
-    """Append to a growable output array (doubling when full); returns (array, new length)."""
-    if n_out == out.shape[0]:
-        out = np.concatenate((out, np.empty_like(out)))
-    out[n_out] = value
-    return out, n_out + 1
+@njit(cache=True, nogil=True)
+def _most_windows(token_counts, order, seq_len):
+    """At least as many windows with tokens as ``order``'s documents can make: each puts tokens in at most
+    its full windows and two more. Outputs so sized need no growing: an array a kernel's loop may replace
+    is reference-counted at every step, which made the window walks several times slower."""
+    most = 1
+    for i in range(order.shape[0]):
+        most += 2 + token_counts[order[i]] // seq_len
+    return most
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _close_counting(out, docs_out, n_out, unique, docs, fill, window):
-    """Close the open window: a finished window if it holds tokens. Returns (out, docs_out, n_out, window, unique, docs, fill)."""
+    """Close the open window: a finished window if it holds tokens. Returns (n_out, window, unique, docs, fill)."""
     if fill > 0:
-        out, _ = _push(out, n_out, unique)
-        docs_out, n_out = _push(docs_out, n_out, docs)
-    return out, docs_out, n_out, window + 1, 0, 0, 0
+        out[n_out] = unique
+        docs_out[n_out] = docs
+        n_out += 1
+    return n_out, window + 1, 0, 0, 0
 
 
 @njit(cache=True, nogil=True)
-def _window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int, model: int):
+def _window_counts(labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray, seq_len: int, n_clusters: int,
+                   model: int):
     # Per window: unique clusters and documents present. stamp[c] == window means cluster c is
     # already in the open window's set; `unique` is its size, `docs` the documents placed in it.
+    # The order is read here rather than gathered into copies first.
     stamp = np.full(n_clusters, -1, dtype=np.int64)
     window = 0
     unique = 0
     docs = 0
     fill = 0
-    out = np.empty(labels.shape[0] * 2 + 1, dtype=np.int64)
+    out = np.empty(_most_windows(token_counts, order, seq_len), dtype=np.int64)
     docs_out = np.empty_like(out)
     n_out = 0
-    for i in range(labels.shape[0]):
-        c = labels[i]
-        close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
+    for i in range(order.shape[0]):
+        d = order[i]
+        c = labels[d]
+        close_first, head, n_full, tail, close_last = place(fill, token_counts[d], seq_len, model)
         if close_first:
-            out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill,
-                                                                               window)
+            n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill, window)
         for piece in range(n_pieces(n_full, tail)):
             if piece > 0:
-                out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs,
-                                                                                   fill, window)
+                n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill, window)
             if stamp[c] != window:
                 stamp[c] = window
                 unique += 1
             docs += 1
             fill += piece_tokens(piece, head, n_full, tail, seq_len)
         if close_last:
-            out, docs_out, n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill,
-                                                                               window)
+            n_out, window, unique, docs, fill = _close_counting(out, docs_out, n_out, unique, docs, fill, window)
     if unique > 0:
-        out, _ = _push(out, n_out, unique)
-        docs_out, n_out = _push(docs_out, n_out, docs)
+        out[n_out] = unique
+        docs_out[n_out] = docs
+        n_out += 1
     if n_out == 0:
         return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     return out[:n_out].copy(), docs_out[:n_out].copy()
 
 
-def _in_order(labels, token_counts, order):
+def _as_ordered(labels, token_counts, order):
+    """(labels, token counts, order) as the kernels read them: int64, the order the identity where None."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
-    if order is not None:
-        order = np.asarray(order, dtype=np.int64)
-        labels, counts = labels[order], counts[order]
-    return labels, counts
+    order = np.arange(labels.size, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+    return labels, counts, order
 
 
 def window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
@@ -97,9 +100,9 @@ def window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, or
     """
     if seq_len < 1:
         raise ValueError("seq_len must be at least 1")
-    labels, counts = _in_order(labels, token_counts, order)
+    labels, counts, order = _as_ordered(labels, token_counts, order)
     n_clusters = int(labels.max()) + 1 if labels.size else 1
-    return _window_counts(labels, counts, int(seq_len), n_clusters, packing_model(packing))
+    return _window_counts(labels, counts, order, int(seq_len), n_clusters, packing_model(packing))
 
 
 def window_diversity(
@@ -200,7 +203,7 @@ def global_token_shares(labels: np.ndarray, token_counts: np.ndarray, n_clusters
 
 @njit(cache=True, nogil=True, inline="always")
 def _close_measuring(out, n_out, window_tokens, fill, shares):
-    """Close the open window: if it holds tokens, record max_k |its share of k - tau_k|. Returns (out, n_out, fill)."""
+    """Close the open window: if it holds tokens, record max_k |its share of k - tau_k|. Returns (n_out, fill)."""
     if fill > 0:
         worst = 0.0
         for k in range(shares.shape[0]):
@@ -208,31 +211,33 @@ def _close_measuring(out, n_out, window_tokens, fill, shares):
             if d > worst:
                 worst = d
             window_tokens[k] = 0
-        out, n_out = _push(out, n_out, worst)
-    return out, n_out, 0
+        out[n_out] = worst
+        n_out += 1
+    return n_out, 0
 
 
 @njit(cache=True, nogil=True)
-def _window_share_deviation(labels, token_counts, seq_len, shares, model):
-    # Per finished window, max_k |tokens_k / window_tokens - tau_k|; windows packed as in _window_diversity.
+def _window_share_deviation(labels, token_counts, order, seq_len, shares, model):
+    # Per finished window, max_k |tokens_k / window_tokens - tau_k|; windows packed as in _window_counts.
     window_tokens = np.zeros(shares.shape[0], dtype=np.int64)
-    out = np.empty(16, dtype=np.float64)
+    out = np.empty(_most_windows(token_counts, order, seq_len), dtype=np.float64)
     n_out = 0
     fill = 0
-    for i in range(labels.shape[0]):
-        c = labels[i]
-        close_first, head, n_full, tail, close_last = place(fill, token_counts[i], seq_len, model)
+    for i in range(order.shape[0]):
+        d = order[i]
+        c = labels[d]
+        close_first, head, n_full, tail, close_last = place(fill, token_counts[d], seq_len, model)
         if close_first:
-            out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+            n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
         for piece in range(n_pieces(n_full, tail)):
             if piece > 0:
-                out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+                n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
             tokens = piece_tokens(piece, head, n_full, tail, seq_len)
             window_tokens[c] += tokens
             fill += tokens
         if close_last:
-            out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
-    out, n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+            n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
+    n_out, fill = _close_measuring(out, n_out, window_tokens, fill, shares)
     return out[:n_out].copy()
 
 
@@ -245,14 +250,10 @@ def window_share_deviation(labels: np.ndarray, token_counts: np.ndarray, seq_len
     """
     if seq_len < 1:
         raise ValueError("seq_len must be at least 1")
-    labels = np.asarray(labels, dtype=np.int64)
-    counts = np.asarray(token_counts, dtype=np.int64)
+    labels, counts, order = _as_ordered(labels, token_counts, order)
     k = int(n_clusters if n_clusters is not None else (labels.max() + 1 if labels.size else 1))
     shares = global_token_shares(labels, counts, k)
-    if order is not None:
-        order = np.asarray(order, dtype=np.int64)
-        labels, counts = labels[order], counts[order]
-    deviation = _window_share_deviation(labels, counts, int(seq_len), shares, packing_model(packing))
+    deviation = _window_share_deviation(labels, counts, order, int(seq_len), shares, packing_model(packing))
     return deviation if deviation.size else np.zeros(1)
 
 

@@ -211,3 +211,40 @@ def test_sequence_fill_is_tokens_over_the_windows_slots(docs, seq_len, split):
     quality = ordering_quality(labels, counts, seq_len, None, 6, packing="split" if split else "whole")
     assert quality["fill"] == round(expected, 4)
     assert 0.0 <= quality["fill"] <= 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 5).flatmap(lambda k: st.lists(
+        st.tuples(st.integers(0, k - 1), st.sampled_from([0, 1, 2, 3, 9, 10, 11, 21, 32, 47])), min_size=1,
+        max_size=40)),
+    st.sampled_from([1, 2, 10, 11]),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
+def test_window_measures_read_the_order_as_the_gathered_documents(docs, seq_len, split, rng):
+    """The kernels read documents through the order (no gathered copies, outputs sized in advance from
+    the documents' lengths): the same windows as the plain reference walking the gathered lists, for any
+    order, with documents of many windows (the most pieces the size allows) among them."""
+    from diversity_order.diversity import _most_windows, window_counts, window_share_deviation
+    from reference_impl import (ref_split_window_diversity, ref_split_window_share_deviation, ref_window_diversity,
+                                ref_window_documents, ref_window_share_deviation)
+
+    labels, counts = documents_as_arrays(docs)
+    order = np.array(rng.sample(range(labels.size), labels.size), dtype=np.int64)
+    packing = "split" if split else "whole"
+    k = int(labels.max()) + 1
+    in_labels, in_counts = labels[order].tolist(), counts[order].tolist()
+    unique, documents = window_counts(labels, counts, seq_len, order, packing)
+    if split:
+        expected_unique = ref_split_window_diversity(in_labels, in_counts, seq_len)
+        expected_deviation = ref_split_window_share_deviation(in_labels, in_counts, seq_len, k)
+    else:
+        expected_unique = ref_window_diversity(in_labels, in_counts, seq_len)
+        expected_deviation = ref_window_share_deviation(in_labels, in_counts, seq_len, k)
+    assert unique.tolist() == (expected_unique or [0])
+    # (without numba's bounds checks a short output array would be overrun silently)
+    assert _most_windows(counts, order, seq_len) >= len(expected_unique)
+    assert documents.tolist() == (ref_window_documents(in_labels, in_counts, seq_len, split) or [0])
+    np.testing.assert_allclose(window_share_deviation(labels, counts, seq_len, order, k, packing),
+                               expected_deviation or [0.0])

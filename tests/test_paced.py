@@ -720,3 +720,26 @@ def test_registered_paced_polished_is_paced_then_the_pass():
     polished = ORDERINGS["paced-polished"](labels, counts, 6, options)
     assert np.array_equal(polished, polish_whole(paced, labels, counts, 2048, global_token_shares(labels, counts, 6)))
     assert sorted(polished.tolist()) == list(range(400))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([64, 256]), st.booleans())
+def test_stratified_diversity_on_another_thread_is_the_one_measured_here(seed, seq_len, split):
+    """Rule 7's guard and rule 10's check read stratified's clusters per window once, computed on another
+    thread beside rules 1-5: the same number as measuring stratified's order directly, started or not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diversity_order.orderings import stratified_order
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 7, 300)
+    counts = np.where(rng.random(300) < 0.1, rng.integers(100, 900, 300), rng.integers(0, 40, 300))
+    options = options_for(seq_len, split, seed)
+    want = diversity.window_counts(labels, counts, seq_len, stratified_order(labels, counts, 7, options),
+                                   options.packing)[0].mean()
+    with ThreadPoolExecutor(max_workers=1) as background:
+        started = paced.StratifiedDiversity(labels, counts, 7, options, background)
+        started.start()
+        assert started.value() == want
+        assert started.value() == want  # asked again: the same, from the first answer
+    assert paced.StratifiedDiversity(labels, counts, 7, options).value() == want

@@ -77,6 +77,8 @@ numba.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numba import njit
 
@@ -221,23 +223,29 @@ def _pick_whole(next_due, next_length, stamp, window, fill, placed, seq_len):
     """Rule 3, documents whole: the cluster whose next document goes next."""
     window_end = placed + seq_len - fill
     next_window_end = window_end + seq_len
-    lacking, lacking_due = -1, NONE
-    fitting, fitting_due = -1, NONE
-    earliest, earliest_due = -1, NONE
-    for k in range(next_due.shape[0]):
+    n = next_due.shape[0]
+    # Minima first, in a loop without branches (vectorized), then the lowest cluster attaining the one taken.
+    lacking_due, fitting_due, earliest_due = NONE, NONE, NONE
+    for k in range(n):
         d = next_due[k]
-        if d == NONE:
-            continue
-        if d < earliest_due:
-            earliest, earliest_due = k, d
-        if place(fill, next_length[k], seq_len, WHOLE)[0]:
-            continue  # does not fit: it would close the window
-        if stamp[k] != window:
-            if d <= next_window_end and d < lacking_due:
-                lacking, lacking_due = k, d
-        elif d <= window_end and d < fitting_due:
-            fitting, fitting_due = k, d
-    return lacking if lacking >= 0 else (fitting if fitting >= 0 else earliest)
+        fits = not place(fill, next_length[k], seq_len, WHOLE)[0]  # else it would close the window
+        lacks = stamp[k] != window
+        earliest_due = min(earliest_due, d)
+        lacking_due = min(lacking_due, d if fits and lacks and d <= next_window_end else NONE)
+        fitting_due = min(fitting_due, d if fits and not lacks and d <= window_end else NONE)
+    for k in range(n):
+        d = next_due[k]
+        fits = not place(fill, next_length[k], seq_len, WHOLE)[0]
+        lacks = stamp[k] != window
+        if lacking_due != NONE:
+            if d == lacking_due and fits and lacks:
+                return k
+        elif fitting_due != NONE:
+            if d == fitting_due and fits and not lacks:
+                return k
+        elif d == earliest_due:
+            return k
+    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -246,24 +254,35 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
     window_end = placed + room
     next_window_end = window_end + seq_len
     horizon = window_end + STRADDLE_HORIZON * seq_len
-    lacking, lacking_due = -1, NONE
-    earliest, earliest_due = -1, NONE
-    straddler, straddler_lacks, straddler_excess = -1, False, 0
-    for k in range(next_due.shape[0]):
+    n = next_due.shape[0]
+    # Minima first, in loops without branches (vectorized), then the lowest cluster attaining each.
+    earliest_due, lacking_due = NONE, NONE
+    in_horizon, lacking_in_horizon = False, False
+    for k in range(n):
         d = next_due[k]
-        if d == NONE:
-            continue
-        if d < earliest_due:
-            earliest, earliest_due = k, d
         lacks = stamp[k] != window
-        if lacks and d <= next_window_end and d < lacking_due:
-            lacking, lacking_due = k, d
-        if d <= horizon:
-            rank_lacks = lacks or saturated
-            if straddler < 0 or (rank_lacks and not straddler_lacks) or (
-                    rank_lacks == straddler_lacks and next_excess[k] > straddler_excess):
-                straddler, straddler_lacks, straddler_excess = k, rank_lacks, next_excess[k]
-    if straddler >= 0:
+        earliest_due = min(earliest_due, d)
+        lacking_due = min(lacking_due, d if lacks and d <= next_window_end else NONE)
+        in_horizon |= d <= horizon
+        lacking_in_horizon |= d <= horizon and (lacks or saturated)
+    lacking = -1
+    if lacking_due != NONE:
+        for k in range(n):
+            if next_due[k] == lacking_due and stamp[k] != window:
+                lacking = k
+                break
+    if in_horizon:
+        # the straddler: of those due within the horizon (of a lacking cluster where any), the largest excess
+        top = np.iinfo(np.int64).min
+        for k in range(n):
+            ok = next_due[k] <= horizon and ((stamp[k] != window or saturated) == lacking_in_horizon)
+            top = max(top, next_excess[k] if ok else np.iinfo(np.int64).min)
+        straddler = -1
+        for k in range(n):
+            if (next_excess[k] == top and next_due[k] <= horizon
+                    and (stamp[k] != window or saturated) == lacking_in_horizon):
+                straddler = k
+                break
         t = next_length[straddler]
         # A document of m windows and r tokens more starts (L - r) / 2 or more into a window, so it fills
         # m - 1 windows alone, not m (a window one document fills holds one cluster).
@@ -272,7 +291,7 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
             return straddler  # cut at the boundary near its middle
         # the earliest-due lacking document due before the next window ends that fits before the straddle point
         before, before_due = -1, NONE
-        for j in range(next_due.shape[0]):
+        for j in range(n):
             d = next_due[j]
             if (d <= next_window_end and d < before_due and stamp[j] != window
                     and next_length[j] <= room - half and j != straddler):
@@ -281,7 +300,12 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
             return before
         if 2 * room <= 3 * half:
             return straddler
-    return lacking if lacking >= 0 else earliest
+    if lacking >= 0:
+        return lacking
+    for k in range(n):
+        if next_due[k] == earliest_due:
+            return k
+    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -461,12 +485,42 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     where some document is large against the boundary stretch, rule 10."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
-    order = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=False)
-    total = int(counts.sum())
-    if not (counts > big_document_tokens(total)).any() or not _ends_would_move(labels, counts, n_clusters, options):
-        return order  # (rules 1-9 again would give the same order)
-    cleared = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True)
-    return cleared if _ends_clearer(cleared, order, labels, counts, n_clusters, options) else order
+    with ThreadPoolExecutor(max_workers=1) as background:
+        stratified = StratifiedDiversity(labels, counts, n_clusters, options, background)
+        order = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=False, stratified=stratified)
+        total = int(counts.sum())
+        if not (counts > big_document_tokens(total)).any() or not _ends_would_move(labels, counts, n_clusters,
+                                                                                   options):
+            return order  # (rules 1-9 again would give the same order)
+        cleared = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True, stratified=stratified)
+        return cleared if _ends_clearer(cleared, order, labels, counts, n_clusters, options, stratified) else order
+
+
+class StratifiedDiversity:
+    """Stratified's (the default's) mean clusters per window under ``options``, which rule 7's guard and rule
+    10's check compare against: computed once, on ``background`` (another thread: the kernels release the
+    GIL, so it runs beside rules 1-5 where rule 7 may apply) once ``start`` is called, or here when first
+    asked for without an executor."""
+
+    def __init__(self, labels, counts, n_clusters, options, background: ThreadPoolExecutor | None = None):
+        self._args = labels, counts, n_clusters, options
+        self._background = background
+        self._future = None
+        self._value: float | None = None
+
+    def _compute(self) -> float:
+        labels, counts, n_clusters, options = self._args
+        order = stratified_order(labels, counts, n_clusters, options)
+        return float(window_counts(labels, counts, int(options.seq_len), order, options.packing)[0].mean())
+
+    def start(self) -> None:
+        if self._future is None and self._background is not None:
+            self._future = self._background.submit(self._compute)
+
+    def value(self) -> float:
+        if self._value is None:
+            self._value = self._future.result() if self._future is not None else self._compute()
+        return self._value
 
 
 def _ends_would_move(labels, counts, n_clusters, options) -> bool:
@@ -487,7 +541,7 @@ def _ends_would_move(labels, counts, n_clusters, options) -> bool:
     return False
 
 
-def _ends_clearer(cleared, order, labels, counts, n_clusters, options) -> bool:
+def _ends_clearer(cleared, order, labels, counts, n_clusters, options, stratified: StratifiedDiversity) -> bool:
     """Rule 10 keeps its order where the boundary shift is lower, the uniformity at most
     ENDS_UNIFORMITY_ALLOWANCE higher, and the clusters per window at most the D margin fewer or, failing
     that, still ahead of stratified's by ENDS_DIVERSITY_LEAD_KEPT of rules 1-9's lead."""
@@ -505,21 +559,25 @@ def _ends_clearer(cleared, order, labels, counts, n_clusters, options) -> bool:
         return False
     if diversity >= diversity_was - DIVERSITY_MARGIN:
         return True
-    stratified = float(window_counts(labels, counts, seq_len, stratified_order(labels, counts, n_clusters, options),
-                                     packing)[0].mean())
-    return diversity >= stratified + ENDS_DIVERSITY_LEAD_KEPT * (diversity_was - stratified)
+    floor = stratified.value()
+    return diversity >= floor + ENDS_DIVERSITY_LEAD_KEPT * (diversity_was - floor)
 
 
-def _rules_1_to_9(labels, counts, n_clusters, options, clear_ends) -> np.ndarray:
+def _rules_1_to_9(labels, counts, n_clusters, options, clear_ends, stratified: StratifiedDiversity | None = None
+                  ) -> np.ndarray:
     shares = global_token_shares(labels, counts, n_clusters)
     model = packing_model(options.packing)
     total = int(counts.sum())
     if model == WHOLE and not windows_saturated(labels.size, options.seq_len, n_clusters, total):
-        grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends)
-        if grouped is not None:
-            grouped = mend_last_window(grouped, labels, counts, options.seq_len, n_clusters)
-            if _keeps_stratified_diversity(grouped, labels, counts, n_clusters, options):
-                return grouped
+        groups = _rule_7_groups(labels, counts, n_clusters, options, total)
+        if groups is not None:
+            stratified = stratified or StratifiedDiversity(labels, counts, n_clusters, options)
+            stratified.start()
+            grouped = _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends, groups)
+            if grouped is not None:
+                grouped = mend_last_window(grouped, labels, counts, options.seq_len, n_clusters)
+                if _keeps_stratified_diversity(grouped, labels, counts, options, stratified):
+                    return grouped
     order = _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends)
     if model != SPLIT:
         return mend_last_window(order, labels, counts, options.seq_len, n_clusters)
@@ -527,15 +585,12 @@ def _rules_1_to_9(labels, counts, n_clusters, options, clear_ends) -> np.ndarray
     return split_trade_pass(order, labels, counts, options.seq_len, shares, options.seed)
 
 
-def _keeps_stratified_diversity(order, labels, counts, n_clusters, options) -> bool:
+def _keeps_stratified_diversity(order, labels, counts, options, stratified: StratifiedDiversity) -> bool:
     """Rule 7's guard: its windows hold as many clusters as stratified's (the default's), within the D margin.
     Grouping the large documents trades clusters per window for uniformity; on small corpora (a few
     thousand documents, windows a percent of the tokens) it fell below stratified's."""
-    seq_len = int(options.seq_len)
-    stratified = stratified_order(labels, counts, n_clusters, options)
-    ours = window_counts(labels, counts, seq_len, order, "whole")[0].mean()
-    theirs = window_counts(labels, counts, seq_len, stratified, "whole")[0].mean()
-    return bool(ours >= theirs - DIVERSITY_MARGIN)
+    ours = window_counts(labels, counts, int(options.seq_len), order, "whole")[0].mean()
+    return bool(ours >= stratified.value() - DIVERSITY_MARGIN)
 
 
 def _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends=False,
@@ -561,10 +616,12 @@ def _rule_7_groups(labels, counts, n_clusters, options, total) -> tuple[np.ndarr
     return groups, rest
 
 
-def _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends=False) -> np.ndarray | None:
+def _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends=False, groups=None
+                        ) -> np.ndarray | None:
     """Rule 7 (``grouping.py``): the large documents' groups placed among the others' windows, those
-    ordered by rules 1-5 (the shares are all documents' own); None where rule 7 does not apply."""
-    grouped = _rule_7_groups(labels, counts, n_clusters, options, total)
+    ordered by rules 1-5 (the shares are all documents' own); None where rule 7 does not apply.
+    ``groups``: ``_rule_7_groups``'s answer, where the caller has it."""
+    grouped = groups if groups is not None else _rule_7_groups(labels, counts, n_clusters, options, total)
     if grouped is None:
         return None
     groups, rest = grouped
