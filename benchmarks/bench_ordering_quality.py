@@ -184,11 +184,11 @@ def timing(n_docs: int, corpora: dict) -> list[dict]:
         runs = {
             "stratified": (ORDERINGS["stratified"], (labels, counts, 30)),
             "balanced": (ORDERINGS["balanced"], (labels, counts, 30, OrderingOptions(seq_len=16384))),
-            "paced (whole, 16384)": (paced, (labels, counts, 30, 16384, "whole", SEED)),
+            # every cell of the goal: the three lengths, both packings
+            **{f"paced ({packing}, {seq_len})": (paced, (labels, counts, 30, seq_len, packing, SEED))
+               for packing in ("whole", "split") for seq_len in SEQ_LENS},
             "paced+polish (whole, 16384)": (paced_polished, (labels, counts, 30, 16384, "whole", SEED)),
             "paced+polish (split, 16384)": (paced_polished, (labels, counts, 30, 16384, "split", SEED)),
-            "paced (split, 16384)": (paced, (labels, counts, 30, 16384, "split", SEED)),
-            "paced (split, 131072)": (paced, (labels, counts, 30, 131072, "split", SEED)),
         }
         for packing in ("whole", "split"):  # numba compiles outside the timing
             paced_polished(labels[:2000], counts[:2000], 30, 16384, packing, SEED)

@@ -21,9 +21,10 @@ MASK = (1 << 64) - 1
 # --- plain loops, written from the definitions ----------------------------------------------------
 
 
-def plain_pieces(order, counts, seq_len, split):
+def plain_pieces(order, counts, seq_len, split, with_opened_windows=False):
     """Per position, its document's pieces [(window, tokens)], windows numbered as they open, and whether
-    it opened its window by not fitting in the open one (documents whole). From packing.py's rules."""
+    it opened its window by not fitting in the open one (documents whole). From packing.py's rules. With
+    ``with_opened_windows`` also the windows opened (the last one may be open and empty)."""
     pieces, opened, window, fill = [], [], 0, 0
     for doc in order:
         t = int(counts[doc])
@@ -58,7 +59,7 @@ def plain_pieces(order, counts, seq_len, split):
                     window, fill = window + 1, 0
         pieces.append(mine)
         opened.append(opener)
-    return pieces, opened
+    return (pieces, opened, window + 1) if with_opened_windows else (pieces, opened)
 
 
 def plain_windows(order, labels, counts, seq_len, split):
@@ -91,12 +92,12 @@ def plain_next_random(state):
     return state, ((state * 2685821657736338717) & MASK) >> 33
 
 
-def plain_exchange(order, labels, counts, seq_len, split, shares, seed):
+def plain_exchange(order, labels, counts, seq_len, split, shares, seed, chunks=exchange.CHUNKS,
+                   min_chunk_windows=exchange.MIN_CHUNK_WINDOWS):
     order = list(order)
     n = len(order)
-    pieces, opened = plain_pieces(order, counts, seq_len, split)
+    pieces, opened, n_windows = plain_pieces(order, counts, seq_len, split, with_opened_windows=True)
     first = plain_windows(order, labels, counts, seq_len, split)
-    n_windows = max(w for mine in pieces for w, _ in mine) + 1 if n else 0
     fill = [sum(t for _, t in first.get(w, [])) for w in range(n_windows)]
     long_piece = {w for doc, mine in zip(order, pieces) for w, _ in mine if not split and counts[doc] > seq_len}
     total, start, part = sum(fill), 0, []
@@ -110,8 +111,19 @@ def plain_exchange(order, labels, counts, seq_len, split, shares, seed):
     movable = [counts[order[p]] > 0 and len(pieces[p]) == 1 and not opened[p] and part[window_of[p]] >= 0
                and (split or counts[order[p]] <= seq_len) for p in range(n)]
     span = max(1, exchange.SPAN_WINDOWS * n // max(sum(f > 0 for f in fill), 1))
-    state = ((seed & (MASK >> 1)) * 2 + 0x9E3779B97F4A7C15) & MASK
-    for p in range(n):
+    n_runs = max(1, min(chunks, n_windows // min_chunk_windows))
+    for run in range(n_runs):  # runs of whole windows, each with its own generator, one after the other
+        w_lo, w_hi = run * n_windows // n_runs, (run + 1) * n_windows // n_runs
+        state = (((seed & (MASK >> 1)) * 2 + 0x9E3779B97F4A7C15) + run * 0x3C6EF372FE94F82A) & MASK
+        order = plain_exchange_run(order, labels, counts, seq_len, split, shares, state, span, pieces, window_of,
+                                   movable, part, w_lo, w_hi)
+    return order
+
+
+def plain_exchange_run(order, labels, counts, seq_len, split, shares, state, span, pieces, window_of, movable,
+                       part, w_lo, w_hi):
+    n = len(order)
+    for p in [p for p in range(n) if w_lo <= window_of[p] < w_hi]:
         if not movable[p]:
             continue
         a = window_of[p]
@@ -122,7 +134,8 @@ def plain_exchange(order, labels, counts, seq_len, split, shares, seed):
                 break
             b = window_of[q]
             ki, kj = int(labels[order[p]]), int(labels[order[q]])
-            if b == a or b - a > exchange.MAX_WINDOW_GAP or not movable[q] or part[b] != part[a] or ki == kj:
+            if (b == a or b - a > exchange.MAX_WINDOW_GAP or b >= w_hi or not movable[q] or part[b] != part[a]
+                    or ki == kj):
                 continue
             unequal = counts[order[p]] != counts[order[q]]
             if split and unequal and b != a + 1:
@@ -172,22 +185,49 @@ def an_order(labels, counts, n_clusters, seq_len, split, seed, from_paced):
     return np.random.default_rng(seed).permutation(labels.size).astype(np.int64)
 
 
-def traded(order, labels, counts, n_clusters, seq_len, split, seed):
+def traded(order, labels, counts, n_clusters, seq_len, split, seed, min_chunk_windows=exchange.MIN_CHUNK_WINDOWS):
     shares = diversity.global_token_shares(labels, counts, n_clusters)
     return exchange.exchange_pass(order, labels, counts, seq_len, shares, packing_model("split" if split else "whole"),
-                                  seed), shares
+                                  seed, min_chunk_windows=min_chunk_windows), shares
 
 
 # --- the pass ----------------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
-@given(corpora(), st.integers(0, 2**63 - 1), st.booleans(), st.booleans())
-def test_exchange_matches_plain_loop(corpus, seed, split, from_paced):
+@settings(max_examples=400, deadline=None)
+@given(corpora(), st.integers(0, 2**63 - 1), st.booleans(), st.booleans(),
+       st.sampled_from([exchange.MIN_CHUNK_WINDOWS, 1, 3]))
+def test_exchange_matches_plain_loop(corpus, seed, split, from_paced, min_chunk_windows):
+    """Also with runs of 1 or 3 windows (the suite's inputs are too short for the package's runs)."""
     labels, counts, n_clusters, seq_len = corpus
     order = an_order(labels, counts, n_clusters, seq_len, split, seed, from_paced)
-    got, shares = traded(order, labels, counts, n_clusters, seq_len, split, seed)
-    assert got.tolist() == plain_exchange(order.tolist(), labels, counts, seq_len, split, shares.tolist(), seed)
+    got, shares = traded(order, labels, counts, n_clusters, seq_len, split, seed, min_chunk_windows)
+    assert got.tolist() == plain_exchange(order.tolist(), labels, counts, seq_len, split, shares.tolist(), seed,
+                                          exchange.CHUNKS, min_chunk_windows)
+
+
+def test_rule_5_gives_the_same_order_on_any_number_of_cores():
+    """Runs of windows are swept at once; each has its own generator and keeps its trades, so one thread
+    and every thread give the same order (here with many runs), under both packings."""
+    import numba
+
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 7, 40_000)
+    counts = rng.integers(0, 100, 40_000)
+    shares = diversity.global_token_shares(labels, counts, 7)
+    order = rng.permutation(labels.size)
+    n_windows = -(-int(counts.sum()) // 64)
+    assert exchange.chunk_bounds(n_windows, exchange.CHUNKS, exchange.MIN_CHUNK_WINDOWS).size > 3
+    for model in (packing_model("whole"), packing_model("split")):
+        threads = numba.get_num_threads()
+        try:
+            numba.set_num_threads(1)
+            alone = exchange.exchange_pass(order, labels, counts, 64, shares, model, 3)
+        finally:
+            numba.set_num_threads(threads)
+        together = exchange.exchange_pass(order, labels, counts, 64, shares, model, 3)
+        assert np.array_equal(alone, together)
+        assert not np.array_equal(together, order)
 
 
 @settings(max_examples=300, deadline=None)

@@ -20,19 +20,23 @@ lowers the two windows' summed uniformity (max_k |share of k in the window - tau
 - the partner's window is at most ``MAX_WINDOW_GAP`` windows on; documents without tokens stay put;
 - the trade moves tokens of the cluster that sets either window's deviation (the lowest id among
   equals). Packing split no other trade can lower a window's deviation; packing whole it skips the
-  few that could only by changing the window's fill, for half the run time.
+  few that could only by changing the window's fill, for half the run time;
+- both windows lie in one run: the windows are cut into at most ``CHUNKS`` runs of whole windows
+  (``MIN_CHUNK_WINDOWS`` or more each, so one run below twice that), each swept with its own generator.
+  The runs share no window and no movable document, so numba sweeps them at once on as many cores as it
+  has, and the order is the same on any number of cores.
 
 Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and
 O(min(K, documents in the two windows)) to measure. Memory: per document its position's document,
 cluster, tokens, window and movability (33 bytes; 8 more packing split, its token offset), per window
-seven numbers, and the cluster counts of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so nothing
-grows with windows x K.
+seven numbers, and per run the cluster counts of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so
+nothing grows with windows x K.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..diversity import BOUNDARY_FRACTION
 from ..packing import SPLIT, advance, n_pieces, piece_tokens, place
@@ -43,6 +47,11 @@ TRIES = 8
 SPAN_WINDOWS = 8
 # A partner's window is at most this many windows after the document's (the band of windows held).
 MAX_WINDOW_GAP = 4 * SPAN_WINDOWS
+# Runs of whole windows swept at once, each with its own generator, a trade staying inside its run: at most
+# CHUNKS runs of at least MIN_CHUNK_WINDOWS windows (rule 8 cuts its windows the same way). A run is many
+# times MAX_WINDOW_GAP windows, so few trades are lost at its cuts.
+CHUNKS = 64
+MIN_CHUNK_WINDOWS = 8 * MAX_WINDOW_GAP
 # Floating-point noise: a trade must lower the summed deviation by more than this.
 EPSILON = 1e-12
 
@@ -228,14 +237,29 @@ def _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, sign):
 
 
 @njit(cache=True, nogil=True)
-def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max_gap, fraction):
+def chunk_bounds(n_windows, chunks, min_chunk_windows):
+    """The first window of each run, and n_windows after the last: at most ``chunks`` runs of whole windows
+    of at least ``min_chunk_windows`` each (one run for fewer windows)."""
+    n_chunks = max(1, min(chunks, n_windows // min_chunk_windows))
+    bounds = np.empty(n_chunks + 1, dtype=np.int64)
+    for c in range(n_chunks + 1):
+        bounds[c] = c * n_windows // n_chunks
+    return bounds
+
+
+@njit(cache=True, nogil=True)
+def chunk_state(seed, chunk):
+    """Run ``chunk``'s generator state (odd, so never zero; the same on every machine)."""
+    return (np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)
+            + np.uint64(chunk) * np.uint64(0x3C6EF372FE94F82A))
+
+
+@njit(cache=True, nogil=True)
+def _sweep_chunk(doc, lab, tok, seq_len, model, shares, state, tries, span, max_gap, win, movable, lo, hi, fill,
+                 opener, cut, cut_head, part, offsets, w_lo, w_hi):
+    """The sweep over the documents whose window is w_lo .. w_hi - 1 (one run), trades inside them."""
     n = doc.shape[0]
-    win, movable, lo, hi, fill, opener, frozen, cut, cut_head = window_layout(tok, seq_len, model)
     n_windows = fill.shape[0]
-    part = _parts(fill, frozen, fraction)
-    offsets = np.zeros(n if model == SPLIT else 0, dtype=np.int64)  # token offsets as first cut (split)
-    for p in range(1, offsets.shape[0]):
-        offsets[p] = offsets[p - 1] + tok[p - 1]
     k_total = shares.shape[0]
     by_share = np.argsort(-shares, kind="mergesort")
     band = 1  # rows held: a power of two above max_gap, so a window's row is w & (band - 1)
@@ -247,13 +271,8 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
     worst = np.full(band, -1, dtype=np.int64)  # a cluster that sets the row's deviation
     visit = np.zeros(k_total, dtype=np.int64)
     mark = 0
-    loaded = -1  # windows 0..loaded have been read into the band
-    with_tokens = 0
-    for w in range(n_windows):
-        with_tokens += fill[w] > 0
-    span = min(max(1, span_windows * n // max(with_tokens, 1)), 1 << 31)
-    state = np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)  # never zero
-    for p in range(n):
+    loaded = w_lo - 1  # windows w_lo..loaded have been read into the band
+    for p in range(np.searchsorted(win, w_lo, side="left"), np.searchsorted(win, w_hi, side="left")):
         if not movable[p]:
             continue
         a = win[p]
@@ -264,7 +283,7 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
             if q >= n:
                 break
             b = win[q]
-            if b == a or b - a > max_gap or not movable[q] or part[b] != part[a]:
+            if b == a or b - a > max_gap or b >= w_hi or not movable[q] or part[b] != part[a]:
                 continue
             ti, tj = tok[p], tok[q]
             ki, kj = lab[p], lab[q]
@@ -321,12 +340,36 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
                 break
             lab[p], lab[q] = ki, kj
             _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, -1)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max_gap, fraction, chunks,
+           min_chunk_windows):
+    n = doc.shape[0]
+    win, movable, lo, hi, fill, opener, frozen, cut, cut_head = window_layout(tok, seq_len, model)
+    n_windows = fill.shape[0]
+    part = _parts(fill, frozen, fraction)
+    offsets = np.zeros(n if model == SPLIT else 0, dtype=np.int64)  # token offsets as first cut (split)
+    for p in range(1, offsets.shape[0]):
+        offsets[p] = offsets[p - 1] + tok[p - 1]
+    with_tokens = 0
+    for w in range(n_windows):
+        with_tokens += fill[w] > 0
+    span = min(max(1, span_windows * n // max(with_tokens, 1)), 1 << 31)
+    bounds = chunk_bounds(n_windows, chunks, min_chunk_windows)
+    # Runs share no window and no movable document (a document that reaches into the next run's first window
+    # stays put), so they are swept at once, to the same order in any order.
+    for c in prange(bounds.shape[0] - 1):
+        _sweep_chunk(doc, lab, tok, seq_len, model, shares, chunk_state(seed, c), tries, span, max_gap, win,
+                     movable, lo, hi, fill, opener, cut, cut_head, part, offsets, bounds[c], bounds[c + 1])
     return doc
 
 
 def exchange_pass(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarray, seq_len: int, shares: np.ndarray,
-                  model: int, seed: int) -> np.ndarray:
-    """``order`` after rule 5 (see the module docstring) under packing ``model``; a new array."""
+                  model: int, seed: int, *, chunks: int = CHUNKS, min_chunk_windows: int = MIN_CHUNK_WINDOWS
+                  ) -> np.ndarray:
+    """``order`` after rule 5 (see the module docstring) under packing ``model``; a new array. ``chunks`` and
+    ``min_chunk_windows``: how the windows are cut into runs (tests use small runs)."""
     order = np.asarray(order, dtype=np.int64)
     doc = order.copy()
     if doc.size < 2:
@@ -334,4 +377,5 @@ def exchange_pass(order: np.ndarray, labels: np.ndarray, token_counts: np.ndarra
     lab = np.asarray(labels, dtype=np.int64)[doc]
     tok = np.asarray(token_counts, dtype=np.int64)[doc]
     return _sweep(doc, lab, tok, int(seq_len), int(model), np.asarray(shares, dtype=np.float64),
-                  int(seed) & 0x7FFFFFFFFFFFFFFF, TRIES, SPAN_WINDOWS, MAX_WINDOW_GAP, BOUNDARY_FRACTION)
+                  int(seed) & 0x7FFFFFFFFFFFFFFF, TRIES, SPAN_WINDOWS, MAX_WINDOW_GAP, BOUNDARY_FRACTION, int(chunks),
+                  int(min_chunk_windows))

@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..diversity import BOUNDARY_FRACTION
-from .exchange import ACROSS, EPSILON, _draw_partner, _parts
+from .exchange import ACROSS, EPSILON, _draw_partner, _parts, chunk_bounds, chunk_state
 from .recut import _window_of_empty
 
 # Partners drawn per document, and how far (in windows' worth of documents), set on the tuning corpora:
@@ -297,24 +297,6 @@ def _sweep_chunk(doc, lab, tok, off, fill, part, seq_len, shares, state, w_lo, w
             lab[p], lab[q] = lab[q], lab[p]
             tok[p], tok[q] = tok[q], tok[p]
             break
-
-
-@njit(cache=True, nogil=True)
-def chunk_bounds(n_windows, chunks, min_chunk_windows):
-    """The first window of each run, and n_windows after the last: at most ``chunks`` runs of whole windows
-    of at least ``min_chunk_windows`` each (one run for fewer windows)."""
-    n_chunks = max(1, min(chunks, n_windows // min_chunk_windows))
-    bounds = np.empty(n_chunks + 1, dtype=np.int64)
-    for c in range(n_chunks + 1):
-        bounds[c] = c * n_windows // n_chunks
-    return bounds
-
-
-@njit(cache=True, nogil=True)
-def chunk_state(seed, chunk):
-    """Run ``chunk``'s generator state (odd, so never zero; the same on every machine)."""
-    return (np.uint64(seed) * np.uint64(2) + np.uint64(0x9E3779B97F4A7C15)
-            + np.uint64(chunk) * np.uint64(0x3C6EF372FE94F82A))
 
 
 @njit(cache=True, nogil=True, parallel=True)
