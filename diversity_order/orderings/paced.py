@@ -191,10 +191,11 @@ def _sift_down(heap, root, size, nxt, pool_starts):
 
 
 @njit(cache=True, nogil=True)
-def _due_positions(pool_starts, member_counts):
-    """Rule 2: each pool slot's due position, by a binary heap over the clusters' next keys."""
+def _merge_sequence(pool_starts):
+    """Rule 2's merge: the pool slots in key order, by a binary heap over the clusters' next keys (which
+    depend on the pools' sizes alone)."""
     n_clusters = pool_starts.shape[0] - 1
-    due = np.empty(member_counts.shape[0], dtype=np.int64)
+    merged = np.empty(pool_starts[-1], dtype=np.int64)
     heap = np.empty(n_clusters, dtype=np.int64)
     nxt = np.zeros(n_clusters, dtype=np.int64)  # slots of each pool merged so far
     size = 0
@@ -204,17 +205,31 @@ def _due_positions(pool_starts, member_counts):
             size += 1
     for root in range(size // 2 - 1, -1, -1):
         _sift_down(heap, root, size, nxt, pool_starts)
-    placed = 0
-    while size > 0:
+    for i in range(merged.shape[0]):
         k = heap[0]
-        slot = pool_starts[k] + nxt[k]
-        due[slot] = placed
-        placed += member_counts[slot]
+        merged[i] = pool_starts[k] + nxt[k]
         nxt[k] += 1
         if pool_starts[k] + nxt[k] == pool_starts[k + 1]:
             size -= 1
             heap[0] = heap[size]
         _sift_down(heap, 0, size, nxt, pool_starts)
+    return merged
+
+
+@njit(cache=True, nogil=True)
+def _due_along(merged, member_counts, due, lo, hi):
+    """Due positions of the slots merged lo .. hi - 1 into ``due``, from the tokens merged before lo."""
+    placed = due[merged[lo]] if lo > 0 else 0
+    for i in range(lo, hi):
+        due[merged[i]] = placed
+        placed += member_counts[merged[i]]
+
+
+def _due_positions(pool_starts, member_counts):
+    """Rule 2: each pool slot's due position (the tokens of the slots merged before it)."""
+    due = np.empty(member_counts.shape[0], dtype=np.int64)
+    if due.size:
+        _due_along(_merge_sequence(pool_starts), member_counts, due, 0, due.size)
     return due
 
 
@@ -393,14 +408,19 @@ def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.
     big = big_document_tokens(stream)
 
     def near_an_end(due, tokens):
-        return (tokens > big) & ((due < reach) | (due + tokens > total - reach))
+        slots = np.flatnonzero(tokens > big)
+        return slots[(due[slots] < reach) | (due[slots] + tokens[slots] > total - reach)]
 
     members = members.copy()
-    due = _due_positions(pool_starts, member_counts)
+    merged = _merge_sequence(pool_starts)
+    rank = np.empty_like(merged)  # each slot's place in the merge
+    rank[merged] = np.arange(merged.size)
+    due = np.empty_like(member_counts)
+    _due_along(merged, member_counts, due, 0, due.size)
     best, best_weight = None, int(member_counts[near_an_end(due, member_counts)].sum())
     seen = {members.tobytes()}
     for _ in range(MAX_END_MOVES):
-        candidates = np.flatnonzero(near_an_end(due, member_counts))
+        candidates = near_an_end(due, member_counts)
         for p in candidates[np.argsort(-member_counts[candidates], kind="stable")]:
             k = int(np.searchsorted(pool_starts, p, side="right")) - 1
             t = member_counts[p]
@@ -422,7 +442,8 @@ def ends_cleared(members: np.ndarray, pool_starts: np.ndarray, token_counts: np.
         if members.tobytes() in seen:
             break
         seen.add(members.tobytes())
-        due = _due_positions(pool_starts, member_counts)
+        # Only the slots merged from the span's first to its last change due position (the span keeps its tokens).
+        _due_along(merged, member_counts, due, int(rank[span.start]), int(rank[span.stop - 1]) + 1)
         weight = int(member_counts[near_an_end(due, member_counts)].sum())
         if weight < best_weight:
             best, best_weight = members.copy(), weight
