@@ -37,7 +37,8 @@ allowances likewise, "Large documents off the ends"):
 5. Documents trade places between nearby windows where that lowers both windows' summed token-share
    deviation without moving any window's cut, losing clusters or touching the head and the tail of
    the order (uniformity; ``exchange.py``). Rules 1-4 work on document counts and token schedules,
-   so they leave windows whose shares one trade steadies.
+   so they leave windows whose shares one trade steadies. Swept in runs of whole windows at once, one
+   per core, to the same order on any number of cores.
 6. Packing split, a document of a window or more that fills one window more alone than its length
    forces (rules 3 and 4 may start it anywhere when it is the earliest due) is re-cut near its middle
    by moving the documents next to it to its other side, where the windows it touches gain clusters
