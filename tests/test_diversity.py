@@ -227,8 +227,13 @@ def test_window_measures_read_the_order_as_the_gathered_documents(docs, seq_len,
     the documents' lengths): the same windows as the plain reference walking the gathered lists, for any
     order, with documents of many windows (the most pieces the size allows) among them."""
     from diversity_order.diversity import _most_windows, window_counts, window_share_deviation
-    from reference_impl import (ref_split_window_diversity, ref_split_window_share_deviation, ref_window_diversity,
-                                ref_window_documents, ref_window_share_deviation)
+    from reference_impl import (
+        ref_split_window_diversity,
+        ref_split_window_share_deviation,
+        ref_window_diversity,
+        ref_window_documents,
+        ref_window_share_deviation,
+    )
 
     labels, counts = documents_as_arrays(docs)
     order = np.array(rng.sample(range(labels.size), labels.size), dtype=np.int64)

@@ -70,7 +70,7 @@ COMMON = ("--n-clusters", 8, "--seq-len", 4096)
 
 def test_demo_in_every_format_gives_the_jsonl_runs_labels_and_order(tmp_path, demo_jsonl, demo_records,
                                                                      tiny_model_dir):
-    import datasets
+    datasets = pytest.importorskip("datasets")  # a dev extra (save_to_disk folders)
 
     assert curate("--input", demo_jsonl, "--output", tmp_path / "j" / "c.jsonl", "--model-dir", tiny_model_dir,
                   *COMMON) == 0
@@ -238,7 +238,7 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     jsonl.write_text('{"text": "x"}\n')
     assert "the inputs mix formats" in run_error(capsys, "--input", jsonl, "--input", parquet, *base)
     assert "is given twice" in run_error(capsys, "--input", jsonl, "--input", jsonl, *base)
-    import datasets
+    datasets = pytest.importorskip("datasets")  # a dev extra (save_to_disk folders)
 
     datasets.Dataset.from_list([{"text": "a b"}]).save_to_disk(str(tmp_path / "ds"))
     capsys.readouterr()  # its progress bar
@@ -269,7 +269,7 @@ def test_incremental_run_on_parquet_embeds_only_new_rows(tmp_path, demo_records,
 
 
 def test_deep_extraction_reads_every_format(tmp_path, demo_records, tiny_model_dir):
-    import datasets
+    datasets = pytest.importorskip("datasets")  # a dev extra (save_to_disk folders)
 
     from diversity_order import deep
 

@@ -63,7 +63,7 @@ def test_split_packing_run_reports_the_concatenate_and_cut_statistics(tmp_path, 
 
 
 def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_path, corpus, tiny_model_dir):
-    import datasets
+    datasets = pytest.importorskip("datasets")  # a dev extra (save_to_disk folders)
 
     from diversity_order.diversity import window_counts
     from diversity_order.tokenizer import DocumentTokenizer
