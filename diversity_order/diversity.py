@@ -87,6 +87,9 @@ def _as_ordered(labels, token_counts, order):
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     order = np.arange(labels.size, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+    # (the kernels do not check bounds)
+    if order.size and (int(order.min()) < 0 or int(order.max()) >= min(labels.size, counts.size)):
+        raise IndexError(f"order holds positions outside 0..{min(labels.size, counts.size) - 1}")
     return labels, counts, order
 
 

@@ -253,3 +253,19 @@ def test_window_measures_read_the_order_as_the_gathered_documents(docs, seq_len,
     assert documents.tolist() == (ref_window_documents(in_labels, in_counts, seq_len, split) or [0])
     np.testing.assert_allclose(window_share_deviation(labels, counts, seq_len, order, k, packing),
                                expected_deviation or [0.0])
+
+
+def test_window_measures_refuse_an_order_outside_the_documents():
+    """The kernels read through the order without bounds checks, so an order with a position outside the
+    documents is refused before (as numpy's indexing did when the measures gathered copies)."""
+    import pytest
+
+    from diversity_order.diversity import window_counts, window_share_deviation
+
+    labels, counts = np.array([0, 1, 0]), np.array([3, 4, 5])
+    for order in ([0, 1, 3], [0, -1, 2], [0, 1, 1_000_000]):
+        with pytest.raises(IndexError):
+            window_counts(labels, counts, 8, np.array(order))
+        with pytest.raises(IndexError):
+            window_share_deviation(labels, counts, 8, np.array(order), 2)
+    assert window_counts(labels, counts, 8, np.array([2, 0]))[0].tolist() == [1]  # a part of the documents: fine

@@ -240,7 +240,7 @@ def _pick_whole(next_due, next_length, stamp, window, fill, placed, seq_len):
     window_end = placed + seq_len - fill
     next_window_end = window_end + seq_len
     n = next_due.shape[0]
-    # Minima first, in a loop without branches (vectorized), then the lowest cluster attaining the one taken.
+    # Minima first, in a loop without branches, then the lowest cluster attaining the one taken (-1: none left).
     lacking_due, fitting_due, earliest_due = NONE, NONE, NONE
     for k in range(n):
         d = next_due[k]
@@ -259,7 +259,7 @@ def _pick_whole(next_due, next_length, stamp, window, fill, placed, seq_len):
         elif fitting_due != NONE:
             if d == fitting_due and fits and not lacks:
                 return k
-        elif d == earliest_due:
+        elif d == earliest_due and d != NONE:
             return k
     return -1
 
@@ -271,7 +271,7 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
     next_window_end = window_end + seq_len
     horizon = window_end + STRADDLE_HORIZON * seq_len
     n = next_due.shape[0]
-    # Minima first, in loops without branches (vectorized), then the lowest cluster attaining each.
+    # Minima first, in loops without branches, then the lowest cluster attaining each (-1: none left).
     earliest_due, lacking_due = NONE, NONE
     in_horizon, lacking_in_horizon = False, False
     for k in range(n):
@@ -319,7 +319,7 @@ def _pick_split(next_due, next_length, next_excess, stamp, window, room, placed,
     if lacking >= 0:
         return lacking
     for k in range(n):
-        if next_due[k] == earliest_due:
+        if next_due[k] == earliest_due and earliest_due != NONE:
             return k
     return -1
 
