@@ -10,6 +10,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -747,3 +748,9 @@ def test_stratified_diversity_on_another_thread_is_the_one_measured_here(seed, s
         assert started.value() == want
         assert started.value() == want  # asked again: the same, from the first answer
     assert paced.StratifiedDiversity(labels, counts, 7, options).value() == want
+    # above the size kept beside rules 1-5 it is not started there, and computed when asked
+    with ThreadPoolExecutor(max_workers=1) as background, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(paced, "BACKGROUND_MAX_DOCUMENTS", labels.size - 1)
+        later = paced.StratifiedDiversity(labels, counts, 7, options, background)
+        later.start()
+        assert later._future is None and later.value() == want

@@ -113,6 +113,9 @@ ENDS_UNIFORMITY_ALLOWANCE = 0.01
 ENDS_DIVERSITY_LEAD_KEPT = 0.5
 # Rule 10 moves one document at a time and measures again; at most this many moves.
 MAX_END_MOVES = 32
+# Stratified's clusters per window is computed beside rules 1-5 up to this many documents (its order and pools,
+# 16 bytes a document, would otherwise add 16 GB to the peak at 1B documents); above, after them.
+BACKGROUND_MAX_DOCUMENTS = 20_000_000
 
 
 @njit(cache=True, nogil=True)
@@ -536,7 +539,10 @@ class StratifiedDiversity:
         return float(window_counts(labels, counts, int(options.seq_len), order, options.packing)[0].mean())
 
     def start(self) -> None:
-        if self._future is None and self._background is not None:
+        """Start on the background thread, where there is one and the documents are few enough that its
+        arrays (16 bytes a document) beside rules 1-5's cost little memory; else it is computed when asked."""
+        if (self._future is None and self._background is not None
+                and self._args[0].size <= BACKGROUND_MAX_DOCUMENTS):
             self._future = self._background.submit(self._compute)
 
     def value(self) -> float:
