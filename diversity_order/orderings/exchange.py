@@ -256,7 +256,7 @@ def chunk_state(seed, chunk):
 
 @njit(cache=True, nogil=True)
 def _sweep_chunk(doc, lab, tok, seq_len, model, shares, state, tries, span, max_gap, win, movable, lo, hi, fill,
-                 opener, cut, cut_head, part, offsets, w_lo, w_hi):
+                 opener, cut, cut_head, part, offsets, trading, w_lo, w_hi):
     """The sweep over the documents whose window is w_lo .. w_hi - 1 (one run), trades inside them."""
     n = doc.shape[0]
     n_windows = fill.shape[0]
@@ -309,6 +309,8 @@ def _sweep_chunk(doc, lab, tok, seq_len, model, shares, state, tries, span, max_
                     continue
             while loaded < b:
                 loaded += 1
+                if not trading[loaded]:
+                    continue  # never a trade's window, so never read (windows a long document fills, mostly)
                 row = loaded & (band - 1)
                 _load(row, loaded, lo, hi, lab, tok, seq_len, model, offsets, cnt, nd)
                 mark += 1
@@ -356,12 +358,16 @@ def _sweep(doc, lab, tok, seq_len, model, shares, seed, tries, span_windows, max
     for w in range(n_windows):
         with_tokens += fill[w] > 0
     span = min(max(1, span_windows * n // max(with_tokens, 1)), 1 << 31)
+    trading = np.zeros(n_windows, dtype=np.bool_)  # the windows a movable document lies in: all a trade reads
+    for p in range(n):
+        if movable[p]:
+            trading[win[p]] = True
     bounds = chunk_bounds(n_windows, chunks, min_chunk_windows)
     # Runs share no window and no movable document (a document that reaches into the next run's first window
     # stays put), so they are swept at once, to the same order in any order.
     for c in prange(bounds.shape[0] - 1):
         _sweep_chunk(doc, lab, tok, seq_len, model, shares, chunk_state(seed, c), tries, span, max_gap, win,
-                     movable, lo, hi, fill, opener, cut, cut_head, part, offsets, bounds[c], bounds[c + 1])
+                     movable, lo, hi, fill, opener, cut, cut_head, part, offsets, trading, bounds[c], bounds[c + 1])
     return doc
 
 
