@@ -416,7 +416,7 @@ def test_rule_10_may_cost_clusters_per_window_while_half_the_lead_over_stratifie
     """A corpus (seeded: 600 documents, 12 clusters, log-normal lengths, six of 300-900 tokens) where the
     order rule 10 makes has 0.05 clusters per window fewer than rules 1-9's and more than half their lead
     over stratified: it is kept, and its boundary shift is lower."""
-    rng = np.random.default_rng(388)
+    rng = np.random.default_rng(938)
     labels = rng.integers(0, 12, 600).astype(np.int64)
     counts = np.minimum(rng.lognormal(3.0, 1.0, 600), 400).astype(np.int64) + 1
     for i in rng.choice(600, 6, replace=False):

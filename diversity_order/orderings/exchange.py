@@ -18,19 +18,18 @@ lowers the two windows' summed uniformity (max_k |share of k in the window - tau
   last, or between them (a window reaching across is left alone), so the two ends that meet at the
   epoch boundary keep the documents the earlier rules gave them (boundary shift);
 - the partner's window is at most ``MAX_WINDOW_GAP`` windows on; documents without tokens stay put;
-- the trade moves tokens of the cluster that sets either window's deviation (the lowest id among
-  equals). Packing split no other trade can lower a window's deviation; packing whole it skips the
-  few that could only by changing the window's fill, for half the run time;
 - both windows lie in one run: the windows are cut into at most ``CHUNKS`` runs of whole windows
   (``MIN_CHUNK_WINDOWS`` or more each, so one run below twice that), each swept with its own generator.
   The runs share no window and no movable document, so numba sweeps them at once on as many cores as it
   has, and the order is the same on any number of cores.
 
 Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and
-O(min(K, documents in the two windows)) to measure. Memory: per document its position's document,
-cluster, tokens, window and movability (33 bytes; 8 more packing split, its token offset), per window
-seven numbers, and per run the cluster counts of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so
-nothing grows with windows x K.
+O(min(K, documents in the two windows)) to measure. Most are refused in O(1): a window's deviation after
+a trade is at least its worst cluster's then (the lowest id among equals), which the moved tokens and the
+new fill give at once; where those two floors already sum to the windows' deviations, the trade cannot
+lower them. Memory: per document its position's document, cluster, tokens, window and movability (33
+bytes; 8 more packing split, its token offset), per window seven numbers, and per run the cluster counts
+of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so nothing grows with windows x K.
 """
 
 from __future__ import annotations
@@ -215,6 +214,24 @@ def _deviation(slot, w, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mar
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _worst_after(cnt, row, k, f, shares, ki, ti, kj, tj, ks, delta, side):
+    """A floor on a window's deviation after a trade: its worst cluster k's deviation then (0 where none),
+    computed as ``_deviation`` computes it, so never above the window's new deviation. side 1: the window
+    gives the document of cluster ki and ti tokens and takes the one of kj and tj; -1: the other way; f: its
+    fill after the trade."""
+    if k < 0 or f <= 0:
+        return 0.0
+    c = cnt[row, k]
+    if k == ki:
+        c -= side * ti
+    if k == kj:
+        c += side * tj
+    if k == ks:
+        c -= side * delta
+    return abs(c - shares[k] * f) / f
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, sign):
     """Window rows ra (window a) and rb (b) after (sign 1) or before (sign -1) a document of cluster ki and ti
     tokens in a trades places with one of kj and tj in b; ks >= 0: the cut document's cluster, whose piece in
@@ -316,9 +333,12 @@ def _sweep_chunk(doc, lab, tok, seq_len, model, shares, state, tries, span, max_
                 mark += 1
                 dev[row], worst[row] = _deviation(row, loaded, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mark)
             ra, rb = a & (band - 1), b & (band - 1)
-            # A window's deviation can only fall if the trade moves tokens of a cluster that sets it.
-            if not (ki == worst[ra] or kj == worst[ra] or ki == worst[rb] or kj == worst[rb]
-                    or (ks >= 0 and (ks == worst[ra] or ks == worst[rb]))):
+            # Neither window's deviation falls below its worst cluster's after the trade (O(1)): most trades
+            # are refused here, without measuring the windows.
+            grow = 0 if model == SPLIT else delta
+            if (_worst_after(cnt, ra, worst[ra], fill[a] + grow, shares, ki, ti, kj, tj, ks, delta, 1)
+                    + _worst_after(cnt, rb, worst[rb], fill[b] - grow, shares, ki, ti, kj, tj, ks, delta, -1)
+                    >= dev[ra] + dev[rb] - EPSILON):
                 continue
             before = (nd[ra, ki] > 0) + (nd[rb, ki] > 0) + (nd[ra, kj] > 0) + (nd[rb, kj] > 0)
             _trade_counts(cnt, nd, fill, ra, rb, a, b, ki, kj, ks, ti, tj, model, 1)
