@@ -97,6 +97,13 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
         packing = m.get("packing") or packing
         # The curate run counted the tokens its trainer adds per document (--count-special-tokens).
         counts = counts + int(m.get("special_tokens_per_document") or 0)
+        # Token counts of another corpus with as many documents would pass every other check and draw
+        # windows that run never had.
+        recorded = m.get("total_tokens")
+        if recorded is not None and int(counts.sum()) != int(recorded):
+            raise UserError(f"--token-counts {token_counts}: {int(counts.sum()):,} tokens, but the curate run of "
+                            f"--meta {meta} counted {int(recorded):,}; pass the token counts of that run's input "
+                            f"(X_token_counts.npy beside it)")
         if labels is None:
             raise UserError(f"--meta {meta}: no labels_file recorded (an older curate run?); pass --labels")
     seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len

@@ -114,6 +114,15 @@ def test_errors(run_files, monkeypatch):
     np.save(tmp / "dup.npy", np.zeros(400, dtype=np.int64))
     with pytest.raises(UserError, match="not a permutation"):
         animate.load_inputs(counts, labels=tmp / "B_labels.npy", order=tmp / "dup.npy")
+    # Another corpus's token counts with as many documents: refused against the run's recorded total.
+    meta = json.loads((tmp / "B_meta.json").read_text())
+    total = int(np.load(counts).sum())
+    (tmp / "totals_meta.json").write_text(json.dumps(meta | {"labels_file": str(tmp / "B_labels.npy"),
+                                                             "total_tokens": total}))
+    assert animate.load_inputs(counts, meta=tmp / "totals_meta.json").token_counts.sum() == total
+    np.save(tmp / "other_counts.npy", np.load(counts) + 1)
+    with pytest.raises(UserError, match="but the curate run of --meta .* counted"):
+        animate.load_inputs(tmp / "other_counts.npy", meta=tmp / "totals_meta.json")
     monkeypatch.setattr(animate.shutil, "which", lambda name: None)
     monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)
     with pytest.raises(UserError, match="no ffmpeg found"):
