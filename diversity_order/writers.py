@@ -23,6 +23,9 @@ from .atomic import atomic_path
 from .errors import UserError
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
+# Suffixes of formats this does not write: an output so named would hold JSONL (or Parquet) under a name that
+# says otherwise.
+OTHER_FORMAT_SUFFIXES = (".csv", ".tsv", ".txt", ".arrow", ".feather", ".orc", ".avro", ".xlsx")
 # Records converted per Parquet row group / per JSON piece: bounds the converter's memory.
 CONVERT_PIECE_BYTES = 256 << 20
 
@@ -38,6 +41,14 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
             raise UserError(f"--output {output}: its name says {named}, but --output-format is {requested}; "
                             "make them agree")
         return requested
+    if named is None:
+        base = output.name.lower()
+        for compressed in records.COMPRESSED_SUFFIXES:
+            base = base.removesuffix(compressed)
+        other = next((suffix for suffix in OTHER_FORMAT_SUFFIXES if base.endswith(suffix)), None)
+        if other is not None:
+            raise UserError(f"--output {output}: {other} is not a format this writes; name it .jsonl (or .json, "
+                            ".ndjson, each optionally .gz or .zst) or .parquet")
     return named or source_kind
 
 
