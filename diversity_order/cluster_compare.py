@@ -213,7 +213,9 @@ def format_report(report: dict) -> str:
         lines.append(f"Per-document cosine: n/a (dimensions differ: {report['shallow']['dim']} vs {report['deep']['dim']})")
     else:
         lines.append(f"Per-document cosine (shallow vs deep): mean {cos['mean']:.4f}, median {cos['median']:.4f}, "
-                     f"std {cos['std']:.4f}, min {cos['min']:.4f}, max {cos['max']:.4f}")
+                     f"std {cos['std']:.4f}, min {cos['min']:.4f}, max {cos['max']:.4f} (row against row: "
+                     "meaningful only where both sets share their axes, e.g. one derived from the other; a "
+                     "model's token-table and last-layer embeddings share a width, not axes)")
     lines.append(f"Shallow clusters split in the deep space: {len(report['splits'])}; "
                  f"deep clusters merging shallow ones: {len(report['merges'])} "
                  f"(>= {report['split_share_threshold']:.0%} shares)")
