@@ -198,6 +198,10 @@ def traded(order, labels, counts, n_clusters, seq_len, split, seed, min_chunk_wi
 # the way their worst clusters' shares need is taken (a filter on the worst clusters alone refused it).
 @example((np.array([1, 0, 2, 2, 1, 4, 3]), np.array([11, 3, 8, 11, 2, 1, 3]), 5, 12), 72, False, False,
          exchange.MIN_CHUNK_WINDOWS)
+# Documents split, a trade that moves the cut document's tokens between the windows (a floor that drops
+# or flips that term takes or refuses the wrong trades here).
+@example((np.array([1, 1, 1, 0, 1, 0, 0, 1, 1]), np.array([2, 32, 23, 28, 32, 4, 5, 14, 31]), 2, 16), 90, True,
+         False, exchange.MIN_CHUNK_WINDOWS)
 def test_exchange_matches_plain_loop(corpus, seed, split, from_paced, min_chunk_windows):
     """Also with runs of 1 or 3 windows (the suite's inputs are too short for the package's runs)."""
     labels, counts, n_clusters, seq_len = corpus

@@ -24,10 +24,11 @@ lowers the two windows' summed uniformity (max_k |share of k in the window - tau
   has, and the order is the same on any number of cores.
 
 Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and
-O(min(K, documents in the two windows)) to measure. Most are refused in O(1): a window's deviation after
-a trade is at least its worst cluster's then (the lowest id among equals), which the moved tokens and the
-new fill give at once; where those two floors already sum to the windows' deviations, the trade cannot
-lower them. Memory: per document its position's document, cluster, tokens, window and movability (33
+O(min(K, documents in the two windows)) to measure. Many are refused in O(1): a window's deviation after
+a trade is at least the deviation then of the cluster that set it before (``_deviation`` reports the
+lowest id among equals), which the moved tokens and the new fill give at once; where the two windows'
+floors sum to at least their summed deviation before less ``EPSILON``, the trade cannot be taken, so this
+refuses only trades a pass without it would refuse too. Memory: per document its position's document, cluster, tokens, window and movability (33
 bytes; 8 more packing split, its token offset), per window seven numbers, and per run the cluster counts
 of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so nothing grows with windows x K.
 """
@@ -215,10 +216,11 @@ def _deviation(slot, w, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mar
 
 @njit(cache=True, nogil=True, inline="always")
 def _worst_after(cnt, row, k, f, shares, ki, ti, kj, tj, ks, delta, side):
-    """A floor on a window's deviation after a trade: its worst cluster k's deviation then (0 where none),
-    computed as ``_deviation`` computes it, so never above the window's new deviation. side 1: the window
-    gives the document of cluster ki and ti tokens and takes the one of kj and tj; -1: the other way; f: its
-    fill after the trade."""
+    """A floor on a window's deviation after a trade: the deviation then of k, the cluster that set it
+    before (0 where none or the window is empty), computed as ``_deviation`` computes it, so never above the
+    window's new deviation. side 1: the window gives the document of cluster ki and ti tokens and takes the
+    one of kj and tj, and (ks >= 0, documents split) its piece of the cut document of cluster ks shrinks by
+    delta; -1: the other way; f: its fill after the trade."""
     if k < 0 or f <= 0:
         return 0.0
     c = cnt[row, k]
@@ -333,8 +335,8 @@ def _sweep_chunk(doc, lab, tok, seq_len, model, shares, state, tries, span, max_
                 mark += 1
                 dev[row], worst[row] = _deviation(row, loaded, lo, hi, lab, fill, cnt, nd, shares, by_share, visit, mark)
             ra, rb = a & (band - 1), b & (band - 1)
-            # Neither window's deviation falls below its worst cluster's after the trade (O(1)): most trades
-            # are refused here, without measuring the windows.
+            # Each window's deviation after the trade is at least that of the cluster setting it now; where
+            # these floors cannot beat the current sum by more than EPSILON, refused without measuring.
             grow = 0 if model == SPLIT else delta
             if (_worst_after(cnt, ra, worst[ra], fill[a] + grow, shares, ki, ti, kj, tj, ks, delta, 1)
                     + _worst_after(cnt, rb, worst[rb], fill[b] - grow, shares, ki, ti, kj, tj, ks, delta, -1)
