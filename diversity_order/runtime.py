@@ -466,8 +466,8 @@ class CompileNotice:
     def on_compile(self, module: str) -> None:
         if not self.said and self._ours(module):
             self.said = True
-            log.info("Compiling the package's numba kernels (the first run after installing or upgrading; "
-                     "cached for later runs; up to a minute)")
+            log.info("Compiling the package's numba kernels this run uses (each once after installing or "
+                     "upgrading, the first time a run needs it; cached for later runs; up to a minute)")
 
     def install(self) -> CompileNotice:
         import numba.core.event as numba_events

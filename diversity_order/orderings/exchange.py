@@ -23,14 +23,15 @@ lowers the two windows' summed uniformity (max_k |share of k in the window - tau
   The runs share no window and no movable document, so numba sweeps them at once on as many cores as it
   has, and the order is the same on any number of cores.
 
-Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and
-O(min(K, documents in the two windows)) to measure. Many are refused in O(1): a window's deviation after
-a trade is at least the deviation then of the cluster that set it before (``_deviation`` reports the
-lowest id among equals), which the moved tokens and the new fill give at once; where the two windows'
-floors sum to at least their summed deviation before less ``EPSILON``, the trade cannot be taken, so this
-refuses only trades a pass without it would refuse too. Memory: per document its position's document, cluster, tokens, window and movability (33
-bytes; 8 more packing split, its token offset), per window seven numbers, and per run the cluster counts
-of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so nothing grows with windows x K.
+Linear in the number of documents: O(N * TRIES) proposals, each O(1) to reject and O(min(K, documents in
+the two windows)) to measure. Many are refused in O(1): a window's deviation after a trade is at least
+the deviation then of the cluster that set it before (``_deviation`` reports the lowest id among
+equals), which the moved tokens and the new fill give at once; where the two windows' floors sum to at
+least their summed deviation before less ``EPSILON``, the trade cannot be taken, so this refuses only
+trades a pass without it would refuse too. Memory: per document its position's document, cluster,
+tokens, window and movability (33 bytes; 8 more packing split, its token offset), per window seven
+numbers, and per run the cluster counts of a band of MAX_WINDOW_GAP + 1 windows only (64 rows), so
+nothing grows with windows x K.
 """
 
 from __future__ import annotations
