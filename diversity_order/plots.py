@@ -22,22 +22,25 @@ log = logging.getLogger(__name__)
 # Documents not placed yet (the UMAP video) are drawn in this grey; no cluster colour comes near it.
 UNPLACED_RGB = (200, 200, 200)
 _MIN_DISTANCE_TO_UNPLACED = 48.0  # RGB distance: clearly another colour
+# Channel spread below which a colour reads as grey: a cluster drawn grey looked like padding or empty space.
+_MIN_CHROMA = 30.0
 
 
 def cluster_colors(n_clusters: int) -> np.ndarray:
-    """RGBA per cluster, all distinct and none close to ``UNPLACED_RGB``, up to 51 clusters.
+    """RGBA per cluster, all distinct, none grey, up to 48 clusters.
 
     The original toolkit resamples ``tab20`` to K colours, which repeats colours past K = 20 (at
     the default K = 30, ten pairs of clusters look the same) and includes greys that read as
-    "not placed". Here: tab20, tab20b and tab20c in turn, less the colours near that grey; beyond
-    51 clusters, a shuffled sweep of turbo (which has no greys).
+    "not placed" (``UNPLACED_RGB``) or as padding. Here: tab20, tab20b and tab20c in turn, less their
+    greys and the colours near that one; beyond 48 clusters, a shuffled sweep of turbo (which has no greys).
     """
     import matplotlib
 
     k = max(n_clusters, 1)
     palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
     distance = np.linalg.norm(palette[:, :3] * 255 - np.asarray(UNPLACED_RGB), axis=1)
-    palette = palette[distance >= _MIN_DISTANCE_TO_UNPLACED]
+    chroma = (palette[:, :3].max(axis=1) - palette[:, :3].min(axis=1)) * 255
+    palette = palette[(distance >= _MIN_DISTANCE_TO_UNPLACED) & (chroma >= _MIN_CHROMA)]
     if k <= len(palette):
         return palette[:k]
     shuffled = np.random.RandomState(0).permutation(k)
@@ -101,9 +104,11 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
     ax.axhline(n_clusters, ls="--", color="grey", lw=1, label=f"K = {n_clusters}")
     ax.set_xlabel(f"position in the data, in training sequences of {seq_len:,} tokens")
     ax.set_ylabel("unique clusters in sequence")
-    ax.set_ylim(0, n_clusters * 1.08 + 0.5)
+    # No window holds more than K clusters: the band above the K line holds the legend, in one row, clear
+    # of the curves (in a corner it hid their ends).
+    ax.set_ylim(0, n_clusters * 1.2 + 1)
     ax.set_xlim(0, max(total_windows, diversity_before.size, diversity_after.size))
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right", ncol=3, fontsize=9)
     ax.grid(alpha=0.3)
     fig.suptitle(f"Documents coloured by cluster (K = {n_clusters}) along the token stream, input vs curated order")
     if quality:

@@ -83,11 +83,13 @@ def test_big_inputs_use_a_sample_and_neighbour_placement(monkeypatch):
     assert gap > 3 * max(xy[:100].std(0).max(), xy[100:].std(0).max())
 
 
-@pytest.mark.parametrize("k", [1, 20, 30, 51, 52, 80])
+@pytest.mark.parametrize("k", [1, 20, 30, 48, 49, 80])
 def test_no_cluster_colour_looks_like_a_point_not_yet_placed(k):
     # The UMAP video draws unplaced points in UNPLACED_RGB; tab20's own grey (199,199,199) once made a
-    # cluster that never seemed to light up.
+    # cluster that never seemed to light up, and its mid-grey (127,127,127) a cluster of long files that
+    # looked like padding in the colour strips.
     from diversity_order.plots import UNPLACED_RGB
 
     rgb = cluster_colors(k)[:, :3] * 255
     assert np.linalg.norm(rgb - np.asarray(UNPLACED_RGB), axis=1).min() >= 40
+    assert (rgb.max(axis=1) - rgb.min(axis=1)).min() >= 30  # no grey
