@@ -221,10 +221,10 @@ def format_report(report: dict) -> str:
                  f"(>= {report['split_share_threshold']:.0%} shares)")
     for s in report["splits"][:10]:
         parts = ", ".join(f"d{j} {v:.0%}" for j, v in s["into"].items())
-        lines.append(f"  shallow c{s['shallow']} ({s['size']}) -> {parts}")
+        lines.append(f"  shallow s{s['shallow']} ({s['size']}) -> {parts}")
     for m in report["merges"][:10]:
         parts = ", ".join(f"s{i} {v:.0%}" for i, v in m["from"].items())
-        lines.append(f"  deep c{m['deep']} ({m['size']}) <- {parts}")
+        lines.append(f"  deep d{m['deep']} ({m['size']}) <- {parts}")
     return "\n".join(lines)
 
 

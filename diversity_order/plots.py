@@ -211,7 +211,7 @@ def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, re
     projector = projector or (lambda x: umap_projection(x, seed))
     plt = pyplot()
     k = result.table.shape[0]
-    colors = cluster_colors(k)
+    colors = cluster_colors(max(result.table.shape))
     fig, axes = plt.subplots(1, 2, figsize=(18, 8.5))
     n = result.shallow_labels.size
     point = float(np.clip(60000 / max(n, 1), 0.5, 20))
@@ -219,7 +219,16 @@ def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, re
                                 (axes[1], deep, result.deep_labels, "Deep")):
         xy = projector(x)
         ax.scatter(xy[:, 0], xy[:, 1], c=colors[labels], s=point, lw=0, alpha=0.8, rasterized=True)
-        ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters")
+        # The two panels' colours are unrelated cluster ids: names (s3, d7, as in the report and the heat
+        # map) tie each panel to the contingency table.
+        sizes = np.bincount(labels, minlength=colors.shape[0])
+        if np.count_nonzero(sizes) <= 60:
+            for c, anchor in zip(np.flatnonzero(sizes), cluster_label_anchors(xy, labels, sizes), strict=True):
+                ax.annotate(f"{name[0].lower()}{c}", anchor, xytext=(0, 4), textcoords="offset points", fontsize=8,
+                            ha="center", va="bottom",
+                            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
+        ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters "
+                     f"({name[0].lower()}0, {name[0].lower()}1, ...)")
         ax.set_xticks([])
         ax.set_yticks([])
     r = result.report
@@ -247,10 +256,15 @@ def plot_contingency(path: Path, result) -> None:
     ax.set_ylabel("shallow cluster (documents)")
     ax.set_xlabel("deep cluster (documents)")
     if max(k_s, k_d) <= 30:
+        cell_font = 9 if max(k_s, k_d) <= 15 else 7
         for (y, x), v in np.ndenumerate(shares):
-            if v >= 0.05:
-                ax.text(x, y, f"{v:.0%}"[:-1], ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
-    fig.colorbar(image, ax=ax, fraction=0.04, label="share of the shallow cluster's documents")
+            if v >= 0.05:  # percent, as the colour bar's ticks
+                ax.text(x, y, f"{v:.0%}"[:-1], ha="center", va="center", fontsize=cell_font,
+                        color="white" if v < 0.6 else "black")
+    from matplotlib.ticker import PercentFormatter
+
+    fig.colorbar(image, ax=ax, fraction=0.04, format=PercentFormatter(1.0),
+                 label="share of the shallow cluster's documents (cells: %)")
     r = result.report
     ax.set_title(f"Where each shallow cluster goes in the deep space (ARI {r['ari']:.3f}, NMI {r['nmi']:.3f}).\n"
                  f"One row spread over several columns = a split; one column fed by several rows = a merge.",

@@ -58,6 +58,13 @@ def test_split_is_found_and_block_order_is_diagonal():
     table = cmp.contingency(shallow, deep, 2, 3)
     splits, merges = cmp.splits_and_merges(table)
     assert splits == [{"shallow": 0, "size": 40, "into": {1: 0.5, 2: 0.5}}] and merges == []
+    # Named as the heat map's axes and the scatters' labels name them: s0 (shallow), d1 (deep).
+    side = {"n_nonempty_clusters": 2, "dim": 2, "pca": None}
+    lines = cmp.format_report({"n_rows_used": 70, "non_finite_rows": {"dropped": 0}, "n_clusters": 3,
+                               "shallow": side, "deep": side, "ari": 0.5, "nmi": 0.5, "verdict": "moderate",
+                               "per_document_cosine": None, "splits": splits, "split_share_threshold": 0.2,
+                               "merges": [{"deep": 1, "size": 30, "from": {0: 0.5, 1: 0.5}}]}).splitlines()
+    assert "  shallow s0 (40) -> d1 50%, d2 50%" in lines and "  deep d1 (30) <- s0 50%, s1 50%" in lines
     rows, cols = cmp.block_order(table)
     assert rows.tolist() == [0, 1] and cols.tolist()[-1] == 0  # deep 0 sits under shallow 1, last
 
