@@ -34,13 +34,6 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
     """The format written: --output-format if given, else the output's suffix, else the input's."""
     named = "parquet" if output.name.endswith(".parquet") else (
         "jsonl" if _jsonl_name(output.name) else None)
-    if requested is not None:
-        if requested not in OUTPUT_FORMATS:
-            raise UserError(f"--output-format {requested}: choose one of {', '.join(OUTPUT_FORMATS)}")
-        if named is not None and named != requested:
-            raise UserError(f"--output {output}: its name says {named}, but --output-format is {requested}; "
-                            "make them agree")
-        return requested
     if named is None:
         base = output.name.lower()
         for compressed in records.COMPRESSED_SUFFIXES:
@@ -49,6 +42,13 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
         if other is not None:
             raise UserError(f"--output {output}: {other} is not a format this writes; name it .jsonl (or .json, "
                             ".ndjson, each optionally .gz or .zst) or .parquet")
+    if requested is not None:
+        if requested not in OUTPUT_FORMATS:
+            raise UserError(f"--output-format {requested}: choose one of {', '.join(OUTPUT_FORMATS)}")
+        if named is not None and named != requested:
+            raise UserError(f"--output {output}: its name says {named}, but --output-format is {requested}; "
+                            "make them agree")
+        return requested
     return named or source_kind
 
 

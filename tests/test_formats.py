@@ -243,6 +243,9 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
             f"error: --output {tmp_path / name}: {'.csv' if name == 'x.csv' else '.tsv'} is not a format this "
             "writes; name it .jsonl (or .json, .ndjson, each optionally .gz or .zst) or .parquet")
     assert not (tmp_path / "x.csv").exists()
+    assert ".csv is not a format this writes" in run_error(
+        capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / "x.csv", "--output-format",
+        "parquet")
     datasets = pytest.importorskip("datasets")  # a dev extra (save_to_disk folders)
 
     datasets.Dataset.from_list([{"text": "a b"}]).save_to_disk(str(tmp_path / "ds"))
