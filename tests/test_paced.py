@@ -36,7 +36,11 @@ def greedy_order(labels, counts, n_clusters, seq_len, split, seed=42):
 
 def plain_paced_pools(shuffled, labels, counts, n_clusters):
     """Rule 1: per cluster, short (<= mean) documents in shuffled order and long ones in organ-pipe
-    order of length (ties in shuffled order), interleaved so the pool keeps to j * mean tokens."""
+    order of length (ties in shuffled order); a walk from the pool's first slot and one from its last, in
+    turn in proportion to their shares of the slots (meeting at floor(n (2k + 1) / 2K)), each taking the
+    next long document (the front from the pipe's start, the back from its end) when it is behind its own
+    j * mean schedule by at least half of that document's excess, else the next short one (the front from
+    the start of the short ones, the back from their end)."""
     members, pool_starts = [], []
     for k in range(n_clusters):
         pool_starts.append(len(members))
@@ -46,15 +50,23 @@ def plain_paced_pools(shuffled, labels, counts, n_clusters):
         short = [i for i in docs if counts[i] * n_k <= total]
         ascending = sorted((i for i in docs if counts[i] * n_k > total), key=lambda i: counts[i])  # stable
         pipe = ascending[0::2] + ascending[1::2][::-1]
-        error = 0  # n_k * (tokens so far) - (documents so far) * total
+        front_slots = n_k * (2 * k + 1) // (2 * n_clusters)
+        back_slots = n_k - front_slots
+        walks = {"front": [], "back": []}
+        error = {"front": 0, "back": 0}  # n_k * (the walk's tokens so far) - (its documents so far) * total
         while short or pipe:
-            # the next long document when the pool is behind by at least half of its excess
-            if pipe and (not short or 2 * error + (n_k * counts[pipe[0]] - total) <= 0):
-                doc = pipe.pop(0)
+            walk = "front" if back_slots == 0 or (front_slots > 0 and len(walks["front"]) * back_slots
+                                                  <= len(walks["back"]) * front_slots) else "back"
+            end = 0 if walk == "front" else -1
+            # the next long document when the walk is behind by at least half of its excess
+            if pipe and (not short or 2 * error[walk] + (n_k * counts[pipe[end]] - total) <= 0):
+                doc = pipe.pop(end)
             else:
-                doc = short.pop(0)
-            members.append(doc)
-            error += n_k * counts[doc] - total
+                doc = short.pop(end)
+            walks[walk].append(doc)
+            error[walk] += n_k * counts[doc] - total
+        assert len(walks["front"]) == front_slots
+        members += walks["front"] + walks["back"][::-1]
     pool_starts.append(len(members))
     return members, pool_starts
 
@@ -280,8 +292,11 @@ def test_pools_match_plain_loop(corpus, seed):
 @settings(max_examples=300, deadline=None)
 @given(corpora(), st.integers(0, 2**32 - 1))
 def test_pool_prefixes_keep_to_the_token_schedule(corpus, seed):
-    """Rule 1's guarantee: after j documents a pool holds j * mean tokens, to within half the largest
-    excess of a long document above, and that plus one mean below."""
+    """Rule 1's guarantee: the first j documents of either walk (from the pool's first slot up to where the
+    walks meet, from its last slot down to there) hold j * mean tokens, to within half the largest excess
+    of a long document above, and that plus one mean below, for as long as both kinds of document are
+    left to choose from (after that the walks take what is left, near where they meet); so neither end
+    of a pool runs long."""
     labels, counts, n_clusters, _ = corpus
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     for k in range(n_clusters):
@@ -289,11 +304,25 @@ def test_pool_prefixes_keep_to_the_token_schedule(corpus, seed):
         if pool.size == 0:
             continue
         n_k, total = pool.size, int(pool.sum())
+        is_long = pool * n_k > total
         excess = max([n_k * int(t) - total for t in pool if n_k * int(t) > total], default=0)
-        # Scaled by n_k so the check is exact: E_j = n_k * prefix_j - j * T_k.
-        scaled_error = n_k * np.cumsum(pool) - np.arange(1, n_k + 1) * total
-        assert (2 * scaled_error <= excess).all()
-        assert (2 * scaled_error >= -(excess + 2 * total)).all()
+        meet = paced.meeting_slot(n_k, k, n_clusters)
+        back_slots = n_k - meet
+        # Replay the turns (they depend on the slot counts alone) up to the pick that takes the last
+        # document of one kind: every pick until then was a choice.
+        filled = {"front": 0, "back": 0}
+        left = {True: int(is_long.sum()), False: int((~is_long).sum())}
+        while left[True] and left[False]:
+            walk = "front" if back_slots == 0 or (meet > 0 and filled["front"] * back_slots
+                                                  <= filled["back"] * meet) else "back"
+            slot = filled[walk] if walk == "front" else n_k - 1 - filled[walk]
+            left[bool(is_long[slot])] -= 1
+            filled[walk] += 1
+        for walk in (pool[:meet][:filled["front"]], pool[meet:][::-1][:filled["back"]]):
+            # Scaled by n_k so the check is exact: E_j = n_k * prefix_j - j * T_k.
+            scaled_error = n_k * np.cumsum(walk) - np.arange(1, walk.size + 1) * total
+            assert (2 * scaled_error <= excess).all()
+            assert (2 * scaled_error >= -(excess + 2 * total)).all()
 
 
 @settings(max_examples=300, deadline=None)
@@ -416,7 +445,7 @@ def test_rule_10_may_cost_clusters_per_window_while_half_the_lead_over_stratifie
     """A corpus (seeded: 600 documents, 12 clusters, log-normal lengths, six of 300-900 tokens) where the
     order rule 10 makes has 0.05 clusters per window fewer than rules 1-9's and more than half their lead
     over stratified: it is kept, and its boundary shift is lower."""
-    rng = np.random.default_rng(938)
+    rng = np.random.default_rng(21)
     labels = rng.integers(0, 12, 600).astype(np.int64)
     counts = np.minimum(rng.lognormal(3.0, 1.0, 600), 400).astype(np.int64) + 1
     for i in rng.choice(600, 6, replace=False):

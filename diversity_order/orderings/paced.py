@@ -9,12 +9,18 @@ allowances likewise, "Large documents off the ends"):
 
 1. Pools track tokens (uniformity, boundary shift). Each cluster's documents, seeded-shuffled, are
    split at the cluster's mean length m into short (<= m) and long (> m) ones and interleaved by
-   sigma-delta modulation: the next document is the next long one when the pool is behind its token
-   schedule (j documents should hold j * m tokens) by at least half of that document's excess over
-   m, else the next short one. Every prefix of the pool then holds j * m tokens to within half the
-   largest excess above, and that plus m below. The long documents are dealt shortest at both ends,
-   longest in the middle, so a document too long for its neighbours to balance stays away from the
-   start and the end of the order, which meet at the epoch boundary.
+   sigma-delta modulation, in two walks: one from the pool's first slot, one from its last, in turn in
+   proportion to their shares of the slots, meeting at floor(n (2k + 1) / 2K) of a pool of n (cluster k
+   of K, so the pools' meeting points spread over the order). Each walk's next document is its next long
+   one when the walk is behind its token schedule (j documents should hold j * m tokens) by at least
+   half of that document's excess over m, else its next short one. While both kinds are left, the first
+   j documents from either end then hold j * m tokens to within half the largest excess above, and that
+   plus m below: neither end of a pool runs long, and what the two ends leave lands where the walks meet
+   (one walk from the start let a pool's last documents run long, and the tail of the order with them:
+   on a chat corpus whose source files were a tenth of the first or last 5% of the tokens, the boundary
+   shift). The long documents are dealt shortest at both ends, longest in the middle, so a document too
+   long for its neighbours to balance stays away from the start and the end of the order, which meet at
+   the epoch boundary.
 2. Clusters are paced by document count (diversity). Slot j of a pool of n is keyed (j + 1/2) / n,
    the spacing stratified gives; merging the pools by key (ties to the lower cluster) gives each
    document a *due position*: the tokens merged before it.
@@ -119,11 +125,13 @@ BACKGROUND_MAX_DOCUMENTS = 20_000_000
 
 
 @njit(cache=True, nogil=True)
-def _pace_pool(docs, token_counts, out):
-    """Rule 1 for one cluster: ``docs`` in shuffled order, written paced into ``out``.
+def _pace_pool(docs, token_counts, out, front_slots):
+    """Rule 1 for one cluster: ``docs`` in shuffled order, written paced into ``out``, a walk from the first
+    slot filling ``front_slots`` slots and one from the last filling the others, in turn in proportion to
+    their shares (so they meet at ``front_slots``), each keeping its own schedule error.
 
-    Exact integers: a document is long when t * n > T, and with E = n * (tokens so far) - j * T the
-    next long document (t tokens) goes next when 2 E + (n * t - T) <= 0.
+    Exact integers: a document is long when t * n > T, and with E = n * (a walk's tokens so far) - j * T
+    (j: its documents so far) its next long document (t tokens) goes next when 2 E + (n * t - T) <= 0.
     """
     n_k = docs.shape[0]
     total = 0
@@ -143,33 +151,60 @@ def _pace_pool(docs, token_counts, out):
         else:
             short[a] = d
             a += 1
-    # Organ pipe: ascending length rank r goes to slot r // 2 (r even) or n_long - 1 - r // 2 (r odd).
+    # Organ pipe: ascending length rank r goes to slot r // 2 (r even) or n_long - 1 - r // 2 (r odd); the
+    # front walk deals it from its start, the back walk from its end, both shortest first.
     ascending = long_docs[np.argsort(token_counts[long_docs], kind="mergesort")]
     pipe = np.empty(n_long, dtype=np.int64)
     for r in range(n_long):
         pipe[from_both_ends(r, n_long)] = ascending[r]
-    i = 0
-    j = 0
-    error = 0
-    for slot in range(n_k):
-        if j < n_long and (i == short.shape[0] or 2 * error + (n_k * token_counts[pipe[j]] - total) <= 0):
+    back_slots = n_k - front_slots
+    short_lo, short_hi = 0, short.shape[0] - 1  # the short documents left: the front takes from lo, the back from hi
+    long_lo, long_hi = 0, n_long - 1
+    front, back = 0, 0  # slots each walk has filled
+    front_error = 0
+    back_error = 0
+    for _ in range(n_k):
+        from_front = back_slots == 0 or (front_slots > 0 and front * back_slots <= back * front_slots)
+        error = front_error if from_front else back_error
+        j = long_lo if from_front else long_hi
+        if long_lo <= long_hi and (short_lo > short_hi or 2 * error + (n_k * token_counts[pipe[j]] - total) <= 0):
             d = pipe[j]
-            j += 1
+            if from_front:
+                long_lo += 1
+            else:
+                long_hi -= 1
+        elif from_front:
+            d = short[short_lo]
+            short_lo += 1
         else:
-            d = short[i]
-            i += 1
-        out[slot] = d
-        error += n_k * token_counts[d] - total
+            d = short[short_hi]
+            short_hi -= 1
+        if from_front:
+            out[front] = d
+            front += 1
+            front_error += n_k * token_counts[d] - total
+        else:
+            out[n_k - 1 - back] = d
+            back += 1
+            back_error += n_k * token_counts[d] - total
 
 
 @njit(cache=True, nogil=True)
 def _paced_pools(grouped, pool_starts, token_counts):
     """Rule 1 for every pool of ``grouped`` (each cluster's documents in shuffled order)."""
     members = np.empty_like(grouped)
-    for k in range(pool_starts.shape[0] - 1):
+    n_clusters = pool_starts.shape[0] - 1
+    for k in range(n_clusters):
         start, stop = pool_starts[k], pool_starts[k + 1]
-        _pace_pool(grouped[start:stop], token_counts, members[start:stop])
+        _pace_pool(grouped[start:stop], token_counts, members[start:stop], meeting_slot(stop - start, k, n_clusters))
     return members
+
+
+@njit(cache=True, nogil=True)
+def meeting_slot(n_k, k, n_clusters):
+    """Where rule 1's two walks over cluster k's pool of n_k meet: floor(n_k (2k + 1) / 2K), so the pools' middles,
+    which take what both ends left, fall at different points of the order."""
+    return (n_k * (2 * k + 1)) // (2 * n_clusters)
 
 
 @njit(cache=True, nogil=True, inline="always")
