@@ -132,6 +132,15 @@ def cluster_label_anchors(projection: np.ndarray, labels: np.ndarray, sizes: np.
     return np.asarray(anchors).reshape(-1, 2)
 
 
+def _name_clusters(ax, names: list[str], anchors: np.ndarray) -> None:
+    """Each name just above its anchor point (``cluster_label_anchors``): centred on a cluster's points, the
+    box hid a cluster of identical documents (one dot), and the median of a cluster in several islands fell
+    in empty space."""
+    for name, anchor in zip(names, anchors, strict=True):
+        ax.annotate(name, anchor, xytext=(0, 4), textcoords="offset points", fontsize=8, ha="center", va="bottom",
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
+
+
 def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projection: np.ndarray | None) -> None:
     """Scatter of the 2-D projection coloured by cluster; a bar chart of sizes without one."""
     plt = pyplot()
@@ -154,12 +163,9 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
         pad = (hi - lo) * 0.05
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
-        for k, anchor in zip(np.flatnonzero(sizes), cluster_label_anchors(projection, labels, sizes), strict=True):
-            # Just above one of its points: centred on them, the box hid a cluster of identical documents
-            # (one dot), and the median of a cluster in several islands fell in empty space.
-            ax.annotate(f"c{k} ({sizes[k]})", np.clip(anchor, lo, hi), xytext=(0, 4), textcoords="offset points",
-                        fontsize=8, ha="center", va="bottom",
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
+        present = np.flatnonzero(sizes)
+        _name_clusters(ax, [f"c{k} ({sizes[k]})" for k in present],
+                       np.clip(cluster_label_anchors(projection, labels, sizes), lo, hi))
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_title(f"{n:,} documents, PCA -> UMAP, coloured by cluster (K = {n_clusters})")
@@ -223,10 +229,8 @@ def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, re
         # map) tie each panel to the contingency table.
         sizes = np.bincount(labels, minlength=colors.shape[0])
         if np.count_nonzero(sizes) <= 60:
-            for c, anchor in zip(np.flatnonzero(sizes), cluster_label_anchors(xy, labels, sizes), strict=True):
-                ax.annotate(f"{name[0].lower()}{c}", anchor, xytext=(0, 4), textcoords="offset points", fontsize=8,
-                            ha="center", va="bottom",
-                            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
+            _name_clusters(ax, [f"{name[0].lower()}{c}" for c in np.flatnonzero(sizes)],
+                           cluster_label_anchors(xy, labels, sizes))
         ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters "
                      f"({name[0].lower()}0, {name[0].lower()}1, ...)")
         ax.set_xticks([])
