@@ -131,6 +131,10 @@ def test_groups_and_keys_match_plain_loops(corpus):
     if got:
         assert grouping.group_keys(labels, counts, groups).tolist() == plain_keys(labels.tolist(), counts.tolist(),
                                                                                  got)
+    # every leader and every large document lands in a group, which rule 7 decides from before grouping
+    in_groups = np.zeros(labels.size, dtype=bool)
+    in_groups[groups[groups >= 0]] = True
+    assert np.array_equal(grouping.grouped_documents(counts, seq_len), in_groups)
 
 
 def test_a_document_looks_at_max_checked_groups_at_most():

@@ -103,6 +103,21 @@ def test_pools_group_by_counting_as_a_stable_sort_would(docs, seed):
     assert members.tolist() == shuffled[np.argsort(labels[shuffled], kind="stable")].tolist()
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from([10, 2**20, 2**40, 2**62]))
+def test_order_by_sorts_as_lexsort_would(data, largest):
+    """By major key, minor key, then position; keys of any size (large ones take np.lexsort)."""
+    from diversity_order.orderings.pools import order_by
+
+    n = data.draw(st.integers(0, 60))
+    positions = np.asarray(data.draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n, unique=True)),
+                          dtype=np.int64)
+    key = st.lists(st.integers(0, largest), min_size=n, max_size=n)
+    major, minor = np.asarray(data.draw(key), dtype=np.int64), np.asarray(data.draw(key), dtype=np.int64)
+    want = sorted(range(n), key=lambda i: (major[i], minor[i], positions[i]))
+    assert order_by(positions, major, minor).tolist() == positions[want].tolist()
+
+
 def test_random_pools_differ_by_seed_and_remove_input_drift():
     labels = np.zeros(1000, int)
     first, _ = cluster_pools(labels, np.ones(1000, int), 1, "random", 1)

@@ -37,7 +37,7 @@ from numba import njit
 
 from ..diversity import BOUNDARY_FRACTION
 from ..packing import WHOLE, advance, place
-from .pools import from_both_ends
+from .pools import from_both_ends, order_by
 
 # A document of at least this share of a window is large (set on the tuning corpora among 0.1-0.3;
 # BENCHMARKS.md, "Rule 7").
@@ -208,19 +208,34 @@ def _merge(rest_order, members, member_starts, targets, limit, token_counts, seq
     return out
 
 
+def _is_large(counts: np.ndarray, seq_len: int) -> np.ndarray:
+    return (counts * 1.0 >= LARGE_FRACTION * seq_len) & (counts < seq_len)
+
+
+def _leads(counts: np.ndarray, seq_len: int) -> np.ndarray:
+    return (counts >= seq_len) & ((counts % seq_len) * 1.0 >= LARGE_FRACTION * seq_len)
+
+
+def grouped_documents(token_counts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Which documents step 1 puts in groups (every leader and every large document lands in one): a bool
+    per document, so whether rule 7 applies is known before the groups are made."""
+    counts = np.asarray(token_counts, dtype=np.int64)
+    return _is_large(counts, seq_len) | _leads(counts, seq_len)
+
+
 def large_documents(token_counts: np.ndarray, seq_len: int) -> np.ndarray:
     """Step 1's large documents, in the order they are placed: decreasing length, ties by input position."""
     counts = np.asarray(token_counts, dtype=np.int64)
-    large = np.flatnonzero((counts * 1.0 >= LARGE_FRACTION * seq_len) & (counts < seq_len))
-    return large[np.argsort(-counts[large], kind="stable")]
+    large = np.flatnonzero(_is_large(counts, seq_len))
+    return order_by(large, seq_len - counts[large], np.zeros_like(large))
 
 
 def leading_documents(token_counts: np.ndarray, seq_len: int) -> np.ndarray:
     """Step 1's leaders: documents of a window or more whose remainder (tokens mod the window) is at least
     ``LARGE_FRACTION`` of one, in decreasing remainder, ties by input position."""
     counts = np.asarray(token_counts, dtype=np.int64)
-    leaders = np.flatnonzero((counts >= seq_len) & ((counts % seq_len) * 1.0 >= LARGE_FRACTION * seq_len))
-    return leaders[np.argsort(-(counts[leaders] % seq_len), kind="stable")]
+    leaders = np.flatnonzero(_leads(counts, seq_len))
+    return order_by(leaders, seq_len - counts[leaders] % seq_len, np.zeros_like(leaders))
 
 
 def group_large(labels: np.ndarray, token_counts: np.ndarray, seq_len: int) -> np.ndarray:
@@ -237,7 +252,7 @@ def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray)
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     large = groups[groups >= 0]
-    by_cluster = large[np.lexsort((large, counts[large], labels[large]))]
+    by_cluster = order_by(large, labels[large], counts[large])
     cluster = labels[by_cluster]
     first = np.flatnonzero(np.concatenate(([True], cluster[1:] != cluster[:-1])))
     sizes = np.diff(np.append(first, by_cluster.size))

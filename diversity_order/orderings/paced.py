@@ -99,7 +99,7 @@ from ..diversity import (
 )
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
 from .exchange import exchange_pass
-from .grouping import group_keys, group_large, place_groups
+from .grouping import group_keys, group_large, grouped_documents, place_groups
 from .last_window import mend_last_window
 from .options import OrderingOptions
 from .pools import cluster_pools, from_both_ends
@@ -663,20 +663,18 @@ def _rules_1_to_5(labels, counts, n_clusters, options, shares, model, clear_ends
 
 
 def _rule_7_groups(labels, counts, n_clusters, options, total) -> tuple[np.ndarray, np.ndarray] | None:
-    """Rule 7's groups of large documents and the positions of the others; None where it does not apply."""
-    groups = group_large(labels, counts, options.seq_len)
-    large = groups[groups >= 0]
-    rest = np.ones(labels.size, dtype=bool)
-    rest[large] = False
-    rest = np.flatnonzero(rest)
+    """Rule 7's groups of large documents and the positions of the others; None where it does not apply
+    (decided before the groups are made: on long documents that is most of rule 7's time)."""
+    grouped = grouped_documents(counts, options.seq_len)
+    rest = np.flatnonzero(~grouped)
     # The other documents' windows would hold as many documents as there are clusters: moving them out of
     # the large documents' windows would cost clusters per window for no gain.
-    rest_tokens = total - int(counts[large].sum())
+    rest_tokens = total - int(counts[grouped].sum())
     # Nor where the others cannot fill the head and the tail (place_groups would find no window start).
-    if (large.size < 2 or windows_saturated(rest.size, options.seq_len, n_clusters, rest_tokens)
+    if (labels.size - rest.size < 2 or windows_saturated(rest.size, options.seq_len, n_clusters, rest_tokens)
             or rest_tokens < 2 * BOUNDARY_FRACTION * total):
         return None
-    return groups, rest
+    return group_large(labels, counts, options.seq_len), rest
 
 
 def _with_large_grouped(labels, counts, n_clusters, options, shares, total, clear_ends=False, groups=None
