@@ -138,7 +138,10 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
     and two windows more (at most half of them) in one pass from the start; the others in a pass from the
     end, each pool's slots last first, due positions counted from the end (total - due - tokens), packing
     split its first window with the room the real last window has (total mod L, or L); that pass reversed
-    follows the first."""
+    follows the first. Packing split, the pass from the start is cut into R = min(GREEDY_RUNS, its tokens //
+    (GREEDY_RUN_WINDOWS L)) runs where R >= 2: run r takes the slots whose middle lies in the r-th R-th of
+    its tokens (the last run from there on) and is a pass of its own starting where the runs before it
+    end, due positions counted from there."""
     n_clusters = len(pool_starts) - 1
     due = plain_due_positions(pool_starts, counts_in_pool)
     cluster_tokens = [sum(counts_in_pool[pool_starts[k]:pool_starts[k + 1]]) for k in range(n_clusters)]
@@ -154,8 +157,24 @@ def plain_paced(members, pool_starts, counts_in_pool, seq_len, split):
             starts.append(len(slots))
         slot_due = [total - due[p] - counts_in_pool[p] if from_end else due[p] for p in slots]
         offset = (seq_len - (total % seq_len or seq_len)) if from_end and split else 0
-        passes.append(plain_pass([members[p] for p in slots], starts, [counts_in_pool[p] for p in slots], slot_due,
-                                 cluster_tokens, len(members), seq_len, split, offset))
+        pass_tokens = sum(counts_in_pool[p] for p in slots)
+        n_runs = min(paced.GREEDY_RUNS, pass_tokens // (paced.GREEDY_RUN_WINDOWS * seq_len))
+        if from_end or not split or n_runs < 2:
+            passes.append(plain_pass([members[p] for p in slots], starts, [counts_in_pool[p] for p in slots],
+                                     slot_due, cluster_tokens, len(members), seq_len, split, offset))
+            continue
+        walked, run_start = [], 0
+        for r in range(n_runs):
+            run = [i for i, p in enumerate(slots)
+                   if min(Fraction(2 * slot_due[i] + counts_in_pool[p], 2 * pass_tokens) * n_runs, n_runs - 1) >= r
+                   and (r == n_runs - 1 or Fraction(2 * slot_due[i] + counts_in_pool[p], 2 * pass_tokens) * n_runs
+                        < r + 1)]  # (slots stay in pool order)
+            run_starts = [0] + [sum(1 for i in run if i < starts[k + 1]) for k in range(n_clusters)]
+            walked += plain_pass([members[slots[i]] for i in run], run_starts, [counts_in_pool[slots[i]] for i in run],
+                                 [slot_due[i] - run_start for i in run], cluster_tokens, len(members), seq_len, split,
+                                 run_start % seq_len)
+            run_start += sum(counts_in_pool[slots[i]] for i in run)
+        passes.append(walked)
     return passes[0] + passes[1][::-1]
 
 
@@ -345,6 +364,20 @@ def test_greedy_matches_plain_loop(corpus, seed, split):
     order = greedy_order(labels, counts, n_clusters, seq_len, split, seed)
     members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
     want = plain_paced(members.tolist(), pool_starts.tolist(), counts[members].tolist(), seq_len, split)
+    assert order.tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(corpora(max_docs=120), st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(2, 5))
+def test_greedy_in_runs_matches_plain_loop(corpus, seed, run_windows, runs):
+    """Packing split with runs of a few windows (the package's runs need 512 windows or more)."""
+    labels, counts, n_clusters, seq_len = corpus
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(paced, "GREEDY_RUN_WINDOWS", run_windows)
+        patch.setattr(paced, "GREEDY_RUNS", runs)
+        order = greedy_order(labels, counts, n_clusters, seq_len, True, seed)
+        members, pool_starts = paced.paced_pools(labels, counts, n_clusters, seed)
+        want = plain_paced(members.tolist(), pool_starts.tolist(), counts[members].tolist(), seq_len, True)
     assert order.tolist() == want
 
 

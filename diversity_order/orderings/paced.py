@@ -40,6 +40,8 @@ allowances likewise, "Large documents off the ends"):
    Rules 3 and 4 walk from both ends (flat head-to-tail mix): the documents whose middle is due in
    the last BOUNDARY_FRACTION of tokens and two windows more are ordered from the end, due positions
    counted from it (packing split, its first window the real last one's room), and follow the others.
+   Packing split, the walk from the start is cut into runs by due position (``GREEDY_RUNS``), each
+   starting where the runs before it end, walked at once on every core.
 5. Documents trade places between nearby windows where that lowers both windows' summed token-share
    deviation without moving any window's cut, losing clusters or touching the head and the tail of
    the order (uniformity; ``exchange.py``). Rules 1-4 work on document counts and token schedules,
@@ -87,7 +89,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..diversity import (
     BOUNDARY_FRACTION,
@@ -102,7 +104,7 @@ from .exchange import exchange_pass
 from .grouping import group_keys, group_large, grouped_documents, place_groups
 from .last_window import mend_last_window
 from .options import OrderingOptions
-from .pools import cluster_pools, from_both_ends
+from .pools import cluster_pools, from_both_ends, order_by
 from .recut import recut_pass
 from .split_trades import split_trade_pass
 from .window_greedy import stratified_order
@@ -119,6 +121,12 @@ ENDS_UNIFORMITY_ALLOWANCE = 0.01
 ENDS_DIVERSITY_LEAD_KEPT = 0.5
 # Rule 10 moves one document at a time and measures again; at most this many moves.
 MAX_END_MOVES = 32
+# Packing split, rules 3-4's walk from the start is cut by due position into runs of whole token ranges,
+# walked at once (one per core): at most GREEDY_RUNS runs of at least GREEDY_RUN_WINDOWS windows each. A run
+# starts where the ones before it end, so the windows are the trainer's; at a cut a window does not know the
+# clusters the run before it put in it, once per run.
+GREEDY_RUNS = 64
+GREEDY_RUN_WINDOWS = 256
 # Stratified's clusters per window is computed beside rules 1-5 up to this many documents (its order and pools,
 # 16 bytes a document, would otherwise add 16 GB to the peak at 1B documents); above, after them.
 BACKGROUND_MAX_DOCUMENTS = 20_000_000
@@ -408,6 +416,40 @@ def _paced(members, pool_starts, member_counts, due, cluster_tokens, seq_len, mo
     return order
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _paced_runs(members, pool_starts, member_counts, due, run_starts, offsets, cluster_tokens, seq_len, model,
+                saturated):
+    """``_paced`` on each run at once: run r is ``members[run_starts[r]:run_starts[r + 1]]``, its pools starting at
+    ``pool_starts[r]``, its first token at ``offsets[r]`` of the stream (due positions counted from there)."""
+    order = np.empty(members.shape[0], dtype=np.int64)
+    for r in prange(run_starts.shape[0] - 1):
+        lo, hi = run_starts[r], run_starts[r + 1]
+        order[lo:hi] = _paced(members[lo:hi], pool_starts[r] - lo, member_counts[lo:hi], due[lo:hi] - offsets[r],
+                              cluster_tokens, seq_len, model, saturated, seq_len - offsets[r] % seq_len)
+    return order
+
+
+def _walk_from_start(members, pool_of, member_counts, due, cluster_tokens, seq_len, model, saturated, n_clusters):
+    """Rules 3-4 from the start of the stream over these slots (each pool's in order): one walk, or packing split
+    with enough windows, runs of it at once (``GREEDY_RUNS``), each taking the slots whose middle is due in
+    its share of the tokens."""
+    tokens = int(member_counts.sum())
+    n_runs = min(GREEDY_RUNS, tokens // (GREEDY_RUN_WINDOWS * seq_len)) if model == SPLIT else 1
+    if n_runs < 2:
+        pool_starts = np.concatenate(([0], np.cumsum(np.bincount(pool_of, minlength=n_clusters))))
+        return _paced(members, pool_starts, member_counts, due, cluster_tokens, seq_len, model, saturated, seq_len)
+    run_of = np.minimum((2 * due + member_counts) * n_runs // (2 * tokens), n_runs - 1)
+    by_run = order_by(np.arange(members.size), run_of, pool_of)  # each pool's slots keep their order
+    pools = np.concatenate(([0], np.cumsum(np.bincount(run_of * n_clusters + pool_of,
+                                                       minlength=n_runs * n_clusters))))
+    pool_starts = pools[np.arange(n_runs)[:, None] * n_clusters + np.arange(n_clusters + 1)]
+    run_starts = np.ascontiguousarray(pool_starts[:, 0].tolist() + [members.size], dtype=np.int64)
+    counts = member_counts[by_run]
+    offsets = np.concatenate(([0], np.cumsum(counts)))[run_starts[:-1]]
+    return _paced_runs(members[by_run], pool_starts, counts, due[by_run], run_starts, offsets, cluster_tokens,
+                       seq_len, model, saturated)
+
+
 def paced_pools(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
                 seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(members, pool_starts) after rule 1; cluster k's pool is ``members[pool_starts[k]:pool_starts[k + 1]]``."""
@@ -521,12 +563,11 @@ def paced_greedy_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
     head = np.flatnonzero(early)  # each pool's slots keep their order: due grows along a pool
     tail = np.flatnonzero(~early)
     tail = tail[np.lexsort((-tail, pool_of[tail]))]  # each pool's late slots, last due first
-    head_starts = np.concatenate(([0], np.cumsum(np.bincount(pool_of[head], minlength=n_clusters))))
     tail_starts = np.concatenate(([0], np.cumsum(np.bincount(pool_of[tail], minlength=n_clusters))))
     # Packing split the windows are cut from the start, so the last one holds total % seq_len tokens.
     last_room = (total % seq_len or seq_len) if model == SPLIT else seq_len
-    forward = _paced(members[head], head_starts, member_counts[head], due[head], cluster_tokens, seq_len, model,
-                     saturated, seq_len)
+    forward = _walk_from_start(members[head], pool_of[head], member_counts[head], due[head], cluster_tokens, seq_len,
+                               model, saturated, n_clusters)
     backward = _paced(members[tail], tail_starts, member_counts[tail], total - due[tail] - member_counts[tail],
                       cluster_tokens, seq_len, model, saturated, last_room)
     return np.concatenate((forward, backward[::-1]))
