@@ -353,6 +353,17 @@ def test_due_positions_match_plain_merge(corpus, seed):
     assert due.tolist() == plain_due_positions(pool_starts.tolist(), counts[members].tolist())
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 300), st.sampled_from([1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 27, 32, 64, 81])),
+                min_size=1, max_size=40))
+def test_merge_puts_slots_in_key_order(sizes):
+    """Rule 2's merge against a sort by exact keys (2j + 1) / 2n, ties to the lower cluster; sizes that divide
+    each other make many equal keys."""
+    pool_starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    want = sorted((Fraction(2 * j + 1, 2 * n), k, int(pool_starts[k]) + j) for k, n in enumerate(sizes) for j in range(n))
+    assert paced._merge_sequence(pool_starts).tolist() == [slot for _, _, slot in want]
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(corpora(), short_documents()), st.integers(0, 2**32 - 1), st.booleans())
 # Two lacking clusters due at once (documents without tokens): the lower one goes first (a review found the

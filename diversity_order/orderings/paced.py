@@ -216,50 +216,59 @@ def meeting_slot(n_k, k, n_clusters):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _before(a, b, nxt, pool_starts):
-    """Cluster a's next key comes first: (2 j_a + 1) / n_a < (2 j_b + 1) / n_b, ties to the lower id."""
-    left = (2 * nxt[a] + 1) * (pool_starts[b + 1] - pool_starts[b])
-    right = (2 * nxt[b] + 1) * (pool_starts[a + 1] - pool_starts[a])
-    return left < right or (left == right and a < b)
+def _key_before(a, k_a, b, k_b, pool_starts):
+    """Slot a (of pool k_a) is merged before slot b (of pool k_b): (2 j_a + 1) / n_a < (2 j_b + 1) / n_b, ties
+    to the lower cluster."""
+    left = (2 * (a - pool_starts[k_a]) + 1) * (pool_starts[k_b + 1] - pool_starts[k_b])
+    right = (2 * (b - pool_starts[k_b]) + 1) * (pool_starts[k_a + 1] - pool_starts[k_a])
+    return left < right or (left == right and k_a < k_b)
 
 
-@njit(cache=True, nogil=True)
-def _sift_down(heap, root, size, nxt, pool_starts):
-    while True:
-        child = 2 * root + 1
-        if child >= size:
-            return
-        if child + 1 < size and _before(heap[child + 1], heap[child], nxt, pool_starts):
-            child += 1
-        if not _before(heap[child], heap[root], nxt, pool_starts):
-            return
-        heap[root], heap[child] = heap[child], heap[root]
-        root = child
+@njit(cache=True, nogil=True, inline="always")
+def _bucket(j, size, n):
+    """Slot j of a pool of ``size``, of n slots in all: floor(n (2j + 1) / 2 size) computed in floats. The
+    quotient of two exact integers is rounded correctly and the product monotonically, so a larger key never
+    falls in an earlier bucket and equal keys share one."""
+    return min(np.int64((2 * j + 1) / (2.0 * size) * n), n - 1)
 
 
 @njit(cache=True, nogil=True)
 def _merge_sequence(pool_starts):
-    """Rule 2's merge: the pool slots in key order, by a binary heap over the clusters' next keys (which
-    depend on the pools' sizes alone)."""
+    """Rule 2's merge: the pool slots in key order (keys depend on the pools' sizes alone). A counting sort
+    into n buckets by key (a pool's keys lie 1 / size >= 1 / n apart, so a bucket holds about one slot and at
+    most one per pool), then each bucket in exact key order: O(n + K), where a heap over the clusters' next
+    keys took twice as long on 1M slots."""
     n_clusters = pool_starts.shape[0] - 1
-    merged = np.empty(pool_starts[-1], dtype=np.int64)
-    heap = np.empty(n_clusters, dtype=np.int64)
-    nxt = np.zeros(n_clusters, dtype=np.int64)  # slots of each pool merged so far
-    size = 0
+    n = pool_starts[-1]
+    merged = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return merged
+    starts = np.zeros(n + 1, dtype=np.int64)
     for k in range(n_clusters):
-        if pool_starts[k + 1] > pool_starts[k]:
-            heap[size] = k
-            size += 1
-    for root in range(size // 2 - 1, -1, -1):
-        _sift_down(heap, root, size, nxt, pool_starts)
-    for i in range(merged.shape[0]):
-        k = heap[0]
-        merged[i] = pool_starts[k] + nxt[k]
-        nxt[k] += 1
-        if pool_starts[k] + nxt[k] == pool_starts[k + 1]:
-            size -= 1
-            heap[0] = heap[size]
-        _sift_down(heap, 0, size, nxt, pool_starts)
+        size = pool_starts[k + 1] - pool_starts[k]
+        for j in range(size):
+            starts[_bucket(j, size, n) + 1] += 1
+    for b in range(n):
+        starts[b + 1] += starts[b]
+    cluster = np.empty(n, dtype=np.int64)
+    nxt = starts[:-1].copy()
+    for k in range(n_clusters):
+        size = pool_starts[k + 1] - pool_starts[k]
+        for j in range(size):
+            b = _bucket(j, size, n)
+            merged[nxt[b]] = pool_starts[k] + j
+            cluster[nxt[b]] = k
+            nxt[b] += 1
+    for b in range(n):  # insertion sort: a bucket holds a few slots
+        for i in range(starts[b] + 1, starts[b + 1]):
+            slot, k = merged[i], cluster[i]
+            m = i
+            while m > starts[b] and _key_before(slot, k, merged[m - 1], cluster[m - 1], pool_starts):
+                merged[m] = merged[m - 1]
+                cluster[m] = cluster[m - 1]
+                m -= 1
+            merged[m] = slot
+            cluster[m] = k
     return merged
 
 
