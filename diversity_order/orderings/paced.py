@@ -197,12 +197,12 @@ def _pace_pool(docs, token_counts, out, front_slots):
             back_error += n_k * token_counts[d] - total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _paced_pools(grouped, pool_starts, token_counts):
-    """Rule 1 for every pool of ``grouped`` (each cluster's documents in shuffled order)."""
+    """Rule 1 for every pool of ``grouped`` (each cluster's documents in shuffled order), the pools at once."""
     members = np.empty_like(grouped)
     n_clusters = pool_starts.shape[0] - 1
-    for k in range(n_clusters):
+    for k in prange(n_clusters):
         start, stop = pool_starts[k], pool_starts[k + 1]
         _pace_pool(grouped[start:stop], token_counts, members[start:stop], meeting_slot(stop - start, k, n_clusters))
     return members
