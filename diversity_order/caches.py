@@ -533,6 +533,37 @@ def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.
     return source
 
 
+def written_fingerprints(data_path: Path) -> np.ndarray | None:
+    """The fingerprints written beside ``data_path`` (``NAME.fingerprints.npy``: one uint64 per row, the text
+    each row was made from), or None where there are none or they cannot be read."""
+    path = files_for(data_path).fingerprints
+    try:
+        fingerprints = np.load(path, mmap_mode="r") if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if fingerprints is None or fingerprints.ndim != 1 or fingerprints.dtype != np.uint64:
+        return None
+    return np.asarray(fingerprints)
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """How rows made for the texts ``rows_fingerprints`` line up with the texts ``fingerprints`` (as many)."""
+
+    misplaced: tuple[int, int] | None  # (i, j): position i's text is at row j; the first such position
+    unmatched: int  # positions whose text is at no row (edited records, say)
+    comparable: bool  # at least half of the texts are among the rows (else other texts: nothing to check)
+
+
+def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCheck:
+    if np.array_equal(rows_fingerprints, fingerprints):
+        return RowCheck(None, 0, True)
+    found = match_rows(rows_fingerprints, fingerprints)
+    elsewhere = np.flatnonzero((found >= 0) & (rows_fingerprints != fingerprints))
+    misplaced = (int(elsewhere[0]), int(found[elsewhere[0]])) if elsewhere.size else None
+    return RowCheck(misplaced, int((found < 0).sum()), 2 * int((found >= 0).sum()) >= fingerprints.size)
+
+
 # ---- store ---------------------------------------------------------------------------------------
 
 

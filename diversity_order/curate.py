@@ -312,6 +312,7 @@ def _embed_across_ranks(run: Run, fail_fast: bool):
             run.method = SHALLOW_METHOD
         else:
             vectors = scale_out.external_embeddings(config.load_embeddings, run.n)
+            features.check_external_rows(config.load_embeddings, run.index.fingerprints)
             run.counts, _ = features.counts_and_embeddings(run.index, run.paths, run.model, config.text_field, False,
                                                            config.embed_batch_size, config.progress, ctx)
             run.method = EXTERNAL_METHOD
@@ -410,6 +411,7 @@ def counts_and_embeddings(run: Run, hold_rows: np.ndarray | None = None) -> None
         external = config.load_embeddings is not None
         if external:
             run.embeddings = features.load_external_embeddings(config.load_embeddings, run.n)
+            features.check_external_rows(config.load_embeddings, run.index.fingerprints)
         counts, embeddings = features.counts_and_embeddings(
             run.index, run.paths, run.model, cache_key(config.text_field), not external, config.embed_batch_size,
             config.progress, run.ctx, config.embedding_dtype, hold_rows)

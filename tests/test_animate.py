@@ -127,3 +127,19 @@ def test_errors(run_files, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)
     with pytest.raises(UserError, match="no ffmpeg found"):
         animate.find_ffmpeg()
+
+
+def test_output_name_and_umap_rows_are_checked_before_any_video(run_files, capsys):
+    tmp, *_ = run_files
+    base = ["--token-counts", str(tmp / "A_token_counts.npy"), "--meta", str(tmp / "B_meta.json"), "--n-frames", "2",
+            "--size", "320x240", "--umap-size", "320x320", "--preset", "ultrafast"]
+    rc = animate_ordering.run_main(animate_ordering.main, base + ["--output", str(tmp / "e.gif")])
+    assert rc == 2 and "give a name ending in .mp4" in capsys.readouterr().err
+    np.save(tmp / "short_umap.npy", np.zeros((7, 2), np.float32))
+    rc = animate_ordering.run_main(animate_ordering.main, base + ["--umap", str(tmp / "short_umap.npy"),
+                                                                  "--output", str(tmp / "u.mp4")])
+    assert rc == 2 and "--umap: expected 400 x 2 coordinates" in capsys.readouterr().err
+    assert not (tmp / "u.mp4").exists()  # refused before the bar video was encoded
+    (tmp / "a_file").write_text("")
+    rc = animate_ordering.run_main(animate_ordering.main, base + ["--output", str(tmp / "a_file" / "v.mp4")])
+    assert rc == 2 and "--output: cannot write in" in capsys.readouterr().err

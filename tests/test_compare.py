@@ -123,3 +123,37 @@ def test_script_errors_are_one_line(tmp_path, capsys):
                                       ["--shallow", str(tmp_path / "a.npy"), "--deep", str(tmp_path / "b.npy")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: row counts differ") and err.count("\n") == 1
+
+
+def test_files_whose_rows_are_in_different_orders_are_refused(tmp_path, capsys, caplog):
+    """By the fingerprints files curate_dataset.py and extract_deep_embeddings.py write beside their embeddings."""
+    x, _ = blobs(n_per=30)
+    fingerprints = np.random.default_rng(5).integers(0, 2**63, x.shape[0]).astype(np.uint64)
+    np.save(tmp_path / "s.npy", x)
+    np.save(tmp_path / "s.fingerprints.npy", fingerprints)
+    np.save(tmp_path / "d.npy", x[::-1].copy())
+    np.save(tmp_path / "d.fingerprints.npy", fingerprints[::-1].copy())
+    args = ["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"), "--n-clusters", "4"]
+    rc = compare_clusterings.run_main(compare_clusterings.main, args)
+    err = capsys.readouterr().err
+    assert rc == 2 and "hold the documents in different orders (row 0 of --shallow is row" in err
+    assert err.count("\n") == 1
+    np.save(tmp_path / "d.npy", x)
+    np.save(tmp_path / "d.fingerprints.npy", fingerprints)
+    assert compare_clusterings.run_main(compare_clusterings.main, args) == 0
+    # Other texts altogether (another text field, say): compared by position, with a warning.
+    np.save(tmp_path / "d.fingerprints.npy", fingerprints + np.uint64(1))
+    with caplog.at_level("WARNING"):
+        assert compare_clusterings.run_main(compare_clusterings.main, args) == 0
+    assert "share few texts" in caplog.text
+
+
+def test_an_output_folder_that_cannot_be_made_is_said_before_the_work(tmp_path, capsys, monkeypatch):
+    x, _ = blobs(n_per=10)
+    np.save(tmp_path / "s.npy", x)
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr(cmp, "compare", lambda *a, **k: pytest.fail("compared before the output was checked"))
+    rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "s.npy"), "--deep",
+                                      str(tmp_path / "s.npy"), "--json", str(tmp_path / "a_file" / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: --json: cannot write in") and err.count("\n") == 1

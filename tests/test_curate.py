@@ -164,6 +164,33 @@ def test_load_embeddings_without_model_dir_uses_cached_counts(tmp_path, tiny_mod
     assert sorted(out2.read_bytes().splitlines()) == sorted(topical_jsonl.read_bytes().splitlines())
 
 
+def test_load_embeddings_in_another_order_than_the_input_is_refused(tmp_path, tiny_model_dir, topical_jsonl, capsys,
+                                                                     caplog):
+    """The fingerprints written beside an embeddings file say which text each row was made from."""
+    out = tmp_path / "a.jsonl"
+    assert curate("--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--no-plot", "--stats-only") == 0
+    vectors = tmp_path / "a_embeddings.npy"
+    assert (tmp_path / "a_embeddings.fingerprints.npy").is_file()
+    lines = topical_jsonl.read_bytes().splitlines(keepends=True)
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_bytes(b"".join(lines[i] for i in np.random.default_rng(1).permutation(len(lines))))
+    err = run_error(capsys, "--input", shuffled, "--output", tmp_path / "s.jsonl", "--load-embeddings", vectors,
+                    "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot")
+    assert f"--load-embeddings {vectors}: its rows are not in the input's order" in err
+    # The input it was made from: used; one record edited since: a warning, its row used as it is.
+    assert curate("--input", topical_jsonl, "--output", tmp_path / "b.jsonl", "--load-embeddings", vectors,
+                  "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot") == 0
+    edited = tmp_path / "edited.jsonl"
+    record = json.loads(lines[3])
+    record["text"] += " and more"
+    edited.write_bytes(b"".join(lines[:3]) + (json.dumps(record) + "\n").encode() + b"".join(lines[4:]))
+    with caplog.at_level(logging.WARNING, logger="diversity_order"):
+        assert curate("--input", edited, "--output", tmp_path / "e.jsonl", "--load-embeddings", vectors,
+                      "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot") == 0
+    assert "1 record(s) differ from the texts its rows were made from" in caplog.text
+
+
 def test_load_embeddings_without_counts_or_model_says_what_is_missing(tmp_path, topical_jsonl, capsys):
     np.save(tmp_path / "deep.npy", np.ones((240, 8), np.float32))
     code = curate("--input", topical_jsonl, "--output", tmp_path / "b.jsonl", "--load-embeddings",

@@ -74,9 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     from .. import animate
     from ..arrays import load_npy
     from ..errors import UserError
+    from ..outputs import check_writable_folder
 
     if args.n_frames < 1 or args.fps < 1:
         raise UserError("--n-frames and --fps must be at least 1")
+    if args.output.suffix and args.output.suffix.lower() != ".mp4":
+        raise UserError(f"--output {args.output}: the video is an H.264 MP4; give a name ending in .mp4")
     width, height = _size(args.size, "--size")
     ffmpeg = animate.find_ffmpeg(args.ffmpeg)
     log.info("Encoder: %s", ffmpeg)
@@ -84,11 +87,13 @@ def main(argv: list[str] | None = None) -> int:
                                  args.n_clusters, args.seq_len, args.seed, args.ordering)
     log.info("%d documents, K=%d, seq_len=%d; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
     names = animate.output_names(args.output)
-    projection = None
-    if args.umap is not None:
+    check_writable_folder(names["bar"].parent, "--output")
+    cloud = None
+    if args.umap is not None:  # checked before any video is encoded
         import numpy as np
 
-        projection = np.asarray(load_npy(args.umap, "--umap"))
+        uw, uh = _size(args.umap_size, "--umap-size")
+        cloud = animate.UmapFrames(inputs, np.asarray(load_npy(args.umap, "--umap")), uw, uh)
 
     started = time.perf_counter()
     bars = animate.BarFrames(inputs, width, height)
@@ -96,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                  ffmpeg, args.preset, names["bar_preview"])
     log.info("Bar video: %s (%d frames, %dx%d, %.1f s), preview %s", names["bar"], frames, width, height,
              time.perf_counter() - started, names["bar_preview"])
-    if projection is not None:
+    if cloud is not None:
         started = time.perf_counter()
-        uw, uh = _size(args.umap_size, "--umap-size")
-        cloud = animate.UmapFrames(inputs, projection, uw, uh)
         frames = animate.write_video(names["umap"], cloud.frames(args.n_frames), args.n_frames, uw, uh, args.fps,
                                      ffmpeg, args.preset, names["umap_preview"])
         log.info("UMAP video: %s (%d frames, %dx%d, %.1f s), preview %s", names["umap"], frames, uw, uh,

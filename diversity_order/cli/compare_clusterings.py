@@ -44,9 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     from .. import plots
     from ..arrays import load_matrix
     from ..atomic import save_json
+    from ..outputs import check_writable_folder
 
+    for flag, path in (("--plot", args.plot), ("--json", args.json)):
+        if path is not None:
+            check_writable_folder(path.parent, flag)  # before the work, not after it
     shallow = load_matrix(args.shallow, "--shallow")
     deep = load_matrix(args.deep, "--deep")
+    cmp.check_same_order(args.shallow, args.deep)
     result = cmp.compare(shallow, deep, args.n_clusters, args.pca_components, args.pca_deep_only, args.seed)
     result.report["shallow"]["path"] = str(args.shallow)
     result.report["deep"]["path"] = str(args.deep)
