@@ -12,6 +12,7 @@ by a ``Run``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -616,6 +617,10 @@ def write_outputs(run: Run) -> None:
     """The curated data (unless --stats-only), the labels and order it was written with (where
     ``settle_output_paths`` says), and the packed sequences (--export-packed)."""
     config = run.config
+    # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
+    # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
+    with contextlib.suppress(FileNotFoundError):
+        run.paths["meta"].unlink()
     if not config.stats_only:
         if config.output_shards > run.n:
             log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
@@ -628,6 +633,8 @@ def write_outputs(run: Run) -> None:
                 written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
                                                 config.output_shards)
         run.curated_files = [str(path) for path, _ in written]
+        if config.written_kind != "arrow":
+            _remove_other_shard_sets(config.output, config.output_shards)
         log.info("Wrote %d records (%.1f MB on disk, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
                  config.written_kind, config.output if len(written) == 1 else
                  f"{written[0][0]} ... {written[-1][0].name}")
@@ -640,6 +647,18 @@ def write_outputs(run: Run) -> None:
             run.packed = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
                                               config.seq_len, config.count_special_tokens, config.export_packed,
                                               run.labels, config.progress)
+
+
+def _remove_other_shard_sets(output: Path, shards: int) -> None:
+    """An earlier run's curated files for this output with another shard count hold the same records again (a
+    trainer reading the folder's files would see each twice): removed once this run's are written."""
+    stale = writers.other_shard_sets(output, shards)
+    for path in stale:
+        path.unlink()
+    if stale:
+        log.warning("Removed %d curated file(s) an earlier run wrote for %s with another shard count (%s%s): "
+                    "they held the same records", len(stale), output, stale[0].name,
+                    f" ... {stale[-1].name}" if len(stale) > 1 else "")
 
 
 def _shards_across_ranks(run: Run) -> bool:

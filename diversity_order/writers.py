@@ -14,6 +14,7 @@ file or in ``--output-shards N`` consecutive slices of the order.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,19 @@ def shard_paths(output: Path, shards: int) -> list[Path]:
     stem = output_stem(output)
     suffix = output.name[len(stem.name):]
     return [stem.with_name(f"{stem.name}-{i:05d}-of-{shards:05d}{suffix}") for i in range(shards)]
+
+
+def other_shard_sets(output: Path, shards: int) -> list[Path]:
+    """Files beside ``output`` that an earlier run with another shard count wrote for it (``B-0000i-of-0000M.ext``
+    for M other than ``shards``, and ``B.ext`` itself when this run writes shards): the same records again."""
+    from .outputs import output_stem
+
+    stem = output_stem(output)
+    suffix = output.name[len(stem.name):]
+    pattern = re.compile(rf"{re.escape(stem.name)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)}")
+    current = set(shard_paths(output, shards))
+    found = [path for path in sorted(stem.parent.iterdir()) if pattern.fullmatch(path.name) and path not in current]
+    return found + ([output] if shards > 1 and output.is_file() else [])
 
 
 def shard_slices(n: int, shards: int) -> list[tuple[int, int]]:

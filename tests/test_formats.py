@@ -187,6 +187,39 @@ def test_shards_and_conversion(tmp_path, demo_jsonl, tiny_model_dir):
     assert rows == [json.loads(line) for line in (tmp_path / "one" / "c.jsonl").read_text().splitlines()]
 
 
+def test_another_shard_count_replaces_the_earlier_set(tmp_path, demo_jsonl, tiny_model_dir, caplog):
+    """An earlier run's files for the same output with another shard count would hold every record again."""
+    out = tmp_path / "c.jsonl"
+    (tmp_path / "c-00000-of-00002.json").write_text("not ours: another suffix\n")
+    for shards in (4, 2, 1, 3):
+        assert curate("--input", demo_jsonl, "--output", out, "--output-shards", shards, "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+        written = sorted(tmp_path.glob("c*.jsonl"))
+        want = [out] if shards == 1 else [tmp_path / f"c-{i:05d}-of-{shards:05d}.jsonl" for i in range(shards)]
+        assert written == sorted(want)
+        lines = b"".join(path.read_bytes() for path in written).splitlines()
+        assert sorted(lines) == sorted(Path(demo_jsonl).read_bytes().splitlines())  # every record once
+    assert "Removed 1 curated file(s) an earlier run wrote for" in caplog.text  # c.jsonl, when 3 shards came
+    assert (tmp_path / "c-00000-of-00002.json").is_file()
+
+
+def test_an_interrupted_run_leaves_no_earlier_metadata_beside_its_files(tmp_path, demo_jsonl, tiny_model_dir,
+                                                                        monkeypatch):
+    out = tmp_path / "c.jsonl"
+    assert curate("--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert (tmp_path / "c_meta.json").is_file()
+    from diversity_order import curate as curate_module
+
+    def interrupted(run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(curate_module, "describe", interrupted)  # after the curated file, before the metadata
+    assert curate("--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON,
+                  "--ordering", "random") == 130
+    assert not (tmp_path / "c_meta.json").exists()
+    assert sorted(out.read_bytes().splitlines()) == sorted(Path(demo_jsonl).read_bytes().splitlines())
+
+
 def test_more_shards_than_records_are_written_empty_with_a_warning(tmp_path, demo_jsonl, tiny_model_dir, caplog):
     n = len(Path(demo_jsonl).read_bytes().splitlines())
     out = tmp_path / "c.jsonl"
