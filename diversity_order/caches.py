@@ -564,6 +564,30 @@ def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCh
     return RowCheck(misplaced, int((found < 0).sum()), 2 * int((found >= 0).sum()) >= fingerprints.size)
 
 
+def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: str, row: str, position: str,
+                      positions: str) -> None:
+    """The rows of the matrix at ``rows_path`` against the texts ``fingerprints`` (None: the fingerprints written
+    beside ``positions``' own file, read by the caller), by the fingerprints written beside ``rows_path``: rows
+    in another order are a one-line error (every document would get another one's vector), rows made from
+    edited texts a warning, other texts altogether (another text field, say) a warning that nothing was
+    checked; without fingerprints beside it, or of another length, nothing is checked. ``what``: the flags
+    the messages start with; ``row``, ``position``, ``positions``: how they name a row, a position and all."""
+    written = written_fingerprints(rows_path)
+    if written is None or fingerprints is None or written.shape != fingerprints.shape:
+        return
+    check = check_rows(written, fingerprints)
+    if not check.comparable:
+        log.warning("%s: the texts its rows were made from are mostly not those of %s (another text field, or "
+                    "other data?); rows are taken by position, unchecked", what, positions)
+    elif check.misplaced is not None:
+        i, j = check.misplaced
+        raise UserError(f"{what}: the rows are not in the order of {positions} ({position} {i} is {row} {j}, "
+                        "by the fingerprints written beside each); give embeddings of the documents in one order")
+    elif check.unmatched:
+        log.warning("%s: %d of %s differ from the texts the rows were made from (edited since?); their rows are "
+                    "used as they are", what, check.unmatched, positions)
+
+
 # ---- store ---------------------------------------------------------------------------------------
 
 

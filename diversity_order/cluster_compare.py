@@ -41,24 +41,11 @@ def verdict(ari: float) -> str:
 
 
 def check_same_order(shallow_path: Path, deep_path: Path) -> None:
-    """The two files' rows against each other, by the fingerprints written beside each (curate_dataset.py and
-    extract_deep_embeddings.py write them): the same documents in other orders would compare every document
-    with another one, so that is an error; without both files of fingerprints nothing is checked."""
-    shallow, deep = caches.written_fingerprints(shallow_path), caches.written_fingerprints(deep_path)
-    if shallow is None or deep is None or shallow.shape != deep.shape:
-        return
-    check = caches.check_rows(deep, shallow)
-    if not check.comparable:
-        log.warning("--shallow %s and --deep %s: their fingerprints files share few texts (another text field, or "
-                    "other data?); rows are compared by position, unchecked", shallow_path, deep_path)
-    elif check.misplaced is not None:
-        i, j = check.misplaced
-        raise UserError(f"--shallow {shallow_path} and --deep {deep_path} hold the documents in different orders "
-                        f"(row {i} of --shallow is row {j} of --deep, by their fingerprints files); compare "
-                        "embeddings of one order")
-    elif check.unmatched:
-        log.warning("--shallow %s and --deep %s: %d row(s) were made from different texts (edited between the "
-                    "runs?)", shallow_path, deep_path, check.unmatched)
+    """The two files' rows against each other (``caches.require_row_order``): the same documents in other orders
+    would compare every document with another one."""
+    caches.require_row_order(deep_path, caches.written_fingerprints(shallow_path),
+                             f"--shallow {shallow_path} and --deep {deep_path}", "--deep's row", "row",
+                             "--shallow's rows")
 
 
 def drop_non_finite(shallow: np.ndarray, deep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:

@@ -85,24 +85,9 @@ def load_external_embeddings(path: Path, n_records: int) -> Matrix:
 
 
 def check_external_rows(path: Path, fingerprints: np.ndarray) -> None:
-    """--load-embeddings' rows against the input's records, by the fingerprints written beside the file
-    (extract_deep_embeddings.py and curate_dataset.py write them): rows in another order are an error, not a
-    silent mix-up of every document's vector; a file without them is taken as it is."""
-    written = caches.written_fingerprints(path)
-    if written is None or written.shape[0] != fingerprints.shape[0]:
-        return
-    name = caches.files_for(path).fingerprints.name
-    check = caches.check_rows(written, fingerprints)
-    if not check.comparable:
-        log.warning("--load-embeddings %s: %s matches few of the input's texts (another --text-field, or other "
-                    "data?); its rows are taken in input order, unchecked", path, name)
-    elif check.misplaced is not None:
-        i, j = check.misplaced
-        raise UserError(f"--load-embeddings {path}: its rows are not in the input's order (record {i}'s text is "
-                        f"at row {j}, by {name}); embed the input as it is now, or put the rows in its order")
-    elif check.unmatched:
-        log.warning("--load-embeddings %s: %d record(s) differ from the texts its rows were made from (edited "
-                    "since?); their rows are used as they are", path, check.unmatched)
+    """--load-embeddings' rows against the input's records (``caches.require_row_order``)."""
+    caches.require_row_order(path, fingerprints, f"--load-embeddings {path}", "row", "record",
+                             "the input's records")
 
 
 def token_count_key(tokenizer_fp: str, text_field: str) -> dict:

@@ -177,7 +177,7 @@ def test_load_embeddings_in_another_order_than_the_input_is_refused(tmp_path, ti
     shuffled.write_bytes(b"".join(lines[i] for i in np.random.default_rng(1).permutation(len(lines))))
     err = run_error(capsys, "--input", shuffled, "--output", tmp_path / "s.jsonl", "--load-embeddings", vectors,
                     "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot")
-    assert f"--load-embeddings {vectors}: its rows are not in the input's order" in err
+    assert f"--load-embeddings {vectors}: the rows are not in the order of the input's records (record " in err
     # The input it was made from: used; one record edited since: a warning, its row used as it is.
     assert curate("--input", topical_jsonl, "--output", tmp_path / "b.jsonl", "--load-embeddings", vectors,
                   "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot") == 0
@@ -188,7 +188,7 @@ def test_load_embeddings_in_another_order_than_the_input_is_refused(tmp_path, ti
     with caplog.at_level(logging.WARNING, logger="diversity_order"):
         assert curate("--input", edited, "--output", tmp_path / "e.jsonl", "--load-embeddings", vectors,
                       "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot") == 0
-    assert "1 record(s) differ from the texts its rows were made from" in caplog.text
+    assert "1 of the input's records differ from the texts the rows were made from" in caplog.text
 
 
 def test_load_embeddings_without_counts_or_model_says_what_is_missing(tmp_path, topical_jsonl, capsys):
