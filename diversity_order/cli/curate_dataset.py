@@ -1,8 +1,10 @@
-"""Reorder a JSONL dataset so every packed training sequence holds as many topic clusters as possible.
+"""Reorder a dataset (JSONL, Parquet or a datasets folder; plain text or chat conversations) so every packed
+training sequence holds as many topic clusters as possible.
 
 Stages: index the input -> token counts and shallow embeddings (cached, incremental) ->
 optional PCA -> MiniBatchKMeans -> ordering (stratified greedy by default) -> window diversity before/after ->
-curated JSONL, metadata, labels/order arrays and plots. See README.md for every flag and file.
+the curated data (the input's format unless --output-format), metadata, labels/order arrays and plots. See
+README.md for every flag and file.
 """
 
 from __future__ import annotations
