@@ -566,8 +566,8 @@ def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCh
 
 def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: str, row: str, position: str,
                       positions: str) -> None:
-    """The rows of the matrix at ``rows_path`` against the texts ``fingerprints`` (None: the fingerprints written
-    beside ``positions``' own file, read by the caller), by the fingerprints written beside ``rows_path``: rows
+    """The rows of the matrix at ``rows_path`` against the texts ``fingerprints`` (None: unknown, nothing is
+    checked), by the fingerprints written beside ``rows_path``: rows
     in another order are a one-line error (every document would get another one's vector), rows made from
     edited texts a warning, other texts altogether (another text field, say) a warning that nothing was
     checked; without fingerprints beside it, or of another length, nothing is checked. ``what``: the flags

@@ -59,24 +59,26 @@ def _jsonl_name(name: str) -> bool:
     return is_jsonl_name(name)
 
 
+def _stem_and_suffix(output: Path) -> tuple[Path, str]:
+    """``B.ext`` as (``B``, ``.ext``): where shard numbers go in its name."""
+    from .outputs import output_stem
+
+    stem = output_stem(output)
+    return stem, output.name[len(stem.name):]
+
+
 def shard_paths(output: Path, shards: int) -> list[Path]:
     """``B.ext`` as ``shards`` files ``B-00000-of-0000N.ext`` (itself when there is one)."""
     if shards == 1:
         return [output]
-    from .outputs import output_stem
-
-    stem = output_stem(output)
-    suffix = output.name[len(stem.name):]
+    stem, suffix = _stem_and_suffix(output)
     return [stem.with_name(f"{stem.name}-{i:05d}-of-{shards:05d}{suffix}") for i in range(shards)]
 
 
 def other_shard_sets(output: Path, shards: int) -> list[Path]:
     """Files beside ``output`` that an earlier run with another shard count wrote for it (``B-0000i-of-0000M.ext``
     for M other than ``shards``, and ``B.ext`` itself when this run writes shards): the same records again."""
-    from .outputs import output_stem
-
-    stem = output_stem(output)
-    suffix = output.name[len(stem.name):]
+    stem, suffix = _stem_and_suffix(output)
     pattern = re.compile(rf"{re.escape(stem.name)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)}")
     current = set(shard_paths(output, shards))
     found = [path for path in sorted(stem.parent.iterdir()) if pattern.fullmatch(path.name) and path not in current]
