@@ -674,9 +674,22 @@ def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
     paths = writers.shard_paths(config.output, config.output_shards)
     failure = None
     mine = distributed.slice_of_order(ctx, order.size, config.output_shards)
+    schema = None
+    if writers.converts_to_parquet(run.index, config.written_kind):  # one schema for the set: every rank's part
+        try:
+            schema = writers.parquet_schema(run.index, np.concatenate(
+                [order[lo:hi] for _, lo, hi in mine] or [np.zeros(0, np.int64)]))
+        except UserError as exc:
+            failure = exc
+        parts = distributed.all_gather_object(ctx, None if schema is None else schema.serialize().to_pybytes())
+        if not distributed.all_agree(ctx, failure is None):
+            raise failure or UserError(f"{config.output}: another rank could not convert its records (see its log)")
+        import pyarrow as pa
+
+        schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part in parts])
     try:
         for part, lo, hi in mine:
-            writers.write_shard(run.index, order[lo:hi], paths[part], config.written_kind)
+            writers.write_shard(run.index, order[lo:hi], paths[part], config.written_kind, schema)
     except UserError as exc:
         failure = exc
     if mine:

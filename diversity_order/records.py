@@ -625,11 +625,25 @@ def scan_files(paths: list[Path], text_field: str | tuple[str, ...] = "text", pr
         cuts = np.linspace(0, size, n + 1).astype(np.int64).tolist()
         pieces += [(f, cuts[i], None if i == n - 1 else cuts[i + 1]) for i in range(n)]
     if workers <= 1 or len(pieces) == 1 or sum(sizes) < 2 * PARALLEL_RANGE_BYTES or not can_index_in_processes():
-        return [index_from_parts(path, text_field, [scan_range(path, text_field, 0, None, progress)])
-                for path in paths]
-    parts = _scan_in_processes(paths, text_field, pieces, min(workers, len(pieces)), progress, sizes)
-    return [index_from_parts(path, text_field, [part for (g, _, _), part in zip(pieces, parts) if g == f], consume=True)
-            for f, path in enumerate(paths)]
+        indexes = [index_from_parts(path, text_field, [scan_range(path, text_field, 0, None, progress)])
+                   for path in paths]
+    else:
+        parts = _scan_in_processes(paths, text_field, pieces, min(workers, len(pieces)), progress, sizes)
+        indexes = [index_from_parts(path, text_field, [part for (g, _, _), part in zip(pieces, parts) if g == f],
+                                    consume=True) for f, path in enumerate(paths)]
+    require_records(paths, [len(index) for index in indexes])
+    return indexes
+
+
+def require_records(paths: list[Path], counts: list[int]) -> None:
+    """Files of no records (empty, or blank lines only) are accepted among others, as an empty shard
+    of a sharded output is; the input as a whole must hold a record."""
+    if any(counts):
+        return
+    if len(paths) == 1:
+        raise UserError(f"{paths[0]}: no records (the file is empty or holds only blank lines)")
+    raise UserError(f"--input: none of the {len(paths)} files holds a record (they are empty or hold only "
+                    f"blank lines; the first is {paths[0]})")
 
 
 _bytes_done = None  # in an indexing process: the counter of bytes indexed that every process adds to
@@ -730,8 +744,6 @@ def index_from_parts(path: Path, text_field, parts: list[IndexPart], consume: bo
     single pass over the whole file gives. ``consume``: the parts' columns are dropped as they are
     joined (one column is held twice at most; the parts are no use afterwards)."""
     check_one_identity(path, [part.identity for part in parts])
-    if not any(len(part) for part in parts):
-        raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
     before = np.cumsum([0] + [len(part) for part in parts[:-1]])
     lines = [part.non_record_lines + first for part, first in zip(parts, before.tolist())]
     joined = {}

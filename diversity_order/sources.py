@@ -215,11 +215,13 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
     file_starts = np.concatenate([[0], np.cumsum(sizes)])
     cuts = np.linspace(0, int(file_starts[-1]), ctx.world_size + 1).astype(np.int64)
     lo, hi = int(cuts[ctx.rank]), int(cuts[ctx.rank + 1])
+    # An empty file lies in no range: the rank whose range holds its place indexes it (to no records).
+    empty_owner = np.minimum(np.searchsorted(cuts, file_starts[:-1], side="right") - 1, ctx.world_size - 1)
     mine, error = [], None
     try:
         for f, path in enumerate(files):
             a, b = max(lo, file_starts[f]) - file_starts[f], min(hi, file_starts[f + 1]) - file_starts[f]
-            if a < b:
+            if a < b or (sizes[f] == 0 and empty_owner[f] == ctx.rank):
                 mine.append((f, records.scan_range(path, field, int(a), int(b), progress and ctx.is_main)))
     except UserError as exc:
         error = str(exc)
@@ -233,8 +235,7 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
     bounds = np.concatenate([[0], np.cumsum([sum(n for _, n, *_ in pieces) for pieces in shapes])]).astype(np.int64)
     for f, path in enumerate(files):  # every rank refuses alike, before any gathering
         records.check_one_identity(path, [identity for _, _, _, identity, _ in _pieces_of(shapes, f)])
-        if not any(n for _, n, *_ in _pieces_of(shapes, f)):
-            raise UserError(f"{path}: no records (the file is empty or holds only blank lines)")
+    records.require_records(files, [sum(n for _, n, *_ in _pieces_of(shapes, f)) for f in range(len(files))])
     receives = everyone or ctx.is_main
     joined: list[dict] = [{} for _ in files]
     for name, dtype in records.IndexPart.COLUMNS.items():

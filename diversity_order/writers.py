@@ -4,7 +4,7 @@ file or in ``--output-shards N`` consecutive slices of the order.
 - JSONL in, JSONL out: every record byte for byte (``records``); Parquet or a datasets folder in,
   the same format out, same schema (``arrow_sources``).
 - ``--output-format`` converts: Parquet/datasets rows to JSONL (one JSON object per row), JSONL
-  records to Parquet (columns inferred from all records, one schema for the file).
+  records to Parquet (columns inferred from all records, one schema for every shard of the set).
 - ``--output-shards N`` names the files ``B-00000-of-0000N.<ext>`` (the naming of Hugging Face
   datasets and datatrove); shard i holds the i-th of N consecutive slices of the order, of
   near-equal record counts. ``write_shard`` writes one of them from its slice alone, so the
@@ -97,12 +97,20 @@ def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: in
     if order.shape[0] != len(source) or not np.array_equal(np.sort(order), np.arange(len(source))):
         raise ValueError("order must be a permutation of the record positions")
     paths = shard_paths(output, shards)
-    return [(path, write_shard(source, order[lo:hi], path, kind))
+    schema = parquet_schema(source, order) if converts_to_parquet(source, kind) else None
+    return [(path, write_shard(source, order[lo:hi], path, kind, schema))
             for path, (lo, hi) in zip(paths, shard_slices(order.size, shards))]
 
 
-def write_shard(source, rows: np.ndarray, path: Path, kind: str) -> int:
-    """Records ``rows`` (a slice of the curated order), in that order, to ``path`` as ``kind``; bytes written."""
+def converts_to_parquet(source, kind: str) -> bool:
+    """JSONL records written as Parquet: the columns are inferred from the records (``parquet_schema``)."""
+    return kind == "parquet" and source.kind == "jsonl"
+
+
+def write_shard(source, rows: np.ndarray, path: Path, kind: str, schema=None) -> int:
+    """Records ``rows`` (a slice of the curated order), in that order, to ``path`` as ``kind``; bytes written.
+    ``schema``: JSONL converted to Parquet takes this one (every shard of a set must have the same columns
+    to be read back as one input; see ``parquet_schema``), else one inferred from ``rows``."""
     if kind == source.kind or (kind == "parquet" and source.kind == "arrow"):
         if source.kind == "jsonl":
             return source.write_rows(rows, path)
@@ -110,7 +118,7 @@ def write_shard(source, rows: np.ndarray, path: Path, kind: str) -> int:
     if kind == "jsonl":
         return _arrow_to_jsonl(source, rows, path)
     if kind == "parquet":
-        return _jsonl_to_parquet(source, rows, path)
+        return _jsonl_to_parquet(source, rows, path, schema)
     raise ValueError(f"cannot write {kind} from a {source.kind} input")
 
 
@@ -138,24 +146,45 @@ def _jsonl_pieces(source, rows: np.ndarray):
         yield [json.loads(raw) for raw in source.read_raw(rows[lo:hi])]
 
 
-def _jsonl_to_parquet(source, rows: np.ndarray, path: Path) -> int:
-    """JSONL records as Parquet rows: a first pass finds one schema for every record, the second writes."""
+def parquet_schema(source, rows: np.ndarray):
+    """One Parquet schema for JSONL records ``rows``: each piece's inferred columns, unified in row order."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     source.check_unchanged()
     try:
-        schemas = [pa.Table.from_pylist(piece).schema for piece in _jsonl_pieces(source, rows)]
-        schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+        return unify_parquet_schemas(source, [pa.Table.from_pylist(piece).schema
+                                              for piece in _jsonl_pieces(source, rows)])
     except (pa.ArrowException, TypeError, ValueError) as exc:
-        raise UserError(f"{source.name}: the records cannot be one Parquet table ({str(exc).splitlines()[0]}); "
-                        "write JSONL instead (--output-format jsonl)") from None
+        raise _not_one_table(source, exc) from None
+
+
+def unify_parquet_schemas(source, schemas: list):
+    """Schemas of consecutive pieces of ``source``'s records as one (fields in order of first appearance)."""
+    import pyarrow as pa
+
+    schemas = [schema for schema in schemas if len(schema)]  # a piece of no records says nothing
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise _not_one_table(source, exc) from None
+
+
+def _not_one_table(source, exc: Exception) -> UserError:
+    return UserError(f"{source.name}: the records cannot be one Parquet table ({str(exc).splitlines()[0]}); "
+                     "write JSONL instead (--output-format jsonl)")
+
+
+def _jsonl_to_parquet(source, rows: np.ndarray, path: Path, schema=None) -> int:
+    """JSONL records as Parquet rows of ``schema`` (by default inferred from these records: a first pass)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = parquet_schema(source, rows) if schema is None else schema
+    source.check_unchanged()
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
         for piece in _jsonl_pieces(source, rows):
             try:
                 writer.write_table(pa.Table.from_pylist(piece, schema=schema))
             except (pa.ArrowException, TypeError, ValueError) as exc:
-                raise UserError(f"{source.name}: the records cannot be one Parquet table "
-                                f"({str(exc).splitlines()[0]}); write JSONL instead (--output-format jsonl)"
-                                ) from None
+                raise _not_one_table(source, exc) from None
     return path.stat().st_size

@@ -119,8 +119,13 @@ def test_records_appended_or_prepended_after_a_run_are_embedded_by_both_ranks(tm
 
 def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     """--output-shards under torchrun: each rank writes its consecutive parts of the order; the shards
-    equal a single process's byte for byte."""
+    equal a single process's byte for byte. Converted to Parquet, every shard has the columns of all
+    records (one record in 20 has a field of its own), as a single process writes them."""
+    import pyarrow.parquet as pq
+
     records = topical_records(per_topic=10)
+    for i in range(0, len(records), 20):
+        records[i]["score"] = i / 10
     single, multi = tmp_path / "single", tmp_path / "multi"
     for folder in (single, multi):
         folder.mkdir()
@@ -134,6 +139,13 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     assert len(names) == 4 and names == sorted(path.name for path in multi.glob("c-*-of-*.jsonl"))
     for name in names:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+    assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
+                                                           single / "c.parquet", *common, "--no-progress"]]) == 0
+    torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.parquet", *common])
+    tables = [pq.read_table(multi / name.replace(".jsonl", ".parquet")) for name in names]
+    assert all("score" in table.column_names and table.schema == tables[0].schema for table in tables)
+    assert [table.to_pylist() for table in tables] == \
+        [pq.read_table(single / name.replace(".jsonl", ".parquet")).to_pylist() for name in names]
 
 
 def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(tmp_path, tiny_model_dir):
@@ -429,6 +441,7 @@ def _indexing_worker(rank, store_path, inputs, out_dir):
             found[f"{name}_whole"] = [{column: getattr(index, column).tolist() for column in IndexPart.COLUMNS}
                                       for index in parts]
             found[f"{name}_file_backed"] = [isinstance(getattr(index, column), np.memmap) for index in parts
+                                            if len(index)  # a file of no records holds no memory
                                             for column in ("starts", "lengths", "fingerprints", "raw_hashes")] + \
                 [isinstance(getattr(source, column), np.memmap) for column in ("fingerprints", "row_sizes")]
     (Path(out_dir) / f"index{rank}.json").write_text(json.dumps(found))
@@ -450,13 +463,18 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
     lines = [b'{"text": "short %d"}' % i for i in range(7)] + [b'{"text": "%s"}' % (b"long " * 400)] + \
         [b"", b"  "] + [b'{"text": "after %d"}' % i for i in range(5)]
     one.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n")
-    many = [tmp_path / f"m{i}.jsonl" for i in range(3)]
-    many[0].write_bytes(b'{"text": "tiny"}')
-    many[1].write_bytes(b"".join(b'{"text": "middle %d"}\n\n' % i for i in range(40)))
-    many[2].write_bytes(b'{"text": "end"}\n')
+    # Files of no records among the others (as an empty shard of a sharded output): first, between, last.
+    many = [tmp_path / f"m{i}.jsonl" for i in range(6)]
+    many[0].write_bytes(b"")
+    many[1].write_bytes(b'{"text": "tiny"}')
+    many[2].write_bytes(b"".join(b'{"text": "middle %d"}\n\n' % i for i in range(40)))
+    many[3].write_bytes(b"\n \n")
+    many[4].write_bytes(b'{"text": "end"}\n')
+    many[5].write_bytes(b"")
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"".join(b'{"text": "fine %d"}\n' % i for i in range(30)) + b'{"text": nope}\n{"text": "x"}\n')
-    inputs = {"one": [str(one)], "many": [str(m) for m in many], "bad": [str(bad)]}
+    inputs = {"one": [str(one)], "many": [str(m) for m in many], "bad": [str(bad)],
+              "none": [str(many[0]), str(many[3]), str(many[5])]}
     mp.spawn(_indexing_worker, args=(str(tmp_path / "store"), inputs, str(tmp_path)), nprocs=2)
     for rank in range(2):
         found = json.loads((tmp_path / f"index{rank}.json").read_text())
@@ -483,6 +501,9 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
         with pytest.raises(UserError, match=r"bad\.jsonl:31: not valid JSON") as single_error:
             scan_jsonl(bad, progress=False)
         assert found["bad"] == str(single_error.value)
+        with pytest.raises(UserError, match=r"none of the 3 files holds a record") as single_error:
+            sources.open_source([Path(f) for f in inputs["none"]], ("text",), progress=False)
+        assert found["none"] == str(single_error.value)
 
 
 def test_shutdown_ends_the_world_groups_threads_although_transformers_imported_torch_distributed_nn(tmp_path):

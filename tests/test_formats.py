@@ -229,6 +229,14 @@ def test_more_shards_than_records_are_written_empty_with_a_warning(tmp_path, dem
     assert len(shards) == n + 2 and sum(p.stat().st_size == 0 for p in shards) == 2
     assert any(f"--output-shards {n + 2} for {n} records: 2 of the shards will be empty" in r.getMessage()
                for r in caplog.records if r.levelname == "WARNING")
+    # The set reads back as one input, its empty shards included (in Parquet too).
+    again = tmp_path / "again" / "c.parquet"
+    assert curate("--input", tmp_path / "c-*.jsonl", "--output", again, "--output-shards", n + 1,
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert sorted(again.parent.glob("c-*.parquet")) and curate(
+        "--input", again.parent / "c-*.parquet", "--output", tmp_path / "back.jsonl", "--model-dir",
+        tiny_model_dir, *COMMON) == 0
+    assert sorted((tmp_path / "back.jsonl").read_bytes().splitlines()) == sorted(Path(demo_jsonl).read_bytes().splitlines())
 
 
 def test_special_tokens_are_counted_in_every_window(tmp_path, demo_jsonl, tiny_model_dir):
