@@ -470,7 +470,8 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     if reason:
         parts = [reason if files.data.name in reason else f"{files.data.name}: {reason}"]
     else:
-        parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"]
+        parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"
+                 + (" (stored part-filled by an interrupted run)" if "filled" in named.meta else "")]
     if filled.any():
         parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} ({FROM_ANOTHER_RUN})")
     if named is not None and named.legacy:
@@ -533,6 +534,35 @@ def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.
     return source
 
 
+def unfilled_fingerprint(fingerprints: np.ndarray) -> int:
+    """The fingerprint written for the rows an interrupted run left unfilled: a value none of ``fingerprints``
+    has (0 almost always), so those rows match no current record. A later text could hash to it, with the
+    odds (2^-64) at which any two texts share a fingerprint, which every reuse of rows already accepts."""
+    value = 0
+    while bool((fingerprints == np.uint64(value)).any()):
+        value += 1
+    return value
+
+
+def with_unfilled(fingerprints: np.ndarray, filled: np.ndarray | None) -> np.ndarray:
+    """``fingerprints`` to store for rows of which only ``filled`` (bool per row; None: all) hold data."""
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    if filled is None:
+        return fingerprints
+    return np.where(filled, fingerprints, np.uint64(unfilled_fingerprint(fingerprints)))
+
+
+def filled_rows(data_path: Path) -> tuple[int, int] | None:
+    """(rows filled, rows) of the set at ``data_path`` when an interrupted run stored it part-filled; else None."""
+    try:
+        meta = json.loads(files_for(data_path).marker.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(meta, dict) and isinstance(meta.get("filled"), int) and isinstance(meta.get("rows"), int):
+        return meta["filled"], meta["rows"]
+    return None
+
+
 def written_fingerprints(data_path: Path) -> np.ndarray | None:
     """The fingerprints written beside ``data_path`` (``NAME.fingerprints.npy``: one uint64 per row, the text
     each row was made from), or None where there are none or they cannot be read."""
@@ -572,6 +602,10 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
     edited texts a warning, other texts altogether (another text field, say) a warning that nothing was
     checked; without fingerprints beside it, or of another length, nothing is checked. ``what``: the flags
     the messages start with; ``row``, ``position``, ``positions``: how they name a row, a position and all."""
+    part = filled_rows(rows_path)
+    if part is not None:
+        raise UserError(f"{what}: only {part[0]:,} of its {part[1]:,} rows were computed (a run interrupted while "
+                        "embedding stored what it had done); rerun that command to complete it")
     written = written_fingerprints(rows_path)
     if written is None or fingerprints is None or written.shape != fingerprints.shape:
         return
@@ -592,13 +626,16 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
 
 
 def store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: np.ndarray,
-          extras: dict[str, np.ndarray] | None = None, *, required: bool = False) -> bool:
+          extras: dict[str, np.ndarray] | None = None, *, required: bool = False,
+          filled: np.ndarray | None = None) -> bool:
     """Write the set; the manifest goes last, so a crash mid-way leaves no trusted set. True when written.
 
     A cache that cannot be written (read-only folder, immutable file, full disk) is a warning
     and False; with ``required`` (the file is the product, not a cache) a one-line error.
+    ``filled`` (bool per row): only those rows hold data (an interrupted run's); the others are
+    stored under a fingerprint no record has (``unfilled_fingerprint``), so no lookup takes them.
     """
-    problem = try_store(target, key, fingerprints, data, extras)
+    problem = try_store(target, key, fingerprints, data, extras, filled)
     if problem is None:
         return True
     if required:
@@ -608,7 +645,7 @@ def store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: 
 
 
 def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, data: np.ndarray,
-              extras: dict[str, np.ndarray] | None = None) -> str | None:
+              extras: dict[str, np.ndarray] | None = None, filled: np.ndarray | None = None) -> str | None:
     """``store`` without the warning: None when written, else why not."""
     files = _files(target)
     extras = extras or {}
@@ -618,9 +655,10 @@ def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, da
         files.marker.unlink(missing_ok=True)  # the set is being rewritten: untrusted until its manifest is back
         written = {f"extra:{name}": _write_npy(files.extras[name], array) for name, array in extras.items()}
         written["data"] = _write_npy(files.data, data)
-        written["fingerprints"] = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
+        written["fingerprints"] = _write_npy(files.fingerprints, with_unfilled(fingerprints, filled))
         manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(data.shape[0]),
-                    "dtype": str(data.dtype), "shape": list(data.shape), "digest": DIGEST_NAME, "files": written}
+                    "dtype": str(data.dtype), "shape": list(data.shape), "digest": DIGEST_NAME, "files": written,
+                    **_filled_entry(filled)}
         if extras:
             manifest["extras"] = {name: int(array.shape[0]) for name, array in extras.items()}
         atomic.save_json(files.marker, manifest)
@@ -629,6 +667,11 @@ def try_store(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, da
     if not files.extras:
         _register(files, manifest)
     return None
+
+
+def _filled_entry(filled: np.ndarray | None) -> dict:
+    """The manifest's record of a part-filled set (``filled_rows`` reads it)."""
+    return {} if filled is None else {"filled": int(np.count_nonzero(filled))}
 
 
 class Fill:
@@ -667,18 +710,19 @@ class Fill:
         held = None if hold_rows is None else matrix.HeldRows(hold_rows, shape[1], dtype)
         self.rows = _DigestingRows(writer, self._handle, held)
 
-    def commit(self, key: dict, fingerprints: np.ndarray) -> matrix.MatrixFile:
-        """Store the set (see the class doc); the rows to read from now on."""
+    def commit(self, key: dict, fingerprints: np.ndarray, filled: np.ndarray | None = None) -> matrix.MatrixFile:
+        """Store the set (see the class doc); the rows to read from now on. ``filled``: only those rows
+        were assigned (a run interrupted part-way keeps them; see ``store``)."""
         self.rows.writer.finish()
         if self._context is not None:
             try:
-                return self._store(key, fingerprints)
+                return self._store(key, with_unfilled(fingerprints, filled), _filled_entry(filled))
             except OSError as exc:
                 self.problem = _os_problem(exc)
         log.warning("Cache %s not written (%s); the run goes on without it", self.files.data, self.problem)
         return matrix.MatrixFile.open(f"/proc/self/fd/{self._kept}").holding(self.rows.held)
 
-    def _store(self, key: dict, fingerprints: np.ndarray) -> matrix.MatrixFile:
+    def _store(self, key: dict, fingerprints: np.ndarray, filled_entry: dict) -> matrix.MatrixFile:
         fd = self._handle.fileno()
         self._handle.flush()
         os.fsync(fd)
@@ -689,10 +733,9 @@ class Fill:
         context, self._context = self._context, None
         # fsync, close and rename into place; when that fails the temp is removed, and our descriptor still reads it.
         context.__exit__(None, None, None)
-        written = {"data": entry, "fingerprints": _write_npy(self.files.fingerprints,
-                                                             np.asarray(fingerprints, dtype=np.uint64))}
+        written = {"data": entry, "fingerprints": _write_npy(self.files.fingerprints, fingerprints)}
         manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": self.shape[0], "dtype": str(self.dtype),
-                    "shape": list(self.shape), "digest": DIGEST_NAME, "files": written}
+                    "shape": list(self.shape), "digest": DIGEST_NAME, "files": written, **filled_entry}
         atomic.save_json(self.files.marker, manifest)
         _register(self.files, manifest)
         os.close(self._kept)
@@ -752,9 +795,18 @@ class _DigestingRows:
                 self._current, self._filled = DIGESTS[DIGEST_NAME](), 0
 
     def digest(self, size: int) -> str | None:
-        """The file's digest if every byte of its ``size`` was digested on the way in; else None."""
-        if self._next_row != self.shape[0] or self._size != size:
+        """The file's digest if every byte of its ``size`` was digested on the way in, or all but rows
+        never written after those (zeros: a run interrupted part-way; hashed without reading them); else None."""
+        if self._next_row is None or self._size + (self.shape[0] - self._next_row) * self._row_bytes != size:
             return None
+        left = size - self._size
+        if left:
+            self._feed(bytes(min(left, DIGEST_CHUNK - self._filled)))
+            left = size - self._size
+            zeros = DIGESTS[DIGEST_NAME](bytes(DIGEST_CHUNK)).digest() if left >= DIGEST_CHUNK else b""
+            self._chunks += [zeros] * (left // DIGEST_CHUNK)
+            self._size += left // DIGEST_CHUNK * DIGEST_CHUNK
+            self._feed(bytes(size - self._size))
         last = [self._current.digest()] if self._filled or not self._chunks else []
         return _combine(self._chunks + last, size)
 

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -128,6 +128,15 @@ class TokenizeStats:
     seconds: float = 0.0
 
 
+@dataclass
+class Finished:
+    """What ``embed_and_count`` had finished when an error or Ctrl-C stopped it: the first of its rows
+    (ascending) whose counts, and vectors written to ``out``, are complete, and those counts."""
+
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
 def embed_and_count(
     index,
     rows: np.ndarray,
@@ -137,12 +146,15 @@ def embed_and_count(
     batch_bytes: int = 4 << 20,
     progress: bool = True,
     out=None,
+    finished: Finished | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray, TokenizeStats]:
     """Tokenize ``rows`` once; return (embeddings or None without a table, token counts, stats).
 
     Results are in the order of ``rows`` sorted ascending; with ``out`` (N x D rows for all
     records: an array, or a ``matrix.RowWriter`` into the cache file) the vectors are written into
     ``out[rows]`` batch by batch instead, and ``out`` is returned, so no N x D array is built here.
+    ``finished``: where an interrupted call leaves what it had done (batches finish in row order, so
+    it is a prefix of the sorted rows), for the caller to keep.
     """
     rows = np.sort(np.asarray(rows, dtype=np.int64))
     counts = np.zeros(rows.size, dtype=np.int64)
@@ -155,6 +167,7 @@ def embed_and_count(
     stats = TokenizeStats(empty_rows=[])
     started = time.perf_counter()
     done = 0
+    complete = [0]  # rows whose counts and vectors are written (``finish`` runs batches in submission order)
     threads = pooling_threads()
 
     def finish(batch_rows: np.ndarray, encoded: list, at: int) -> None:
@@ -171,6 +184,7 @@ def embed_and_count(
                 vectors[at: at + n] = pooled
         stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
         stats.tokens += int(lengths.sum())
+        complete[0] = at + n
         bar.update(n, work=int(lengths.sum()))
 
     behind = Behind("embedding", depth=2)
@@ -180,10 +194,12 @@ def embed_and_count(
                 encoded = tokenizer.encode_texts(texts)
                 behind.submit(finish, batch_rows, encoded, done)
                 done += len(texts)
+            behind.wait()
         except BaseException:
             behind.wait(raise_error=False)  # the error that stopped the loop is the one to report
+            if finished is not None:
+                finished.rows, finished.counts = rows[: complete[0]], counts[: complete[0]].copy()
             raise
-        behind.wait()
     stats.documents = done
     stats.seconds = time.perf_counter() - started
     if stats.empty_rows:

@@ -9,11 +9,12 @@ neither.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import caches, distributed, embed, matrix
+from . import caches, distributed, embed, interrupts, matrix
 from .arrays import load_matrix
 from .errors import UserError
 from .matrix import Matrix
@@ -100,11 +101,13 @@ def embedding_key(tokenizer_fp: str, table, text_field: str) -> dict:
 
 
 def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table,
-                   batch_docs: int, progress: bool, out: np.ndarray | None = None):
+                   batch_docs: int, progress: bool, out: np.ndarray | None = None,
+                   finished: embed.Finished | None = None):
     """Tokenize (and embed, with a table: a single process only, the vectors written straight into
     ``out[rows]``) ``rows``. Under torchrun, where only counts are computed here (ranks embed through
     ``scale_out``, never sending vectors), each rank takes a share by bytes and rank 0 gets the counts
-    back in row order; the other ranks get (None, None)."""
+    back in row order; the other ranks get (None, None). ``finished``: see ``embed.embed_and_count``
+    (a single process only)."""
     if ctx.active and table is not None:
         raise RuntimeError("under torchrun the ranks embed through scale_out, which sends no vectors")
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
@@ -112,7 +115,8 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
         log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     vectors, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
                                                    progress=progress and ctx.is_main,
-                                                   out=None if ctx.active else out)
+                                                   out=None if ctx.active else out,
+                                                   finished=None if ctx.active else finished)
     if table is not None:
         log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s%s)", stats.documents,
                  f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9),
@@ -153,16 +157,18 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
                         f"have no cached count in {paths['token_counts']} (a folder with the tokenizer is enough)")
     counts = counts_found.data if counts_found.data is not None else np.zeros(len(index), dtype=np.int64)
     counts = counts.astype(np.int64)
-    embeddings = fill = None
+    embeddings = None
+    work = _WorkSoFar(counted=counts_found.hit.copy())
     try:
         if need_embeddings:
-            emb_key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
-            embeddings, fill, embedded = _embeddings(index, paths["embeddings"], emb_key, model, tokenizer, counts,
-                                                     batch_docs, progress, ctx, embedding_dtype, hold_rows)
+            work.key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
+            embeddings, embedded = _embeddings(index, paths["embeddings"], work, model, tokenizer, counts,
+                                               batch_docs, progress, ctx, embedding_dtype, hold_rows)
             count_rows = _without(count_rows, embedded, len(index))
         if count_rows.size:
             log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
-            _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress)
+            _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress,
+                                           finished=work.counting)
             if ctx.is_main:
                 counts[count_rows] = new_counts
         if not ctx.is_main:
@@ -172,13 +178,62 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
         if not counts_found.in_order:
             # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
             store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps, counts)
-        if fill is not None:
-            embeddings = fill.commit(emb_key, fps)
+        if work.fill is not None:
+            embeddings = work.fill.commit(work.key, fps)
+    except KeyboardInterrupt:
+        if not ctx.active and tokenizer is not None:
+            _keep_work_so_far(work, index, counts, count_places, count_key)
+        elif work.fill is not None:
+            work.fill.abandon()
+        raise
     except BaseException:
-        if fill is not None:
-            fill.abandon()
+        if work.fill is not None:
+            work.fill.abandon()
         raise
     return counts, embeddings
+
+
+@dataclass
+class _WorkSoFar:
+    """What ``counts_and_embeddings`` has done, for a run interrupted part-way to keep (``_keep_work_so_far``)."""
+
+    counted: np.ndarray  # bool per record: its token count is known
+    key: dict | None = None  # the embeddings' cache key
+    fill: caches.Fill | None = None  # the embeddings set being filled
+    filled: np.ndarray | None = None  # bool per record: its row of ``fill`` is written (None: not known yet)
+    embedding: embed.Finished = field(default_factory=embed.Finished)  # rows embedded (and counted)
+    counting: embed.Finished = field(default_factory=embed.Finished)  # rows only counted
+
+
+def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places: list[Path], count_key: dict) -> None:
+    """After Ctrl-C, store the embeddings and token counts computed so far (rows of no other record
+    are marked unfilled, see ``caches.store``), so that a rerun computes only the rest: hours of
+    tokenizing on a large input are not lost. Ctrl-C again stops the saving (the caches then stay as
+    they were)."""
+    fps = index.fingerprints
+    fill, work.fill = work.fill, None
+    try:
+        with interrupts.finishing("keeping the embeddings and token counts computed so far"):
+            for finished in (work.embedding, work.counting):
+                counts[finished.rows] = finished.counts
+                work.counted[finished.rows] = True
+            if fill is not None and work.filled is not None:
+                work.filled[work.embedding.rows] = True
+                done = int(np.count_nonzero(work.filled))
+                if done:
+                    fill.commit(work.key, fps, None if done == len(index) else work.filled)
+                    log.warning("Interrupted: %d of %d embeddings are kept in %s; a rerun embeds only the other %d",
+                                done, len(index), fill.files.data, len(index) - done)
+                else:
+                    fill.abandon()
+                fill = None
+            done = int(np.count_nonzero(work.counted))
+            if done:
+                store_token_counts(count_places, count_key, fps, counts,
+                                   None if done == len(index) else work.counted)
+    finally:
+        if fill is not None:
+            fill.abandon()
 
 
 def _without(rows: np.ndarray, taken: np.ndarray, n: int) -> np.ndarray:
@@ -190,33 +245,31 @@ def _without(rows: np.ndarray, taken: np.ndarray, n: int) -> np.ndarray:
     return np.flatnonzero(left)
 
 
-def _embeddings(index: RecordIndex, path: Path, key: dict, model: ModelParts, tokenizer, counts: np.ndarray,
+def _embeddings(index: RecordIndex, path: Path, work: _WorkSoFar, model: ModelParts, tokenizer, counts: np.ndarray,
                 batch_docs: int, progress: bool, ctx: distributed.DistContext, dtype: str,
-                hold_rows: np.ndarray | None = None) -> tuple[Matrix | None, caches.Fill | None, np.ndarray]:
+                hold_rows: np.ndarray | None = None) -> tuple[Matrix | None, np.ndarray]:
     """The embeddings cache brought up to date, the rows embedded (their ``counts`` set), as
-    (the cache's rows when nothing changed, else None; the filled set to commit, on rank 0; the rows embedded)."""
+    (the cache's rows when nothing changed, else None; the rows embedded). The set being filled, to
+    commit (on rank 0), is ``work.fill``; the caller abandons it on an error."""
     dim = model.table().dim
-    found = caches.lookup(path, key, index.fingerprints, dtype=dtype, row_shape=(dim,), lazy=True)
+    found = caches.lookup(path, work.key, index.fingerprints, dtype=dtype, row_shape=(dim,), lazy=True)
     log.info("Embeddings: %s", found.reason)
     embed_rows = found.missing_rows
     if found.in_order:
-        return (matrix.MatrixFile.open(found.files.data) if ctx.is_main else None), None, embed_rows
-    fill = caches.Fill(path, (len(index), dim), dtype, hold_rows) if ctx.is_main else None
-    try:
-        if fill is not None:
-            found.copy_into(fill.rows)
-        if embed_rows.size:
-            log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
-                     embed_rows.size, len(index))
-            out = fill.rows if fill is not None else None
-            _, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
-                                           progress, out=out)
-            counts[embed_rows] = new_counts
-    except BaseException:
-        if fill is not None:
-            fill.abandon()
-        raise
-    return None, fill, embed_rows
+        return (matrix.MatrixFile.open(found.files.data) if ctx.is_main else None), embed_rows
+    work.fill = caches.Fill(path, (len(index), dim), dtype, hold_rows) if ctx.is_main else None
+    if work.fill is not None:
+        found.copy_into(work.fill.rows)
+        work.filled = found.hit.copy()
+    if embed_rows.size:
+        log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
+                 embed_rows.size, len(index))
+        out = work.fill.rows if work.fill is not None else None
+        _, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,
+                                       progress, out=out, finished=work.embedding)
+        counts[embed_rows] = new_counts
+    work.embedding.rows, work.embedding.counts = embed_rows, (new_counts if embed_rows.size else counts[:0])
+    return None, embed_rows
 
 
 def token_count_places(paths: dict) -> list[Path]:
@@ -226,12 +279,14 @@ def token_count_places(paths: dict) -> list[Path]:
     return [primary] if fallback.absolute() == primary.absolute() else [primary, fallback]
 
 
-def store_token_counts(places: list[Path], key: dict, fps: np.ndarray, counts: np.ndarray) -> None:
-    problem = caches.try_store(places[0], key, fps, counts)
+def store_token_counts(places: list[Path], key: dict, fps: np.ndarray, counts: np.ndarray,
+                       filled: np.ndarray | None = None) -> None:
+    """``filled``: only those records' counts are known (see ``caches.store``)."""
+    problem = caches.try_store(places[0], key, fps, counts, filled=filled)
     if problem is None:
         return
     if len(places) == 1:
         log.warning("Cache %s not written (%s); the run goes on without it", places[0], problem)
         return
     log.warning("Token counts cannot be cached beside the input (%s); cached in %s instead", problem, places[1])
-    caches.store(places[1], key, fps, counts)
+    caches.store(places[1], key, fps, counts, filled=filled)

@@ -3,12 +3,17 @@
 Python raises KeyboardInterrupt wherever the main thread is, and some libraries catch and drop it (seen
 during a UMAP fit: the run went on to write every file). A command's Ctrl-C handler (``cli.run_command``)
 calls ``request_interrupt``; stages (``runtime.StageTimer``) call ``stop_if_interrupted`` when they start
-and end, so such a run stops at the next stage. No imports: the handler is set before anything heavy loads.
+and end, so such a run stops at the next stage. Work that keeps what an interrupted run did (``finishing``)
+holds off the end a command's handler forces some seconds after Ctrl-C. No imports but the standard
+library's lightest: the handler is set before anything heavy loads.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 _requested = {"set": False}
+_finishing: list[str] = []  # what is being kept after Ctrl-C, innermost last
 
 
 def request_interrupt() -> None:
@@ -19,3 +24,19 @@ def request_interrupt() -> None:
 def stop_if_interrupted() -> None:
     if _requested["set"]:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def finishing(what: str):
+    """While inside, a command interrupted by Ctrl-C is not ended by force (``what`` says why, to the user);
+    Ctrl-C again still stops it."""
+    _finishing.append(what)
+    try:
+        yield
+    finally:
+        _finishing.remove(what)
+
+
+def finishing_what() -> str | None:
+    """What is being kept after Ctrl-C (``finishing``), or None."""
+    return _finishing[-1] if _finishing else None

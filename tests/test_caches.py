@@ -451,24 +451,36 @@ def test_a_fill_is_trusted_only_once_committed(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(0, 60), st.integers(1, 5), st.sampled_from([np.float32, np.float16]), st.integers(1, 9),
-       st.sampled_from([64, 100, 4096]), st.booleans(), st.integers(0, 2**31))
+       st.sampled_from([64, 100, 4096]), st.booleans(), st.integers(0, 2**31), st.integers(0, 70))
 def test_a_fill_digested_while_written_records_the_digest_of_its_file(tmp_path_factory, n, d, dtype, batch, chunk,
-                                                                     in_order, seed):
-    """Rows written in file order are digested on the way in (no re-read at commit); any other order is
-    digested at commit. Either way the manifest holds the digest of the file's bytes, in chunks of any size."""
+                                                                     in_order, seed, written):
+    """Rows written in file order are digested on the way in (no re-read at commit), those never written
+    after them (a run interrupted part-way: ``written`` of the ``n`` rows) as the zeros they read as; any
+    other order is digested at commit. Either way the manifest holds the digest of the file's bytes, in
+    chunks of any size; a part-filled set gives a lookup exactly its filled rows."""
     folder = tmp_path_factory.mktemp("fill")
     rng = np.random.default_rng(seed)
     values = rng.normal(size=(n, d)).astype(dtype)
     rows = np.arange(n) if in_order else rng.permutation(n)
+    rows = rows[: min(written, n)]
+    filled = np.zeros(n, dtype=bool)
+    filled[rows] = True
+    fingerprints = rng.permutation(2 * n)[:n].astype(np.uint64)  # 0 among them at times: another marks the unfilled
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(caches, "DIGEST_CHUNK", chunk)
         fill = caches.Fill(folder / "c.npy", (n, d), dtype)
-        for at in range(0, n, batch):
+        for at in range(0, rows.size, batch):
             fill.rows[rows[at: at + batch]] = values[rows[at: at + batch]]
-        fill.commit({"kind": "t"}, np.arange(n).astype(np.uint64))
-        recorded = json.loads(caches._files(folder / "c.npy").marker.read_text())["files"]["data"]["digest"]
+        fill.commit({"kind": "t"}, fingerprints, None if filled.all() else filled)
+        manifest = json.loads(caches._files(folder / "c.npy").marker.read_text())
         with open(folder / "c.npy", "rb") as handle:
-            assert recorded == caches._digest_fd(handle.fileno(), os.fstat(handle.fileno()).st_size)
-    np.testing.assert_array_equal(np.load(folder / "c.npy"), values)
+            assert manifest["files"]["data"]["digest"] == caches._digest_fd(handle.fileno(),
+                                                                            os.fstat(handle.fileno()).st_size)
+    assert caches.filled_rows(folder / "c.npy") == (None if filled.all() else (rows.size, n))
+    np.testing.assert_array_equal(np.load(folder / "c.npy"), np.where(filled[:, None], values, 0))
+    found = caches.lookup(folder / "c.npy", {"kind": "t"}, fingerprints, registry=False)
+    np.testing.assert_array_equal(found.hit, filled)
+    assert found.in_order == bool(filled.all())
+    np.testing.assert_array_equal(found.data[filled], values[filled])

@@ -157,3 +157,56 @@ def test_a_killed_runs_temp_files_are_removed_by_the_next_run_never_a_live_ones(
         live.kill()
         live.wait()
     assert [p.name for p in tmp_path.glob(".*.tmp")] == [live_temp.name]
+
+
+def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_rest(tmp_path, tiny_model_dir,
+                                                                                     monkeypatch, caplog):
+    """Ctrl-C part-way through embedding stores the rows and counts finished so far (the rest marked
+    unfilled); the rerun embeds only the rest, and every file equals an uninterrupted run's."""
+    import logging
+
+    import curate_dataset
+    from diversity_order import caches
+    from diversity_order.cli import run_main
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # no registry: the rerun may only use its own set
+    records = topical_records(per_topic=30)
+    n = len(records)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for folder in (whole, cut):
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", records)
+    common = ["--model-dir", str(tiny_model_dir), "--n-clusters", "4", "--no-plot", "--no-progress",
+              "--embed-batch-size", "16"]
+    assert run_main(curate_dataset.main, ["--input", str(whole / "d.jsonl"), "--output", str(whole / "c.jsonl"),
+                                          *common]) == 0
+    real, calls = DocumentTokenizer.encode_texts, []
+
+    def interrupted_at_the_fourth_batch(self, texts):
+        calls.append(len(texts))
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(self, texts)
+
+    monkeypatch.setattr(DocumentTokenizer, "encode_texts", interrupted_at_the_fourth_batch)
+    args = ["--input", str(cut / "d.jsonl"), "--output", str(cut / "c.jsonl"), *common]
+    with caplog.at_level(logging.INFO):
+        assert run_main(curate_dataset.main, args) == 130
+    kept = sum(calls[:3])
+    assert 0 < kept < n and f"Interrupted: {kept} of {n} embeddings are kept in" in caplog.text
+    assert caches.filled_rows(cut / "c_embeddings.npy") == (kept, n)
+    assert caches.filled_rows(cut / "d_token_counts.npy") == (kept, n)
+    assert not (cut / "c.jsonl").exists()
+    # The part-filled set is no --load-embeddings input.
+    assert run_main(curate_dataset.main, [*args, "--load-embeddings", str(cut / "c_embeddings.npy")]) == 2
+    monkeypatch.setattr(DocumentTokenizer, "encode_texts", real)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert run_main(curate_dataset.main, args) == 0
+    assert f"Embedding {n - kept} new or changed record(s) of {n}" in caplog.text
+    assert caches.filled_rows(cut / "c_embeddings.npy") is None
+    for name in ("c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy", "c.jsonl"):
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+    manifest = json.loads((cut / "c_embeddings.cache.json").read_text())
+    assert manifest == json.loads((whole / "c_embeddings.cache.json").read_text()) | {"files": manifest["files"]}

@@ -357,6 +357,34 @@ time.sleep(30)  # the rest of a long run
     assert seconds < 20
 
 
+def test_ctrl_c_waits_past_the_grace_for_work_being_kept_and_ctrl_c_again_stops_it():
+    """After Ctrl-C, keeping what the run did (``interrupts.finishing``) may outlast the grace: the user is
+    told, the work ends and the command exits 130; Ctrl-C again ends it at once."""
+    keep = """
+from diversity_order import interrupts
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+except KeyboardInterrupt:
+    with interrupts.finishing("keeping the work"):
+        try:
+            {during}
+            time.sleep(2)  # four graces
+            print("kept", flush=True)
+        except KeyboardInterrupt:
+            print("stopped", flush=True)
+            raise
+    raise
+"""
+    result, _ = _run_command(keep.format(during="pass"))
+    _one_interrupted_line(result)
+    assert result.stdout.split() == ["kept"]
+    assert "still keeping the work (Ctrl-C again to stop at once)" in result.stderr
+    result, seconds = _run_command(keep.format(during="os.kill(os.getpid(), signal.SIGINT); time.sleep(0.05)"))
+    _one_interrupted_line(result)
+    assert result.stdout.split() == ["stopped"] and seconds < 20
+
+
 def test_ctrl_c_ends_the_process_though_a_thread_holds_up_the_exit():
     result, seconds = _run_command("""
 threading.Thread(target=time.sleep, args=(30,)).start()  # not a daemon: the interpreter would wait for it

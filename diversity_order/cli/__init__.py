@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import UserError
-from ..interrupts import request_interrupt
+from ..interrupts import finishing_what, request_interrupt
 
 log = logging.getLogger("diversity_order")
 
@@ -84,6 +84,7 @@ INTERRUPTED = "interrupted: files already written are complete; nothing half-wri
 # during an import does; so does a weakref callback of the import machinery, printing "Exception
 # ignored"), so the run would go on; a thread can also hold up the exit.
 INTERRUPT_GRACE_S = 10.0
+FINISHING_LIMIT_S = 600.0  # the longest the grace is held off by ``interrupts.finishing``
 _interrupt = {"received": False, "reported": False}
 
 
@@ -95,6 +96,13 @@ def _report_interrupt() -> None:
 
 def _end_after_grace() -> None:
     time.sleep(INTERRUPT_GRACE_S)
+    told, started = False, time.monotonic()
+    # Work that keeps what the run did (hours of embedding) may take longer; Ctrl-C again stops it.
+    while finishing_what() is not None and time.monotonic() - started < FINISHING_LIMIT_S:
+        if not told:
+            print(f"still {finishing_what()} (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(0.1)
     _report_interrupt()
     os._exit(130)  # atomic writes leave at most a temp file, which a later run removes
 
