@@ -64,8 +64,10 @@ def _enable_umap_jit_cache() -> None:
 
 def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: bool = True) -> np.ndarray:
     """PCA(50) -> UMAP(2, n_neighbors=15, min_dist=0.1), fitted on a sample for big inputs."""
-    import umap
     from sklearn.decomposition import PCA
+
+    with heartbeat("Loading UMAP (its first import on a machine compiles numba kernels: up to a minute)"):
+        import umap
 
     _enable_umap_jit_cache()
 
