@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 # one after another, 10.5 s side by side). Below it they are short and compete for the cores, and their
 # working memory adds up (20K documents: 1.08 s one after another, 1.2 s side by side, +125 MB peak).
 SIDE_BY_SIDE_ROWS = 1_000_000
+# Fewer windows than this: their figures are warned of as resting on few windows.
+FEW_WINDOWS = 10
 # Records longer than a window holding this share of the tokens or more: said as a warning, not a note.
 LONG_RECORDS_WARN_SHARE = 0.1
 
@@ -834,6 +836,10 @@ def _warn_if_degenerate(run: Run) -> None:
     elif np.median(documents) <= 1:
         log.warning("Most %s-token windows hold a single document (the documents are about as long as --seq-len): "
                     "each such window holds one cluster whatever the order", f"{config.seq_len:,}")
+    elif unique.size < FEW_WINDOWS:
+        log.warning("Only %d windows of %s tokens: the figures per window (and the boundary shift) rest on so few "
+                    "that one document moved changes them; a shorter --seq-len shows more of the order",
+                    unique.size, f"{config.seq_len:,}")
     _say_records_longer_than_a_window(run.counts, config.seq_len, config.ordering_options.packing)
     log.info("Curated order: %.1f%% of the most clusters these windows could hold (a window holds at most as many "
              "clusters as documents); input order %.1f%%", 100 * run.quality["curated"]["efficiency"],

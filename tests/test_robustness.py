@@ -160,7 +160,13 @@ def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, 
     assert "fit in one" in caplog.text
     caplog.clear()
     assert curate(*common, "--output", tmp_path / "s.jsonl", "--n-clusters", 6, "--seq-len", 10) == 0
-    assert "hold a single document" in caplog.text
+    assert "hold a single document" in caplog.text and "Only " not in caplog.text
+    tokens = int(np.load(tmp_path / "data_token_counts.npy").sum())
+    for windows, warned in ((3, True), (40, False)):
+        caplog.clear()
+        assert curate(*common, "--output", tmp_path / f"few{windows}.jsonl", "--n-clusters", 6, "--seq-len",
+                      tokens // windows + 1) == 0
+        assert ("windows of" in caplog.text and "rest on so few" in caplog.text) == warned, windows
 
 
 def test_records_longer_than_a_window_are_counted(tmp_path, tiny_model_dir, caplog):
