@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_ordering_quality.py --corpora CORPORA
         [--corpus NAME LABELS_NPY COUNTS_NPY ...] [--only NAME ...]
         [--synthetic-docs 100000] [--timing-docs 1000000] [--out benchmarks/results_ordering_quality.json]
+    NUMBA_NUM_THREADS=4 .venv/bin/python benchmarks/bench_ordering_quality.py --corpora CORPORA --timing-only
 
 For each corpus x seq-len (4096, 16384, 131072) x packing model (whole documents / split across
 windows), every ordering below gets: unique clusters per window (mean), its efficiency (sum of
@@ -175,10 +176,11 @@ def timing(n_docs: int, corpora: dict) -> list[dict]:
     process's own, which a busy shared machine inflates less; every ordering here is single-threaded except
     paced's rule 8 packing split, which runs on every core, so its CPU time exceeds its wall time)."""
     inputs = {"uneven-sizes (synthetic)": skewed_corpus("uneven-sizes", n_docs, seed=1)[:2]}
-    if "mix-b" in corpora:  # a real heavy-tailed shape, resampled to n_docs
-        labels, counts, _ = corpora["mix-b"]
-        pick = np.random.default_rng(0).integers(0, labels.size, n_docs)
-        inputs["mix-b resampled"] = (labels[pick], counts[pick])
+    for name in ("mix-b", "files"):  # real shapes (heavy-tailed; long files), resampled to n_docs
+        if name in corpora:
+            labels, counts, _ = corpora[name]
+            pick = np.random.default_rng(0).integers(0, labels.size, n_docs)
+            inputs[f"{name} resampled"] = (labels[pick], counts[pick])
     rows = []
     for input_name, (labels, counts) in inputs.items():
         runs = {
@@ -274,6 +276,8 @@ def main() -> None:
     p.add_argument("--synthetic-docs", type=int, default=100_000)
     p.add_argument("--timing-docs", type=int, default=1_000_000)
     p.add_argument("--only", nargs="+", help="these corpora only (names as in the tables)")
+    p.add_argument("--timing-only", action="store_true",
+                   help="only the 1M-document timing (give the cores with NUMBA_NUM_THREADS); prints JSON lines")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results_ordering_quality.json")
     args = p.parse_args()
 
@@ -283,6 +287,9 @@ def main() -> None:
         corpora[name] = (labels, np.load(counts_path).astype(np.int64), int(labels.max()) + 1)
     if args.only:
         corpora = {n: c for n, c in corpora.items() if n in args.only}
+    if args.timing_only:
+        timing(args.timing_docs, corpora)
+        return
     results = quality(corpora)
     timings = timing(args.timing_docs, corpora) if args.timing_docs else []
     print()

@@ -8,6 +8,7 @@ neither.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,31 +159,35 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     counts = counts_found.data if counts_found.data is not None else np.zeros(len(index), dtype=np.int64)
     counts = counts.astype(np.int64)
     embeddings = None
-    work = _WorkSoFar(counted=counts_found.hit.copy())
+    work = _WorkSoFar(counted=counts_found.hit.copy(), counted_before=int(np.count_nonzero(counts_found.hit)))
     try:
-        if need_embeddings:
-            work.key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
-            embeddings, embedded = _embeddings(index, paths["embeddings"], work, model, tokenizer, counts,
-                                               batch_docs, progress, ctx, embedding_dtype, hold_rows)
-            count_rows = _without(count_rows, embedded, len(index))
-        if count_rows.size:
-            log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
-            _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress,
-                                           finished=work.counting)
-            if ctx.is_main:
-                counts[count_rows] = new_counts
-        if not ctx.is_main:
-            return None, None
-        # Stored whenever the files are not exactly the current records in order (new, edited, moved
-        # or removed records), so the caches always line up with the input for the other scripts.
-        if not counts_found.in_order:
-            # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
-            store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps, counts)
-        if work.fill is not None:
-            embeddings = work.fill.commit(work.key, fps)
-    except KeyboardInterrupt:
-        if not ctx.active and tokenizer is not None:
-            _keep_work_so_far(work, index, counts, count_places, count_key)
+        # SIGTERM (a scheduler's preemption or time limit) keeps the work done, as Ctrl-C does.
+        with contextlib.nullcontext() if ctx.active else interrupts.sigterm_raises():
+            if need_embeddings:
+                work.key = embedding_key(tokenizer.fingerprint, model.table(), text_field)
+                embeddings, embedded = _embeddings(index, paths["embeddings"], work, model, tokenizer, counts,
+                                                   batch_docs, progress, ctx, embedding_dtype, hold_rows)
+                count_rows = _without(count_rows, embedded, len(index))
+            if count_rows.size:
+                log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
+                _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress,
+                                               finished=work.counting)
+                if ctx.is_main:
+                    counts[count_rows] = new_counts
+            if not ctx.is_main:
+                return None, None
+            # Stored whenever the files are not exactly the current records in order (new, edited, moved
+            # or removed records), so the caches always line up with the input for the other scripts.
+            if not counts_found.in_order:
+                # Without a tokenizer every count came from a cache (else missing rows raised above): keep its key.
+                store_token_counts(count_places, count_key if tokenizer is not None else counts_found.key, fps,
+                                   counts)
+            if work.fill is not None:
+                work.committing = True
+                embeddings = work.fill.commit(work.key, fps)
+    except (KeyboardInterrupt, interrupts.Terminated) as stop:
+        if not ctx.active and tokenizer is not None and not work.committing:
+            _keep_work_so_far(work, index, counts, count_places, count_key, stop)
         elif work.fill is not None:
             work.fill.abandon()
         raise
@@ -198,18 +203,21 @@ class _WorkSoFar:
     """What ``counts_and_embeddings`` has done, for a run interrupted part-way to keep (``_keep_work_so_far``)."""
 
     counted: np.ndarray  # bool per record: its token count is known
+    counted_before: int = 0  # how many were known from the cache
     key: dict | None = None  # the embeddings' cache key
+    committing: bool = False  # the whole set is being stored: nothing part-way to keep
     fill: caches.Fill | None = None  # the embeddings set being filled
     filled: np.ndarray | None = None  # bool per record: its row of ``fill`` is written (None: not known yet)
     embedding: embed.Finished = field(default_factory=embed.Finished)  # rows embedded (and counted)
     counting: embed.Finished = field(default_factory=embed.Finished)  # rows only counted
 
 
-def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places: list[Path], count_key: dict) -> None:
-    """After Ctrl-C, store the embeddings and token counts computed so far (rows of no other record
-    are marked unfilled, see ``caches.store``), so that a rerun computes only the rest: hours of
-    tokenizing on a large input are not lost. Ctrl-C again stops the saving (the caches then stay as
-    they were)."""
+def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places: list[Path], count_key: dict,
+                      stop: BaseException) -> None:
+    """After Ctrl-C or SIGTERM (``stop``), store the embeddings and token counts computed so far (rows
+    of no other record are marked unfilled, see ``caches.store``), so that a rerun computes only the
+    rest: hours of tokenizing on a large input are not lost. Ctrl-C again stops the saving (the
+    caches then stay as they were)."""
     fps = index.fingerprints
     fill, work.fill = work.fill, None
     try:
@@ -222,13 +230,14 @@ def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places:
                 done = int(np.count_nonzero(work.filled))
                 if done:
                     fill.commit(work.key, fps, None if done == len(index) else work.filled)
-                    log.warning("Interrupted: %d of %d embeddings are kept in %s; a rerun embeds only the other %d",
+                    log.warning("%s: %d of %d embeddings are kept in %s; a rerun embeds only the other %d",
+                                "Terminated (SIGTERM)" if isinstance(stop, interrupts.Terminated) else "Interrupted",
                                 done, len(index), fill.files.data, len(index) - done)
                 else:
                     fill.abandon()
                 fill = None
             done = int(np.count_nonzero(work.counted))
-            if done:
+            if done > work.counted_before:
                 store_token_counts(count_places, count_key, fps, counts,
                                    None if done == len(index) else work.counted)
     finally:

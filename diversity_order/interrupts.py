@@ -11,6 +11,8 @@ library's lightest: the handler is set before anything heavy loads.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 
 _requested = {"set": False}
 _finishing: list[str] = []  # what is being kept after Ctrl-C, innermost last
@@ -40,3 +42,26 @@ def finishing(what: str):
 def finishing_what() -> str | None:
     """What is being kept after Ctrl-C (``finishing``), or None."""
     return _finishing[-1] if _finishing else None
+
+
+class Terminated(SystemExit):
+    """SIGTERM while work worth keeping runs (Slurm preemption or time limit, ``timeout``, ``docker stop``)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """While open, SIGTERM raises ``Terminated`` (exit status 143, as a shell reports for a process SIGTERM
+    ended), so the work done so far can be kept; Python's default would end the process at once and lose it."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # not ours to change
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -210,3 +210,45 @@ def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     manifest = json.loads((cut / "c_embeddings.cache.json").read_text())
     assert manifest == json.loads((whole / "c_embeddings.cache.json").read_text()) | {"files": manifest["files"]}
+
+
+SIGTERM_CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from diversity_order.tokenizer import DocumentTokenizer
+    real, calls = DocumentTokenizer.encode_texts, []
+
+    def terminated_at_the_fourth_batch(self, texts):
+        calls.append(len(texts))
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's preemption
+            time.sleep(5)
+        return real(self, texts)
+
+    DocumentTokenizer.encode_texts = terminated_at_the_fourth_batch
+    import curate_dataset
+    from diversity_order.cli import run_command
+    sys.exit(run_command(curate_dataset.main))
+""")
+
+
+def test_sigterm_while_embedding_keeps_the_rows_done(tmp_path, tiny_model_dir):
+    """SIGTERM (Slurm's preemption or time limit) while embedding: the real handler keeps the rows done,
+    as Ctrl-C does, and the command exits 143; the rerun embeds only the rest."""
+    from diversity_order import caches
+
+    records = topical_records(per_topic=30)
+    write_jsonl(tmp_path / "d.jsonl", records)
+    args = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+            "--n-clusters", 4, "--no-plot", "--no-progress", "--embed-batch-size", 16]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
+    done = subprocess.run([sys.executable, "-c", SIGTERM_CHILD, *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert f"Terminated (SIGTERM): 48 of {len(records)} embeddings are kept in" in done.stderr
+    assert caches.filled_rows(tmp_path / "c_embeddings.npy") == (48, len(records))
+    rerun = subprocess.run([sys.executable, "curate_dataset.py", *map(str, args)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Embedding {len(records) - 48} new or changed record(s) of {len(records)}" in rerun.stderr
+    assert caches.filled_rows(tmp_path / "c_embeddings.npy") is None

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import threading
 from dataclasses import dataclass
 from time import monotonic  # a name of this module, so tests can give the loop a clock
 
 import numpy as np
 
+from ..interrupts import Terminated, sigterm_raises
 from ..runtime import Progress, memory_text
 from .checkpoint import Partial
 from .config import (
@@ -102,29 +101,6 @@ class Embedder:
         self.budget = min(self.max_budget, max(self.budget + 1, int(self.budget * SUCCESS_GROWTH)))
 
 
-class Terminated(SystemExit):
-    """SIGTERM during the batch loop (Slurm preemption or time limit, ``timeout``, ``docker stop``)."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-    """While open, SIGTERM raises ``Terminated`` so the rows since the last checkpoint are saved;
-    Python's default would end the process at once and lose them (up to ``checkpoint_seconds``)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # not ours to change
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated(128 + signum)  # the exit status a shell reports for a process SIGTERM ended
-
-    signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def free_cache(device) -> None:
     import torch
 
@@ -149,7 +125,7 @@ class BatchLoop:
         # (either resets both), at the end of the batch that crosses it: a batch is never cut.
         since_checkpoint, last_checkpoint = 0, monotonic()
         try:
-            with _sigterm_raises():
+            with sigterm_raises():
                 # Batches are cut greedily over the whole to-do list (never at tokenization chunks), so
                 # a resumed run, starting where a finished batch ended, cuts the same batches again.
                 todo_lengths = self.tokens.lengths[todo]
