@@ -252,3 +252,45 @@ def test_sigterm_while_embedding_keeps_the_rows_done(tmp_path, tiny_model_dir):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Embedding {len(records) - 48} new or changed record(s) of {len(records)}" in rerun.stderr
     assert caches.filled_rows(tmp_path / "c_embeddings.npy") is None
+
+
+def test_ctrl_c_while_only_counting_tokens_keeps_the_counts_done(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """With --load-embeddings only token counts are computed: Ctrl-C part-way keeps those done, and the
+    rerun counts only the rest, ending with the counts an uninterrupted run caches."""
+    import logging
+
+    import curate_dataset
+    from diversity_order import caches
+    from diversity_order.cli import run_main
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+    records = topical_records(per_topic=30)
+    n = len(records)
+    write_jsonl(tmp_path / "d.jsonl", records)
+    vectors = np.random.default_rng(0).normal(size=(n, 8)).astype(np.float32)
+    np.save(tmp_path / "vectors.npy", vectors)
+    args = ["--input", str(tmp_path / "d.jsonl"), "--output", str(tmp_path / "c.jsonl"), "--model-dir",
+            str(tiny_model_dir), "--n-clusters", "4", "--no-plot", "--no-progress", "--embed-batch-size", "16",
+            "--load-embeddings", str(tmp_path / "vectors.npy")]
+    real, calls = DocumentTokenizer.encode_texts, []
+
+    def interrupted_at_the_third_batch(self, texts):
+        calls.append(len(texts))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, texts)
+
+    monkeypatch.setattr(DocumentTokenizer, "encode_texts", interrupted_at_the_third_batch)
+    assert run_main(curate_dataset.main, args) == 130
+    assert caches.filled_rows(tmp_path / "d_token_counts.npy") == (32, n)
+    monkeypatch.setattr(DocumentTokenizer, "encode_texts", real)
+    with caplog.at_level(logging.INFO):
+        assert run_main(curate_dataset.main, args) == 0
+    assert f"Counting tokens of {n - 32} new or changed record(s) of {n}" in caplog.text
+    assert caches.filled_rows(tmp_path / "d_token_counts.npy") is None
+    counts = np.load(tmp_path / "d_token_counts.npy")
+    (tmp_path / "d_token_counts.npy").unlink()
+    (tmp_path / "d_token_counts.cache.json").unlink()
+    assert run_main(curate_dataset.main, args) == 0  # counted afresh, in one go
+    np.testing.assert_array_equal(np.load(tmp_path / "d_token_counts.npy"), counts)
