@@ -103,7 +103,7 @@ def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path |
         if recorded is not None and int(counts.sum()) != int(recorded):
             raise UserError(f"--token-counts {token_counts}: {int(counts.sum()):,} tokens, but the curate run of "
                             f"--meta {meta} counted {int(recorded):,}; pass the token counts of that run's input "
-                            f"(X_token_counts.npy beside it)")
+                            f"({m.get('token_counts_file') or 'X_token_counts.npy beside it'})")
         if labels is None:
             raise UserError(f"--meta {meta}: no labels_file recorded (an older curate run?); pass --labels")
     seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len

@@ -40,7 +40,7 @@ from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
-from .fields import as_tuple, cache_key
+from .fields import DEFAULT_TEXT_FIELD, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
 from .projection import projection_or_none
 from .runtime import StageTimer, side_by_side, start
@@ -68,7 +68,7 @@ class CurateConfig:
     gpu: int = 0
     embed_batch_size: int = 1024
     n_clusters: int = DEFAULT_N_CLUSTERS
-    text_field: str | tuple[str, ...] = "text"  # several: their texts joined (fields.py)
+    text_field: str | tuple[str, ...] = DEFAULT_TEXT_FIELD  # several: their texts joined (fields.py)
     output_format: str | None = None  # None: the output's suffix, else the input's format (writers.py)
     output_shards: int = 1
     count_special_tokens: str = "none"  # tokenizer.SPECIAL_TOKEN_MODES
@@ -129,7 +129,7 @@ class CurateConfig:
             check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()
         self._validate_data_flags()
-        written = outputs.output_paths(self.inputs.name, self.output)
+        written = outputs.output_paths(self.inputs.name, self.output, self.text_field)
         if self.load_embeddings is not None:
             del written["embeddings"]  # precomputed embeddings: no shallow cache is written
         if self.output_shards > 1:
@@ -283,7 +283,7 @@ def _start(config: CurateConfig) -> Run:
     device, ctx = start(config.device, config.gpu)
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
-    return Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output))
+    return Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field))
 
 
 def _finish(run: Run) -> None:
@@ -765,6 +765,7 @@ def write_metadata(run: Run) -> dict:
         "load_embeddings_path": str(config.load_embeddings) if config.load_embeddings else None,
         "model_dir": str(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
+        "token_counts_file": str(paths["token_counts"]),
         "chat_template": run.chat_template,
         "input_format": config.inputs.kind,
         "input_files": [str(path) for path in config.inputs.files],

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .errors import UserError
 
 JOIN = "\n"
+DEFAULT_TEXT_FIELD = "text"  # --text-field when none is given
 MISSING = object()  # a field a record does not have
 
 

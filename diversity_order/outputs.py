@@ -10,10 +10,12 @@ the files it reads (the input, ``--load-embeddings``).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
 from .errors import UserError
+from .fields import DEFAULT_TEXT_FIELD
 from .records import COMPRESSED_SUFFIXES
 from .sources import JSONL_SUFFIXES, PARQUET_SUFFIX
 
@@ -36,12 +38,17 @@ def output_stem(output: Path) -> Path:
     return output
 
 
-def output_paths(input_path: Path, output: Path) -> dict[str, Path]:
-    """Every file a curate run may write, by role."""
+def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ...] = DEFAULT_TEXT_FIELD
+                 ) -> dict[str, Path]:
+    """Every file a curate run may write, by role. The token counts beside the input are named after the
+    text field when it is not the default (``A_token_counts.FIELD.npy``; joined fields ``A+B``), so runs
+    over other fields of one input keep a cache each."""
     out_stem, in_stem = output_stem(output), output_stem(input_path)
+    fields = (text_field,) if isinstance(text_field, str) else tuple(text_field)
+    field_part = "" if fields == (DEFAULT_TEXT_FIELD,) else "." + _safe_name("+".join(fields))
     return {
         "embeddings": Path(f"{out_stem}_embeddings.npy"),
-        "token_counts": Path(f"{in_stem}_token_counts.npy"),
+        "token_counts": Path(f"{in_stem}_token_counts{field_part}.npy"),
         "meta": Path(f"{out_stem}_meta.json"),
         "labels": Path(f"{out_stem}_labels.npy"),
         "order": Path(f"{out_stem}_order.npy"),
@@ -52,6 +59,11 @@ def output_paths(input_path: Path, output: Path) -> dict[str, Path]:
         "clusters_md": Path(f"{out_stem}_clusters.md"),
         "clusters_json": Path(f"{out_stem}_clusters.json"),
     }
+
+
+def _safe_name(text: str) -> str:
+    """``text`` as part of a file name: characters other than letters, digits and ``._+-`` as ``_``."""
+    return re.sub(r"[^\w.+-]", "_", text)
 
 
 def stats_only_paths(paths: dict[str, Path], output: Path) -> dict[str, Path]:

@@ -166,6 +166,13 @@ def test_dotted_and_joined_fields(tmp_path, demo_records, tiny_model_dir):
                       tiny_model_dir, *COMMON) == 0
     _same_run(tmp_path / "n" / "c", tmp_path / "f" / "c")
     _same_run(tmp_path / "jn" / "c", tmp_path / "jf" / "c")
+    # Each field of one input keeps a token-count cache of its own: a run over one field leaves the other's.
+    counts = {name: np.load(tmp_path / name) for name in ("nested_token_counts.meta.body.npy",
+                                                          "nested_token_counts.name+meta.body.npy")}
+    np.testing.assert_array_equal(counts["nested_token_counts.meta.body.npy"], np.load(tmp_path / "flat_token_counts.npy"))
+    assert (counts["nested_token_counts.name+meta.body.npy"] > counts["nested_token_counts.meta.body.npy"]).all()
+    assert json.loads((tmp_path / "jn" / "c_meta.json").read_text())["token_counts_file"] == \
+        str(tmp_path / "nested_token_counts.name+meta.body.npy")
 
 
 def test_shards_and_conversion(tmp_path, demo_jsonl, tiny_model_dir):

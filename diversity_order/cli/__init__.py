@@ -55,8 +55,10 @@ def input_values(args: argparse.Namespace) -> tuple:
     """(--input value(s), --text-field value(s)) as the configs take them: one value alone, several as a tuple."""
     from pathlib import Path
 
+    from ..fields import DEFAULT_TEXT_FIELD
+
     inputs = [Path(value) for value in args.input]
-    fields = args.text_field or ["text"]
+    fields = args.text_field or [DEFAULT_TEXT_FIELD]
     return (inputs[0] if len(inputs) == 1 else tuple(inputs)), (fields[0] if len(fields) == 1 else tuple(fields))
 
 
