@@ -159,6 +159,22 @@ def test_a_killed_runs_temp_files_are_removed_by_the_next_run_never_a_live_ones(
     assert [p.name for p in tmp_path.glob(".*.tmp")] == [live_temp.name]
 
 
+def _ctrl_c_at_batch(monkeypatch, batch: int) -> list[int]:
+    """Ctrl-C (a KeyboardInterrupt) as the tokenizer starts batch ``batch``; the sizes of the batches it was given."""
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    real, calls = DocumentTokenizer.encode_texts, []
+
+    def interrupted(self, texts):
+        calls.append(len(texts))
+        if len(calls) == batch:
+            raise KeyboardInterrupt
+        return real(self, texts)
+
+    monkeypatch.setattr(DocumentTokenizer, "encode_texts", interrupted)
+    return calls
+
+
 def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_rest(tmp_path, tiny_model_dir,
                                                                                      monkeypatch, caplog):
     """Ctrl-C part-way through embedding stores the rows and counts finished so far (the rest marked
@@ -181,15 +197,8 @@ def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_
               "--embed-batch-size", "16"]
     assert run_main(curate_dataset.main, ["--input", str(whole / "d.jsonl"), "--output", str(whole / "c.jsonl"),
                                           *common]) == 0
-    real, calls = DocumentTokenizer.encode_texts, []
-
-    def interrupted_at_the_fourth_batch(self, texts):
-        calls.append(len(texts))
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(self, texts)
-
-    monkeypatch.setattr(DocumentTokenizer, "encode_texts", interrupted_at_the_fourth_batch)
+    real = DocumentTokenizer.encode_texts
+    calls = _ctrl_c_at_batch(monkeypatch, 4)
     args = ["--input", str(cut / "d.jsonl"), "--output", str(cut / "c.jsonl"), *common]
     with caplog.at_level(logging.INFO):
         assert run_main(curate_dataset.main, args) == 130
@@ -273,15 +282,8 @@ def test_ctrl_c_while_only_counting_tokens_keeps_the_counts_done(tmp_path, tiny_
     args = ["--input", str(tmp_path / "d.jsonl"), "--output", str(tmp_path / "c.jsonl"), "--model-dir",
             str(tiny_model_dir), "--n-clusters", "4", "--no-plot", "--no-progress", "--embed-batch-size", "16",
             "--load-embeddings", str(tmp_path / "vectors.npy")]
-    real, calls = DocumentTokenizer.encode_texts, []
-
-    def interrupted_at_the_third_batch(self, texts):
-        calls.append(len(texts))
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(self, texts)
-
-    monkeypatch.setattr(DocumentTokenizer, "encode_texts", interrupted_at_the_third_batch)
+    real = DocumentTokenizer.encode_texts
+    _ctrl_c_at_batch(monkeypatch, 3)
     assert run_main(curate_dataset.main, args) == 130
     assert caches.filled_rows(tmp_path / "d_token_counts.npy") == (32, n)
     monkeypatch.setattr(DocumentTokenizer, "encode_texts", real)
