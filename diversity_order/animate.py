@@ -73,13 +73,19 @@ def read_meta(meta_path: Path) -> dict:
     return meta
 
 
-def load_inputs(token_counts: Path, embeddings: Path | None = None, meta: Path | None = None,
+def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta: Path | None = None,
                 labels: Path | None = None, order: Path | None = None, n_clusters: int | None = None,
                 seq_len: int | None = None, seed: int = DEFAULT_SEED, ordering: str = "stratified",
                 packing: str = "whole") -> AnimationInputs:
     """Labels and order as a curate run saved them (``--meta``, or ``--labels``/``--order``);
     k-means on the embeddings and ``ordering`` (a cluster ordering of the registry) only for what is
-    not given."""
+    not given. ``token_counts`` None: the file ``--meta`` names (``token_counts_file``)."""
+    if token_counts is None:
+        recorded = read_meta(meta).get("token_counts_file") if meta is not None else None
+        if not recorded:
+            raise UserError("--token-counts is required (A_token_counts.npy beside the curate run's input), unless "
+                            "--meta is of a run that names it")
+        token_counts = _resolve_beside(Path(meta), recorded)
     counts = check_token_counts(load_npy(token_counts, "--token-counts"), f"--token-counts {token_counts}")
     n = counts.size
     if n == 0:

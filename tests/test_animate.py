@@ -123,6 +123,13 @@ def test_errors(run_files, monkeypatch):
     np.save(tmp / "other_counts.npy", np.load(counts) + 1)
     with pytest.raises(UserError, match="but the curate run of --meta .* counted"):
         animate.load_inputs(tmp / "other_counts.npy", meta=tmp / "totals_meta.json")
+    # Without --token-counts: the file the metadata names (as written, else beside it), or a one-line error.
+    with pytest.raises(UserError, match="--token-counts is required"):
+        animate.load_inputs(None, meta=tmp / "totals_meta.json")
+    for recorded in (str(counts), "/moved/away/A_token_counts.npy"):
+        (tmp / "named_meta.json").write_text(json.dumps(meta | {"labels_file": str(tmp / "B_labels.npy"),
+                                                                "token_counts_file": recorded}))
+        assert np.array_equal(animate.load_inputs(None, meta=tmp / "named_meta.json").token_counts, np.load(counts))
     monkeypatch.setattr(animate.shutil, "which", lambda name: None)
     monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)
     with pytest.raises(UserError, match="no ffmpeg found"):

@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, prog="animate_ordering.py")
     p.add_argument("--embeddings", type=Path, default=None,
                    help="N x D embeddings (B_embeddings.npy); needed only to re-cluster when no labels are given")
-    p.add_argument("--token-counts", required=True, type=Path, help="token count per document (A_token_counts.npy)")
+    p.add_argument("--token-counts", type=Path, default=None,
+                   help="token count per document (A_token_counts.npy; default: the file --meta names)")
     p.add_argument("--umap", type=Path, default=None, help="N x 2 projection (B_umap2d.npy): also write OUTPUT_umap.mp4")
     p.add_argument("--meta", type=Path, default=None,
                    help="B_meta.json of a curate run: use its saved labels, order, and sequence length")
