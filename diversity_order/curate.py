@@ -13,6 +13,7 @@ by a ``Run``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -619,6 +620,7 @@ def write_outputs(run: Run) -> None:
     """The curated data (unless --stats-only), the labels and order it was written with (where
     ``settle_output_paths`` says), and the packed sequences (--export-packed)."""
     config = run.config
+    earlier = _recorded_output_files(run.paths["meta"])
     # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
@@ -636,7 +638,7 @@ def write_outputs(run: Run) -> None:
                                                 config.output_shards)
         run.curated_files = [str(path) for path, _ in written]
         if config.written_kind != "arrow":
-            _remove_other_shard_sets(config.output, config.output_shards)
+            _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
         log.info("Wrote %d records (%.1f MB on disk, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
                  config.written_kind, config.output if len(written) == 1 else
                  f"{written[0][0]} ... {written[-1][0].name}")
@@ -651,16 +653,36 @@ def write_outputs(run: Run) -> None:
                                               run.labels, config.progress)
 
 
-def _remove_other_shard_sets(output: Path, shards: int) -> None:
+def _recorded_output_files(meta_path: Path) -> set[Path]:
+    """The curated files an earlier run's metadata at ``meta_path`` lists (``output_files``), resolved."""
+    try:
+        recorded = json.loads(meta_path.read_text()).get("output_files") or []
+        return {Path(name).resolve() for name in recorded if isinstance(name, str)}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
+def _remove_other_shard_sets(output: Path, shards: int, earlier: set[Path], inputs: list[Path]) -> None:
     """An earlier run's curated files for this output with another shard count hold the same records again (a
-    trainer reading the folder's files would see each twice): removed once this run's are written."""
-    stale = writers.other_shard_sets(output, shards)
+    trainer reading the folder's files would see each twice): removed once this run's are written, but only
+    those the earlier run's metadata lists (``earlier``) and none that this run read; others so named are
+    said and kept."""
+    found = writers.other_shard_sets(output, shards)
+    read = {path.resolve() for path in inputs}
+    stale = [path for path in found if path.resolve() in earlier and path.resolve() not in read]
+    kept = [path for path in found if path not in stale]
     for path in stale:
         path.unlink()
     if stale:
-        log.warning("Removed %d curated file(s) an earlier run wrote for %s with another shard count (%s%s): "
-                    "they held the same records", len(stale), output, stale[0].name,
+        log.warning("Removed %d curated file(s) the earlier run for %s wrote with another shard count (%s%s): they "
+                    "held its records", len(stale), output, stale[0].name,
                     f" ... {stale[-1].name}" if len(stale) > 1 else "")
+    if kept:
+        log.warning("%d file(s) beside %s are named as its shards of another count (%s%s) but were kept: %s; a "
+                    "trainer reading every file of the folder may read records twice", len(kept), output,
+                    kept[0].name, f" ... {kept[-1].name}" if len(kept) > 1 else "",
+                    "this run read them" if all(path.resolve() in read for path in kept)
+                    else "no earlier run's metadata lists them as its output")
 
 
 def _shards_across_ranks(run: Run) -> bool:

@@ -206,8 +206,22 @@ def test_another_shard_count_replaces_the_earlier_set(tmp_path, demo_jsonl, tiny
         assert written == sorted(want)
         lines = b"".join(path.read_bytes() for path in written).splitlines()
         assert sorted(lines) == sorted(Path(demo_jsonl).read_bytes().splitlines())  # every record once
-    assert "Removed 1 curated file(s) an earlier run wrote for" in caplog.text  # c.jsonl, when 3 shards came
+    assert "Removed 1 curated file(s) the earlier run for" in caplog.text  # c.jsonl, when 3 shards came
     assert (tmp_path / "c-00000-of-00002.json").is_file()
+    # Files named as another shard set of the output are never removed when this run reads them, nor when no
+    # earlier run's metadata lists them (a user's own shards, a run interrupted before its metadata).
+    shards = sorted(tmp_path.glob("c-*-of-00003.jsonl"))
+    before = [path.read_bytes() for path in shards]
+    caplog.clear()
+    assert curate("--input", tmp_path / "c-*-of-00003.jsonl", "--output", out, "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    assert [path.read_bytes() for path in shards] == before and "were kept: this run read them" in caplog.text
+    (tmp_path / "c_meta.json").unlink()
+    caplog.clear()
+    assert curate("--input", demo_jsonl, "--output", out, "--output-shards", 2, "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    assert [path.read_bytes() for path in shards] == before and out.is_file()
+    assert "no earlier run's metadata lists them" in caplog.text and "Removed" not in caplog.text
 
 
 def test_an_interrupted_run_leaves_no_earlier_metadata_beside_its_files(tmp_path, demo_jsonl, tiny_model_dir,
