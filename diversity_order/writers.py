@@ -152,10 +152,18 @@ def parquet_schema(source, rows: np.ndarray):
 
     source.check_unchanged()
     try:
-        return unify_parquet_schemas(source, [pa.Table.from_pylist(piece).schema
-                                              for piece in _jsonl_pieces(source, rows)])
+        return unify_parquet_schemas(source, [_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise _not_one_table(source, exc) from None
+
+
+def _piece_schema(piece: list[dict]):
+    """The columns of records ``piece``: every field any record has (in order of first appearance), each typed
+    from all its values. (``pa.Table.from_pylist`` takes the fields of the first record only and drops the rest.)"""
+    import pyarrow as pa
+
+    fields = dict.fromkeys(name for record in piece for name in record)
+    return pa.Table.from_pydict({name: [record.get(name) for record in piece] for name in fields}).schema
 
 
 def unify_parquet_schemas(source, schemas: list):
@@ -181,10 +189,10 @@ def _jsonl_to_parquet(source, rows: np.ndarray, path: Path, schema=None) -> int:
 
     schema = parquet_schema(source, rows) if schema is None else schema
     source.check_unchanged()
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
-        for piece in _jsonl_pieces(source, rows):
-            try:
+    try:
+        with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+            for piece in _jsonl_pieces(source, rows):
                 writer.write_table(pa.Table.from_pylist(piece, schema=schema))
-            except (pa.ArrowException, TypeError, ValueError) as exc:
-                raise _not_one_table(source, exc) from None
+    except (pa.ArrowException, TypeError, ValueError) as exc:  # e.g. a field holding {} only: no Parquet type
+        raise _not_one_table(source, exc) from None
     return path.stat().st_size

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import curate_dataset
 from diversity_order.cli import run_main
@@ -410,3 +412,51 @@ def test_special_tokens_are_the_ones_the_tokenizer_adds(tiny_model_dir, tmp_path
     assert ours.special_tokens_per_document("eos") == ([], [ids["</s>"]])
     assert ours.special_tokens_per_document("bos-eos") == ([ids["<s>"]], [ids["</s>"]])
     assert ours.special_tokens_per_document("none") == ([], [])
+
+
+def _without_nulls(value):
+    """A record as JSON has it: Parquet gives every row every column, null where the record had none."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.fixed_dictionaries(
+    {"text": st.text(min_size=1, max_size=8)},
+    optional={"a": st.none() | st.integers(-5, 5), "b": st.text(max_size=4),
+              "c": st.fixed_dictionaries({"x": st.integers(0, 3)}, optional={"y": st.none() | st.text(max_size=3)}),
+              "d": st.lists(st.integers(0, 9), max_size=3)}), min_size=1, max_size=30),
+       st.integers(1, 6), st.integers(0, 2**31))
+def test_jsonl_converted_to_parquet_keeps_every_field_of_every_record_in_one_schema(tmp_path_factory, records,
+                                                                                     shards, seed):
+    """Each Parquet row holds its record's fields, whichever record first has a field (a plain loop over the
+    records says what each row must hold), and every shard has the one schema."""
+    from diversity_order import writers
+    from diversity_order.records import scan_jsonl
+
+    folder = tmp_path_factory.mktemp("convert")
+    (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    order = np.random.default_rng(seed).permutation(len(records))
+    written = writers.write_curated(scan_jsonl(folder / "in.jsonl", progress=False), order, folder / "out.parquet",
+                                    "parquet", shards)
+    tables = [pq.read_table(path) for path, _ in written]
+    assert all(table.schema == tables[0].schema for table in tables)
+    fields = {name for record in records for name in record}
+    assert set(tables[0].column_names) == fields
+    rows = [row for table in tables for row in table.to_pylist()]
+    assert [_without_nulls(row) for row in rows] == [_without_nulls(records[i]) for i in order]
+
+
+def test_records_parquet_cannot_hold_are_one_line(tmp_path):
+    from diversity_order import writers
+    from diversity_order.errors import UserError
+    from diversity_order.records import scan_jsonl
+
+    for name, records in (("empty_object", [{"text": "a", "c": {}}]), ("clash", [{"text": "a", "e": 1},
+                                                                              {"text": "b", "e": "x"}])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        with pytest.raises(UserError, match="cannot be one Parquet table"):
+            writers.write_curated(scan_jsonl(tmp_path / f"{name}.jsonl", progress=False), np.arange(len(records)),
+                                  tmp_path / f"{name}.parquet", "parquet")
+        assert not list(tmp_path.glob(f"*{name}*.parquet*"))  # nothing half-written left
