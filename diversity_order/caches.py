@@ -563,6 +563,15 @@ def filled_rows(data_path: Path) -> tuple[int, int] | None:
     return None
 
 
+def require_filled(data_path: Path, what: str) -> None:
+    """A one-line error when the set at ``data_path`` is part-filled (``filled_rows``): its other rows are zeros."""
+    part = filled_rows(data_path)
+    if part is not None:
+        raise UserError(f"{what}: only {part[0]:,} of the {part[1]:,} rows of {Path(data_path).name} were computed "
+                        "(a curate run interrupted while embedding kept what it had done; the other rows are zeros); "
+                        "rerun the curate_dataset.py command that wrote it (same --input and --output) to complete it")
+
+
 def written_fingerprints(data_path: Path) -> np.ndarray | None:
     """The fingerprints written beside ``data_path`` (``NAME.fingerprints.npy``: one uint64 per row, the text
     each row was made from), or None where there are none or they cannot be read."""
@@ -602,10 +611,7 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
     edited texts a warning, other texts altogether (another text field, say) a warning that nothing was
     checked; without fingerprints beside it, or of another length, nothing is checked. ``what``: the flags
     the messages start with; ``row``, ``position``, ``positions``: how they name a row, a position and all."""
-    part = filled_rows(rows_path)
-    if part is not None:
-        raise UserError(f"{what}: only {part[0]:,} of its {part[1]:,} rows were computed (a run interrupted while "
-                        "embedding stored what it had done); rerun that command to complete it")
+    require_filled(rows_path, what)
     written = written_fingerprints(rows_path)
     if written is None or fingerprints is None or written.shape != fingerprints.shape:
         return

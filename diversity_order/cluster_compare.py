@@ -42,7 +42,9 @@ def verdict(ari: float) -> str:
 
 def check_same_order(shallow_path: Path, deep_path: Path) -> None:
     """The two files' rows against each other (``caches.require_row_order``): the same documents in other orders
-    would compare every document with another one."""
+    would compare every document with another one. Neither may be part-filled (an interrupted run's)."""
+    caches.require_filled(shallow_path, f"--shallow {shallow_path}")
+    caches.require_filled(deep_path, f"--deep {deep_path}")
     caches.require_row_order(deep_path, caches.written_fingerprints(shallow_path),
                              f"--shallow {shallow_path} and --deep {deep_path}", "--deep's row", "row",
                              "--shallow's rows")

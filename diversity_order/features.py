@@ -79,10 +79,13 @@ def load_external_embeddings(path: Path, n_records: int) -> Matrix:
     except ValueError:  # Fortran-ordered: rows are not contiguous on disk, so read it whole
         embeddings = np.ascontiguousarray(mapped, dtype=np.float32)
     del mapped
-    bad = matrix.count_non_finite_rows(embeddings)
+    bad, zeros = matrix.count_unusable_rows(embeddings)
     if bad:
         log.warning("%d row(s) of %s are NaN/inf (e.g. documents skipped by deep extraction); "
                     "they become zero vectors", bad, path.name)
+    if zeros:
+        log.warning("%d row(s) of %s are all zeros (empty documents, or rows never computed: a part-filled cache "
+                    "of an interrupted run copied without its .cache.json?); they cluster together", zeros, path.name)
     return embeddings
 
 

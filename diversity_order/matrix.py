@@ -244,11 +244,17 @@ def blocks(matrix: Matrix, block_rows: int = BLOCK_ROWS) -> Iterator[tuple[int, 
         yield lo, hi, block
 
 
-def count_non_finite_rows(matrix: Matrix, block_rows: int = BLOCK_ROWS) -> int:
-    """Rows holding a NaN or inf (the rows every read here turns into zero vectors), one block at a time."""
+def count_unusable_rows(matrix: Matrix, block_rows: int = BLOCK_ROWS) -> tuple[int, int]:
+    """(rows holding a NaN or inf, which every read here turns into zero vectors; rows of zeros only), one
+    block at a time."""
     n = shape(matrix)[0]
     raw = matrix.block if isinstance(matrix, MatrixFile) else (lambda lo, hi: matrix[lo:hi])
-    return sum(non_finite_rows(raw(lo, min(lo + block_rows, n))).size for lo in range(0, n, block_rows))
+    non_finite = zeros = 0
+    for lo in range(0, n, block_rows):
+        block = raw(lo, min(lo + block_rows, n))
+        non_finite += non_finite_rows(block).size
+        zeros += int(np.count_nonzero(~block.any(axis=1)))
+    return non_finite, zeros
 
 
 def read_rows(matrix: Matrix, rows: np.ndarray, block_rows: int = BLOCK_ROWS) -> np.ndarray:

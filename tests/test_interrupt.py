@@ -176,7 +176,7 @@ def _ctrl_c_at_batch(monkeypatch, batch: int) -> list[int]:
 
 
 def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_rest(tmp_path, tiny_model_dir,
-                                                                                     monkeypatch, caplog):
+                                                                                     monkeypatch, caplog, capsys):
     """Ctrl-C part-way through embedding stores the rows and counts finished so far (the rest marked
     unfilled); the rerun embeds only the rest, and every file equals an uninterrupted run's."""
     import logging
@@ -207,8 +207,17 @@ def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_
     assert caches.filled_rows(cut / "c_embeddings.npy") == (kept, n)
     assert caches.filled_rows(cut / "d_token_counts.npy") == (kept, n)
     assert not (cut / "c.jsonl").exists()
-    # The part-filled set is no --load-embeddings input.
+    # The part-filled set is no --load-embeddings input, nor either side of a comparison.
+    import compare_clusterings
+
+    capsys.readouterr()
     assert run_main(curate_dataset.main, [*args, "--load-embeddings", str(cut / "c_embeddings.npy")]) == 2
+    for shallow, deep in ((cut, whole), (whole, cut)):
+        assert run_main(compare_clusterings.main, ["--shallow", str(shallow / "c_embeddings.npy"), "--deep",
+                                                   str(deep / "c_embeddings.npy"), "--n-clusters", "4"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 3 and all(f"only {kept} of the {n} rows of c_embeddings.npy were computed" in line
+                                    for line in errors), errors
     monkeypatch.setattr(DocumentTokenizer, "encode_texts", real)
     caplog.clear()
     with caplog.at_level(logging.INFO):

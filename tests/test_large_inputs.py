@@ -196,11 +196,12 @@ def test_load_embeddings_is_mapped_not_loaded(tmp_path, data, tiny_model_dir, ca
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(240, 16)).astype(np.float64)
     vectors[[3, 77]] = np.nan
+    vectors[[5, 6, 200]] = 0  # rows never computed (a part-filled cache copied without its manifest)
     np.save(tmp_path / "deep.npy", vectors)
     caplog.set_level(logging.WARNING)
     mapped = features.load_external_embeddings(tmp_path / "deep.npy", 240)
     assert isinstance(mapped, matrix.MatrixFile) and mapped.dtype == np.float64
-    assert "2 row(s) of deep.npy are NaN/inf" in caplog.text
+    assert "2 row(s) of deep.npy are NaN/inf" in caplog.text and "3 row(s) of deep.npy are all zeros" in caplog.text
     expected = vectors.astype(np.float32)
     expected[[3, 77]] = 0
     np.testing.assert_array_equal(matrix.load(mapped), expected)
