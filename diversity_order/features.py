@@ -234,8 +234,7 @@ def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places:
                 if done:
                     fill.commit(work.key, fps, None if done == len(index) else work.filled)
                     log.warning("%s: %d of %d embeddings are kept in %s; a rerun embeds only the other %d",
-                                "Terminated (SIGTERM)" if isinstance(stop, interrupts.Terminated) else "Interrupted",
-                                done, len(index), fill.files.data, len(index) - done)
+                                _stop_name(stop), done, len(index), fill.files.data, len(index) - done)
                 else:
                     fill.abandon()
                 fill = None
@@ -243,9 +242,16 @@ def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places:
             if done > work.counted_before:
                 store_token_counts(count_places, count_key, fps, counts,
                                    None if done == len(index) else work.counted)
+                if work.embedding.rows.size == 0:  # else said with the embeddings, counted with them
+                    log.warning("%s: the token counts of %d of %d records are kept in %s; a rerun counts only the "
+                                "other %d", _stop_name(stop), done, len(index), count_places[0], len(index) - done)
     finally:
         if fill is not None:
             fill.abandon()
+
+
+def _stop_name(stop: BaseException) -> str:
+    return "Terminated (SIGTERM)" if isinstance(stop, interrupts.Terminated) else "Interrupted"
 
 
 def _without(rows: np.ndarray, taken: np.ndarray, n: int) -> np.ndarray:

@@ -51,7 +51,7 @@ _SIGNATURES = (
 )
 _UTF8_BOM = b"\xef\xbb\xbf"
 _MISSING = fields.MISSING
-_JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst)"
+_JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .json or .ndjson, each also .gz or .zst)"
 
 
 def is_compressed(path: Path) -> bool:

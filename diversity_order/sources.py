@@ -26,6 +26,7 @@ A source is a sequence of records, each known by (file, row), with these members
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from . import arrays, records
 from .arrow_sources import dataset_folder_files, is_dataset_folder, open_arrow_source
 from .errors import UserError
 from .runtime import Progress
+
+log = logging.getLogger(__name__)
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIX = ".parquet"
@@ -89,6 +92,14 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
                                                                            p.relative_to(folder).parts))
     parquet = [p for p in found if p.name.endswith(PARQUET_SUFFIX)]
     jsonl = [p for p in found if is_jsonl_name(p.name)]
+    # Plain .json files beside other data files are metadata (a curate run's B_meta.json, B_clusters.json,
+    # caches' manifests beside its shards), not records: taken only when the folder holds nothing else.
+    plain_json = [p for p in jsonl if _is_plain_json(p.name)]
+    if plain_json and (parquet or len(plain_json) < len(jsonl)):
+        jsonl = [p for p in jsonl if not _is_plain_json(p.name)]
+        log.info("--input %s: %d .json file(s) left out (%s%s): the folder's data are its %s files", folder,
+                 len(plain_json), plain_json[0].name, " ..." if len(plain_json) > 1 else "",
+                 "Parquet" if parquet else ".jsonl/.ndjson")
     if parquet and jsonl:
         raise UserError(f"--input {folder}: holds both Parquet ({parquet[0].name}) and JSONL ({jsonl[0].name}) files; "
                         f"give one format (e.g. a glob such as {folder}/*.parquet)")
@@ -96,6 +107,10 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
         raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl[.gz|.zst] files (nor a datasets "
                         "folder written by save_to_disk)")
     return ("parquet", parquet) if parquet else ("jsonl", jsonl)
+
+
+def _is_plain_json(name: str) -> bool:
+    return any(name.endswith(".json" + compressed) for compressed in ("", *records.COMPRESSED_SUFFIXES))
 
 
 def _resolve_one(value: Path | str) -> list[tuple[str, Path, Path | None]]:

@@ -262,6 +262,26 @@ def test_more_shards_than_records_are_written_empty_with_a_warning(tmp_path, dem
     assert sorted((tmp_path / "back.jsonl").read_bytes().splitlines()) == sorted(Path(demo_jsonl).read_bytes().splitlines())
 
 
+def test_a_sharded_runs_output_folder_is_an_input_again(tmp_path, demo_jsonl, tiny_model_dir, caplog):
+    """The folder of a run's shards also holds its metadata and cache manifests (.json): not records."""
+    import logging
+
+    want = sorted(Path(demo_jsonl).read_bytes().splitlines())
+    for name in ("c.jsonl", "c.parquet"):
+        folder = tmp_path / name.split(".")[1]
+        assert curate("--input", demo_jsonl, "--output", folder / name, "--output-shards", 2, "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+        assert (folder / "c_meta.json").is_file() and list(folder.glob("*.cache.json"))
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert curate("--input", folder, "--output", tmp_path / f"again_{name}.jsonl", "--model-dir",
+                          tiny_model_dir, *COMMON) == 0
+        assert ".json file(s) left out" in caplog.text
+        back = (tmp_path / f"again_{name}.jsonl").read_bytes().splitlines()
+        assert sorted(json.dumps(json.loads(line), sort_keys=True) for line in back) == \
+            sorted(json.dumps(json.loads(line), sort_keys=True) for line in want)
+
+
 def test_special_tokens_are_counted_in_every_window(tmp_path, demo_jsonl, tiny_model_dir):
     from diversity_order.diversity import window_counts
 

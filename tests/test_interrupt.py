@@ -293,7 +293,9 @@ def test_ctrl_c_while_only_counting_tokens_keeps_the_counts_done(tmp_path, tiny_
             "--load-embeddings", str(tmp_path / "vectors.npy")]
     real = DocumentTokenizer.encode_texts
     _ctrl_c_at_batch(monkeypatch, 3)
-    assert run_main(curate_dataset.main, args) == 130
+    with caplog.at_level(logging.INFO):
+        assert run_main(curate_dataset.main, args) == 130
+    assert f"Interrupted: the token counts of 32 of {n} records are kept in" in caplog.text
     assert caches.filled_rows(tmp_path / "d_token_counts.npy") == (32, n)
     monkeypatch.setattr(DocumentTokenizer, "encode_texts", real)
     with caplog.at_level(logging.INFO):
