@@ -233,7 +233,7 @@ def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places:
                 done = int(np.count_nonzero(work.filled))
                 if done:
                     fill.commit(work.key, fps, None if done == len(index) else work.filled)
-                    log.warning("%s: %d of %d embeddings are kept in %s; a rerun embeds only the other %d",
+                    log.warning("%s: %d of %d embeddings are kept in %s; a rerun embeds at most the other %d",
                                 _stop_name(stop), done, len(index), fill.files.data, len(index) - done)
                 else:
                     fill.abandon()
@@ -243,7 +243,7 @@ def _keep_work_so_far(work: _WorkSoFar, index, counts: np.ndarray, count_places:
                 store_token_counts(count_places, count_key, fps, counts,
                                    None if done == len(index) else work.counted)
                 if work.embedding.rows.size == 0:  # else said with the embeddings, counted with them
-                    log.warning("%s: the token counts of %d of %d records are kept in %s; a rerun counts only the "
+                    log.warning("%s: the token counts of %d of %d records are kept in %s; a rerun counts at most the "
                                 "other %d", _stop_name(stop), done, len(index), count_places[0], len(index) - done)
     finally:
         if fill is not None:
