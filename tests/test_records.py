@@ -433,7 +433,7 @@ def test_first_record_not_jsonl_gets_a_hint(tmp_path, content):
     src = tmp_path / "in.jsonl"
     src.write_bytes(content)
     with pytest.raises(UserError, match=r"in\.jsonl:1: .*; the input must be JSONL: one JSON object per line "
-                                        r"\(\.jsonl, \.jsonl\.gz, \.jsonl\.zst\)"):
+                                        r"\(\.jsonl, \.json or \.ndjson, each also \.gz or \.zst\)"):
         scan_jsonl(src, progress=False)
 
 
