@@ -46,8 +46,12 @@ KINDS = {"jsonl": "JSONL", "parquet": "Parquet", "arrow": "a datasets folder"}
 
 
 def is_jsonl_name(name: str) -> bool:
-    return any(name.endswith(suffix + compressed) for suffix in JSONL_SUFFIXES
-               for compressed in ("", *records.COMPRESSED_SUFFIXES))
+    return _ends_with(name, JSONL_SUFFIXES)
+
+
+def _ends_with(name: str, suffixes: tuple[str, ...]) -> bool:
+    """``name`` ends with one of ``suffixes``, compressed or not."""
+    return any(name.endswith(suffix + compressed) for suffix in suffixes for compressed in ("", *records.COMPRESSED_SUFFIXES))
 
 
 def kind_of_file(path: Path) -> str:
@@ -110,7 +114,7 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
 
 
 def _is_plain_json(name: str) -> bool:
-    return any(name.endswith(".json" + compressed) for compressed in ("", *records.COMPRESSED_SUFFIXES))
+    return _ends_with(name, (".json",))
 
 
 def _resolve_one(value: Path | str) -> list[tuple[str, Path, Path | None]]:
