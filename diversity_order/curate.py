@@ -787,7 +787,7 @@ def write_metadata(run: Run) -> dict:
         "load_embeddings_path": str(config.load_embeddings) if config.load_embeddings else None,
         "model_dir": str(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
-        "token_counts_file": str(paths["token_counts"]),
+        "token_counts_file": str(paths["token_counts"].absolute()),  # beside the input: found from any folder
         "chat_template": run.chat_template,
         "input_format": config.inputs.kind,
         "input_files": [str(path) for path in config.inputs.files],
