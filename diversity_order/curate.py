@@ -480,7 +480,7 @@ def sweep_k(run: Run):
                                                    device=run.device, fit_sample=fit_sample)
     del embeddings
     _log_calibration(rows, recommended)
-    save_json(run.paths["calibration"], {"input": str(config.inputs.name), "samples": used, "seed": config.seed,
+    save_json(run.paths["calibration"], {"input": _recorded_path(config.inputs.name), "samples": used, "seed": config.seed,
                                          "pca": run.pca_info.as_dict() if run.pca_info else None,
                                          "k_means_fit_rows": fit_sample or run.n,
                                          "rows": [r.as_dict() for r in rows], "recommended_k": recommended})
@@ -581,7 +581,7 @@ def _compare_strategies(run: Run) -> None:
                                                      plot=not config.no_plot)
     print(table, flush=True)
     log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
-    run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: str(v) for k, v in report.items()}}
+    run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: _recorded_path(v) for k, v in report.items()}}
 
 
 def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | None:
@@ -636,7 +636,7 @@ def write_outputs(run: Run) -> None:
             else:
                 written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
                                                 config.output_shards)
-        run.curated_files = [str(path) for path, _ in written]
+        run.curated_files = [_recorded_path(path) for path, _ in written]
         if config.written_kind != "arrow":
             _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
         log.info("Wrote %d records (%.1f MB on disk, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
@@ -651,6 +651,12 @@ def write_outputs(run: Run) -> None:
             run.packed = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
                                               config.seq_len, config.count_special_tokens, config.export_packed,
                                               run.labels, config.progress)
+
+
+def _recorded_path(path) -> str:
+    """A path as the metadata records it: absolute, so a reader in another folder (animate_ordering.py,
+    the next run's shard-set cleanup) finds the same file."""
+    return str(Path(path).absolute())
 
 
 def _recorded_output_files(meta_path: Path) -> set[Path]:
@@ -745,7 +751,7 @@ def describe(run: Run) -> None:
         text = cluster_report.markdown(clusters, config.inputs.name.name, config.n_clusters, tokenizer is not None)
         with atomic_open(run.paths["clusters_md"], "w") as handle:
             handle.write(text)
-        save_json(run.paths["clusters_json"], {"input": str(config.inputs.name), "n_clusters": config.n_clusters,
+        save_json(run.paths["clusters_json"], {"input": _recorded_path(config.inputs.name), "n_clusters": config.n_clusters,
                                                "clusters": clusters})
     log.info("What the clusters are: %s", run.paths["clusters_md"])
 
@@ -771,8 +777,8 @@ def write_metadata(run: Run) -> dict:
     by_size = sorted(np.flatnonzero(sizes).tolist(), key=lambda k: (-sizes[k], k))
     before, after = run.quality["original"]["diversity"], run.quality["curated"]["diversity"]
     meta = {
-        "input": str(config.inputs.name),
-        "output": str(config.output),
+        "input": _recorded_path(config.inputs.name),
+        "output": _recorded_path(config.output),
         "input_count": run.n,
         "final_count": run.n,
         "n_clusters": config.n_clusters,
@@ -784,13 +790,13 @@ def write_metadata(run: Run) -> dict:
         "total_tokens": int(run.counts.sum()),
         "n_training_sequences": after["n_sequences"],
         "embedding_method": run.method,
-        "load_embeddings_path": str(config.load_embeddings) if config.load_embeddings else None,
-        "model_dir": str(config.model_dir) if config.model_dir else None,
+        "load_embeddings_path": _recorded_path(config.load_embeddings) if config.load_embeddings else None,
+        "model_dir": _recorded_path(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
-        "token_counts_file": str(paths["token_counts"].absolute()),  # beside the input: found from any folder
+        "token_counts_file": _recorded_path(paths["token_counts"]),
         "chat_template": run.chat_template,
         "input_format": config.inputs.kind,
-        "input_files": [str(path) for path in config.inputs.files],
+        "input_files": [_recorded_path(path) for path in config.inputs.files],
         "output_format": config.written_kind,
         "output_files": run.curated_files,
         "count_special_tokens": config.count_special_tokens,
@@ -809,8 +815,8 @@ def write_metadata(run: Run) -> dict:
         "cluster_sizes": {str(k): int(sizes[k]) for k in by_size},
         "empty_documents": int((run.counts == 0).sum()),
         "stats_only": config.stats_only,
-        "labels_file": str(paths["labels"]),
-        "order_file": str(paths["order"]),
+        "labels_file": _recorded_path(paths["labels"]),
+        "order_file": _recorded_path(paths["order"]),
         "timings_seconds": run.timer.seconds,
         "cpu_seconds": run.timer.cpu_seconds,
         "peak_rss_mb": run.timer.peak_rss_mb,

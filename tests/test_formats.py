@@ -226,6 +226,29 @@ def test_another_shard_count_replaces_the_earlier_set(tmp_path, demo_jsonl, tiny
     assert "no earlier run's metadata lists them" in caplog.text and "Removed" not in caplog.text
 
 
+def test_metadata_paths_are_found_from_another_folder(tmp_path, demo_jsonl, tiny_model_dir, monkeypatch, caplog):
+    """Paths given relative to one folder are recorded absolute: the next run, started elsewhere, still finds the
+    earlier shard set it must replace (and never a same-named file of its own folder)."""
+    work, other = tmp_path / "work", tmp_path / "other"
+    for folder in (work / "out", other / "out"):
+        folder.mkdir(parents=True)
+    shutil.copy(demo_jsonl, work / "in.jsonl")
+    monkeypatch.chdir(work)
+    assert curate("--input", "in.jsonl", "--output", "out/c.jsonl", "--output-shards", 2, "--model-dir",
+                  tiny_model_dir, *COMMON) == 0
+    meta = json.loads((work / "out" / "c_meta.json").read_text())
+    for key in ("input", "output", "token_counts_file", "labels_file", "order_file"):
+        assert Path(meta[key]).is_absolute() and Path(meta[key]).exists() or key == "output", key
+    assert all(Path(name).is_absolute() for name in meta["input_files"] + meta["output_files"])
+    lookalike = other / "out" / "c-00000-of-00002.jsonl"  # the relative name resolves here from `other`
+    lookalike.write_text("another dataset\n")
+    monkeypatch.chdir(other)
+    assert curate("--input", work / "in.jsonl", "--output", work / "out" / "c.jsonl", "--output-shards", 3,
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert sorted(p.name for p in (work / "out").glob("c-*.jsonl")) == [f"c-{i:05d}-of-00003.jsonl" for i in range(3)]
+    assert lookalike.read_text() == "another dataset\n" and "Removed 2 curated file(s)" in caplog.text
+
+
 def test_an_interrupted_run_leaves_no_earlier_metadata_beside_its_files(tmp_path, demo_jsonl, tiny_model_dir,
                                                                         monkeypatch):
     out = tmp_path / "c.jsonl"
