@@ -44,7 +44,7 @@ from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .fields import DEFAULT_TEXT_FIELD, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
 from .projection import projection_or_none
-from .runtime import StageTimer, side_by_side, start
+from .runtime import StageTimer, heartbeat, side_by_side, start
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,7 @@ class Run:
     comparison: dict | None = None
     packed: dict | None = None  # what --export-packed wrote
     curated_files: list = field(default_factory=list)
+    parquet_schema: object = None  # JSONL converted to Parquet: the set's columns, checked before the long work
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
     chat_template: dict | None = None  # the template conversations are rendered with (file, hash), if any
     cluster_plan: clustering.Plan | None = None
@@ -379,6 +380,11 @@ def index_input(run: Run, fail_fast: bool) -> None:
                         f"choose at most {run.n}")
     if run.ctx.is_main:  # a bad score or balance field fails before the long work
         run.options = _ordering_options(config, run.index)
+    if not run.ctx.active and not config.stats_only and writers.converts_to_parquet(run.index, config.written_kind):
+        # Records that cannot share one table (a field a number here, a string there) fail now, not after embedding;
+        # the write takes this schema instead of inferring it then, so the pass is not made twice.
+        with run.timer.stage("Inferring the Parquet columns"), heartbeat(f"Inferring the Parquet columns of {run.n:,} records"):
+            run.parquet_schema = writers.parquet_schema(run.index, np.arange(run.n))
 
 
 def _chat_template_used(run: Run) -> dict | None:
@@ -635,7 +641,7 @@ def write_outputs(run: Run) -> None:
                 written = _write_shards_across_ranks(run)
             else:
                 written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
-                                                config.output_shards)
+                                                config.output_shards, run.parquet_schema)
         run.curated_files = [_recorded_path(path) for path, _ in written]
         if config.written_kind != "arrow":
             _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
@@ -705,10 +711,11 @@ def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
     failure = None
     mine = distributed.slice_of_order(ctx, order.size, config.output_shards)
     schema = None
-    if writers.converts_to_parquet(run.index, config.written_kind):  # one schema for the set: every rank's part
+    if writers.converts_to_parquet(run.index, config.written_kind):
+        # One schema for the set, its columns in the order the input first has them (as in one process): each
+        # rank infers an even run of the input's rows, unified in rank order.
         try:
-            schema = writers.parquet_schema(run.index, np.concatenate(
-                [order[lo:hi] for _, lo, hi in mine] or [np.zeros(0, np.int64)]))
+            schema = writers.parquet_schema(run.index, np.arange(*distributed.even_range(ctx, order.size)))
         except UserError as exc:
             failure = exc
         parts = distributed.all_gather_object(ctx, None if schema is None else schema.serialize().to_pybytes())

@@ -91,13 +91,16 @@ def shard_slices(n: int, shards: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
-def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: int = 1) -> list[tuple[Path, int]]:
-    """The records in ``order`` (a permutation of them) as ``kind``: (path, bytes) per file written."""
+def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: int = 1,
+                  schema=None) -> list[tuple[Path, int]]:
+    """The records in ``order`` (a permutation of them) as ``kind``: (path, bytes) per file written. ``schema``:
+    JSONL converted to Parquet, the records' columns when already inferred (``parquet_schema``)."""
     order = np.asarray(order, dtype=np.int64)
     if order.shape[0] != len(source) or not np.array_equal(np.sort(order), np.arange(len(source))):
         raise ValueError("order must be a permutation of the record positions")
     paths = shard_paths(output, shards)
-    schema = parquet_schema(source, order) if converts_to_parquet(source, kind) else None
+    if schema is None and converts_to_parquet(source, kind):
+        schema = parquet_schema(source, order)
     return [(path, write_shard(source, order[lo:hi], path, kind, schema))
             for path, (lo, hi) in zip(paths, shard_slices(order.size, shards))]
 
@@ -147,14 +150,18 @@ def _jsonl_pieces(source, rows: np.ndarray):
 
 
 def parquet_schema(source, rows: np.ndarray):
-    """One Parquet schema for JSONL records ``rows``: each piece's inferred columns, unified in row order."""
+    """One Parquet schema for JSONL records ``rows``: each piece's inferred columns, unified in row order, and
+    checked writable."""
     import pyarrow as pa
+    import pyarrow.parquet  # noqa: F401 (pa.parquet)
 
     source.check_unchanged()
     try:
-        return unify_parquet_schemas(source, [_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
+        schema = unify_parquet_schemas(source, [_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
+        pa.parquet.ParquetWriter(pa.BufferOutputStream(), schema).close()  # a column Parquet cannot hold ({}) fails here
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise _not_one_table(source, exc) from None
+    return schema
 
 
 def _piece_schema(piece: list[dict]):

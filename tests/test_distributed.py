@@ -144,8 +144,9 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.parquet", *common])
     tables = [pq.read_table(multi / name.replace(".jsonl", ".parquet")) for name in names]
     assert all("score" in table.column_names and table.schema == tables[0].schema for table in tables)
-    assert [table.to_pylist() for table in tables] == \
-        [pq.read_table(single / name.replace(".jsonl", ".parquet")).to_pylist() for name in names]
+    singles = [pq.read_table(single / name.replace(".jsonl", ".parquet")) for name in names]
+    assert [table.to_pylist() for table in tables] == [table.to_pylist() for table in singles]
+    assert tables[0].schema == singles[0].schema  # the same columns in the same order
 
 
 def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(tmp_path, tiny_model_dir):

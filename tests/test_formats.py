@@ -491,6 +491,25 @@ def test_jsonl_converted_to_parquet_keeps_every_field_of_every_record_in_one_sch
     assert [_without_nulls(row) for row in rows] == [_without_nulls(records[i]) for i in order]
 
 
+def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_records, tiny_model_dir, capsys,
+                                                            monkeypatch):
+    """Converting JSONL to Parquet, a field Parquet cannot hold is found when the input is read, not after hours of
+    embedding (the embedder is never called)."""
+    from diversity_order import embed
+
+    def never(*args, **kwargs):
+        raise AssertionError("embedded before the records were checked")
+
+    monkeypatch.setattr(embed, "embed_and_count", never)
+    for name, extra in (("clash", [{"e": 1}, {"e": "x"}]), ("empty_object", [{}, {"c": {}}])):
+        records = [{"text": r["text"], **extra[i % 2]} for i, r in enumerate(demo_records)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        err = run_error(capsys, "--input", tmp_path / f"{name}.jsonl", "--output", tmp_path / name / "c.parquet",
+                        "--model-dir", tiny_model_dir, *COMMON)
+        assert "cannot be one Parquet table" in err and "--output-format jsonl" in err
+        assert not (tmp_path / name).exists() or not list((tmp_path / name).glob("*.parquet*"))
+
+
 def test_records_parquet_cannot_hold_are_one_line(tmp_path):
     from diversity_order import writers
     from diversity_order.errors import UserError
