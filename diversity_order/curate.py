@@ -485,7 +485,7 @@ def sweep_k(run: Run):
         rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress,
                                                    device=run.device, fit_sample=fit_sample)
     del embeddings
-    _log_calibration(rows, recommended)
+    log.info("%s", _recommendation(recommended))  # the table goes to standard output (the command prints it)
     save_json(run.paths["calibration"], {"input": _recorded_path(config.inputs.name), "samples": used, "seed": config.seed,
                                          "pca": run.pca_info.as_dict() if run.pca_info else None,
                                          "k_means_fit_rows": fit_sample or run.n,
@@ -834,16 +834,21 @@ def write_metadata(run: Run) -> dict:
     return meta
 
 
-def _log_calibration(rows, recommended) -> None:
-    log.info("%5s  %10s  %26s", "k", "silhouette", "cluster size min/median/max")
+def calibration_report(rows, recommended) -> str:
+    """The --calibrate-k table and its recommendation, as the command prints them (standard output)."""
+    lines = [f"{'k':>5}  {'silhouette':>10}  {'cluster size min/median/max':>27}"]
     for row in rows:
         score = "n/a" if row.silhouette is None else f"{row.silhouette:.4f}"
-        log.info("%5d  %10s  %26s", row.k, score, f"{row.size_min} / {row.size_median:g} / {row.size_max}")
+        lines.append(f"{row.k:>5}  {score:>10}  {f'{row.size_min} / {row.size_median:g} / {row.size_max}':>27}")
+    lines.append(_recommendation(recommended))
+    return "\n".join(lines)
+
+
+def _recommendation(recommended) -> str:
     if recommended is None:
-        log.info("No k could be scored (too few documents or clusters)")
-    else:
-        log.info("Recommended k = %d (the highest k whose silhouette is within 5%% of the peak); "
-                 "use --n-clusters %d", recommended, recommended)
+        return "No k could be scored (too few documents or clusters)"
+    return (f"Recommended k = {recommended} (the highest k whose silhouette is within 5% of the peak); "
+            f"use --n-clusters {recommended}")
 
 
 def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:

@@ -208,7 +208,9 @@ def test_stats_only_writes_everything_but_the_curated_file(tmp_path, tiny_model_
     assert (tmp_path / "s_meta.json").exists() and (tmp_path / "s_order.npy").exists()
 
 
-def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog):
+def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, capsys):
+    """The table is the command's result: printed to standard output; the log (standard error) has each k as it
+    is scored and the recommendation."""
     caplog.set_level(logging.INFO)
     src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=4))  # 24 docs: k in 5..20
     out = tmp_path / "c.jsonl"
@@ -219,6 +221,13 @@ def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog):
     assert [r["k"] for r in table["rows"]] == [5, 10, 15, 20]
     assert table["recommended_k"] in (5, 10, 15, 20)
     assert f"Recommended k = {table['recommended_k']}" in caplog.text
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[:2] == ["k", "silhouette"] and len(printed) == 2 + len(table["rows"])
+    for line, row in zip(printed[1:], table["rows"]):
+        assert line.split()[:2] == [str(row["k"]), f"{row['silhouette']:.4f}"]
+        assert line.split()[2:] == [str(row["size_min"]), "/", f"{row['size_median']:g}", "/", str(row["size_max"])]
+    assert printed[-1].startswith(f"Recommended k = {table['recommended_k']} ")
+    assert "cluster size min/median/max" not in caplog.text  # (the log has each k as it is scored, for progress)
 
 
 def run_error(capsys, *args):

@@ -167,10 +167,15 @@ def config_from_args(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.verbose)
-    from ..curate import calibrate, curate
+    from ..curate import calibrate, calibration_report, curate
 
     config = config_from_args(args)
-    (calibrate if args.calibrate_k else curate)(config)
+    if not args.calibrate_k:
+        curate(config)
+        return 0
+    result = calibrate(config)
+    if result is not None:  # rank 0 under torchrun
+        print(calibration_report(result.calibration, result.recommended_k), flush=True)
     return 0
 
 
