@@ -380,11 +380,33 @@ def index_input(run: Run, fail_fast: bool) -> None:
                         f"choose at most {run.n}")
     if run.ctx.is_main:  # a bad score or balance field fails before the long work
         run.options = _ordering_options(config, run.index)
-    if not run.ctx.active and not config.stats_only and writers.converts_to_parquet(run.index, config.written_kind):
-        # Records that cannot share one table (a field a number here, a string there) fail now, not after embedding;
-        # the write takes this schema instead of inferring it then, so the pass is not made twice.
+    if not config.stats_only and writers.converts_to_parquet(run.index, config.written_kind):
         with run.timer.stage("Inferring the Parquet columns"), heartbeat(f"Inferring the Parquet columns of {run.n:,} records"):
-            run.parquet_schema = writers.parquet_schema(run.index, np.arange(run.n))
+            run.parquet_schema = _parquet_columns(run)
+
+
+def _parquet_columns(run: Run):
+    """JSONL converted to Parquet: the set's one schema, its columns in the order the input first has them.
+    Inferred when the input is read, so records that cannot share one table (a field a number in one record and
+    a string in another) fail in seconds rather than after the embedding; the write takes it (no second pass).
+    Under torchrun each rank infers its own rows; the parts are unified in rank order on every rank."""
+    ctx = run.ctx
+    if not ctx.active:
+        return writers.parquet_schema(run.index, np.arange(run.n))
+    bounds = scale_out.own_rows(ctx, run.index, run.rank_rows)
+    schema, failure = None, None
+    try:
+        schema = writers.parquet_schema(run.index, np.arange(bounds[ctx.rank], bounds[ctx.rank + 1]), check=False)
+    except UserError as exc:
+        failure = str(exc)
+    parts = distributed.all_gather_object(ctx, (None if schema is None else schema.serialize().to_pybytes(), failure))
+    failures = [message for _, message in parts if message is not None]
+    if failures:  # every rank stops, each with the first rank's message (rank 0's is the one a user reads)
+        raise UserError(failures[0])
+    import pyarrow as pa
+
+    schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _ in parts])
+    return writers.writable_schema(run.index, schema)
 
 
 def _chat_template_used(run: Run) -> dict | None:
@@ -710,23 +732,9 @@ def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
     paths = writers.shard_paths(config.output, config.output_shards)
     failure = None
     mine = distributed.slice_of_order(ctx, order.size, config.output_shards)
-    schema = None
-    if writers.converts_to_parquet(run.index, config.written_kind):
-        # One schema for the set, its columns in the order the input first has them (as in one process): each
-        # rank infers an even run of the input's rows, unified in rank order.
-        try:
-            schema = writers.parquet_schema(run.index, np.arange(*distributed.even_range(ctx, order.size)))
-        except UserError as exc:
-            failure = exc
-        parts = distributed.all_gather_object(ctx, None if schema is None else schema.serialize().to_pybytes())
-        if not distributed.all_agree(ctx, failure is None):
-            raise failure or UserError(f"{config.output}: another rank could not convert its records (see its log)")
-        import pyarrow as pa
-
-        schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part in parts])
     try:
         for part, lo, hi in mine:
-            writers.write_shard(run.index, order[lo:hi], paths[part], config.written_kind, schema)
+            writers.write_shard(run.index, order[lo:hi], paths[part], config.written_kind, run.parquet_schema)
     except UserError as exc:
         failure = exc
     if mine:

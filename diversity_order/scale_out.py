@@ -128,10 +128,10 @@ def balanced_work(ctx: DistContext, index, bounds: np.ndarray, rows: np.ndarray)
     Returns (the source to read them from, the rows). Run d lies before run d + 1, so the token
     counts gathered in rank order stay in input order."""
     from .records import RecordIndex
-    from .sources import RecordPieces, records_slice
+    from .sources import RecordPieces, record_bytes, records_slice
 
     world = ctx.world_size
-    sizes = index.row_bytes(rows) if isinstance(index, RecordPieces) else np.asarray(index.row_sizes[rows], np.int64)
+    sizes = record_bytes(index, rows)
     shares = [int(b) for b in distributed.all_gather_object(ctx, int(sizes.sum()))]
     total = sum(shares)
     if world == 1 or total == 0 or max(shares) <= REBALANCE_ABOVE * total / world:

@@ -384,6 +384,25 @@ class RecordPieces:
         for _, part in self.pieces:
             part.check_unchanged()
 
+    def read_raw(self, rows: np.ndarray) -> list[bytes]:
+        """The bytes of records ``rows`` (held ones), in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        owner = self._piece_of(rows)
+        found: list[bytes] = [b""] * rows.size
+        for p in np.unique(owner).tolist():
+            at = np.flatnonzero(owner == p)
+            first, part = self.pieces[p]
+            for j, raw in zip(at.tolist(), part.read_raw(rows[at] - first)):
+                found[j] = raw
+        return found
+
+
+def record_bytes(source, rows: np.ndarray) -> np.ndarray:
+    """Bytes of each of records ``rows`` of a JSONL source, whole (``row_sizes``) or holding some (``RecordPieces``)."""
+    if isinstance(source, RecordPieces):
+        return source.row_bytes(rows)
+    return np.asarray(source.row_sizes[rows], dtype=np.int64)
+
 
 def records_slice(source, a: int, b: int) -> list[records.RecordIndex]:
     """Input rows ``a`` to ``b`` - 1 of a JSONL source that holds them (a ``RecordIndex`` or a
@@ -428,17 +447,6 @@ class JsonlFiles(RecordPieces):
     def check_unchanged(self) -> None:
         for index in self.parts:
             index.check_unchanged()
-
-    def read_raw(self, rows: np.ndarray) -> list[bytes]:
-        """The bytes of records ``rows``, in that order."""
-        rows = np.asarray(rows, dtype=np.int64)
-        owner = self._piece_of(rows)
-        found: list[bytes] = [b""] * rows.size
-        for part in np.unique(owner).tolist():
-            at = np.flatnonzero(owner == part)
-            for j, raw in zip(at.tolist(), self.parts[part].read_raw(rows[at] - self.offsets[part])):
-                found[j] = raw
-        return found
 
     def write_rows(self, rows: np.ndarray, output: Path, max_pass_bytes: int = 1 << 30) -> int:
         """Records ``rows``, in that order, byte for byte, to one JSONL file (atomically)."""

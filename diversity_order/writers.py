@@ -22,6 +22,7 @@ import numpy as np
 from . import records
 from .atomic import atomic_path
 from .errors import UserError
+from .sources import record_bytes
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
 # Suffixes of formats this does not write: an output so named would hold JSONL (or Parquet) under a name that
@@ -144,21 +145,32 @@ def _arrow_to_jsonl(source, rows: np.ndarray, path: Path) -> int:
 
 
 def _jsonl_pieces(source, rows: np.ndarray):
-    bounds = records.batch_bounds(source.row_sizes[rows], CONVERT_PIECE_BYTES, 1 << 62)
+    bounds = records.batch_bounds(record_bytes(source, rows), CONVERT_PIECE_BYTES, 1 << 62)
     for lo, hi in zip(bounds[:-1], bounds[1:]) if rows.size else ():
         yield [json.loads(raw) for raw in source.read_raw(rows[lo:hi])]
 
 
-def parquet_schema(source, rows: np.ndarray):
+def parquet_schema(source, rows: np.ndarray, check: bool = True):
     """One Parquet schema for JSONL records ``rows``: each piece's inferred columns, unified in row order, and
-    checked writable."""
+    (``check``) checked writable. Unchecked for a part of the records: a field holding ``{}`` there may hold
+    fields in another part."""
     import pyarrow as pa
-    import pyarrow.parquet  # noqa: F401 (pa.parquet)
 
     source.check_unchanged()
     try:
-        schema = unify_parquet_schemas(source, [_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
-        pa.parquet.ParquetWriter(pa.BufferOutputStream(), schema).close()  # a column Parquet cannot hold ({}) fails here
+        schema = _unified([_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise _not_one_table(source, exc, _first_clash(source, rows)) from None
+    return writable_schema(source, schema) if check else schema
+
+
+def writable_schema(source, schema):
+    """``schema``, if Parquet can hold its columns (not a struct of no fields, from records holding ``{}`` only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetWriter(pa.BufferOutputStream(), schema).close()
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise _not_one_table(source, exc) from None
     return schema
@@ -177,15 +189,61 @@ def unify_parquet_schemas(source, schemas: list):
     """Schemas of consecutive pieces of ``source``'s records as one (fields in order of first appearance)."""
     import pyarrow as pa
 
-    schemas = [schema for schema in schemas if len(schema)]  # a piece of no records says nothing
     try:
-        return pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+        return _unified(schemas)
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise _not_one_table(source, exc) from None
 
 
-def _not_one_table(source, exc: Exception) -> UserError:
-    return UserError(f"{source.name}: the records cannot be one Parquet table ({str(exc).splitlines()[0]}); "
+def _unified(schemas: list):
+    import pyarrow as pa
+
+    schemas = [schema for schema in schemas if len(schema)]  # a piece of no records says nothing
+    return pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+
+
+def _first_clash(source, rows: np.ndarray) -> str | None:
+    """Where records ``rows`` first disagree on a field's JSON type (a number in one, a string in another), said
+    with both records' places; read again only when a conversion has failed, to say which record to mend."""
+    first: dict[str, tuple[str, int]] = {}
+    at = 0
+    for piece in _jsonl_pieces(source, rows):
+        for record in piece:
+            row = int(rows[at])
+            at += 1
+            for name, value in record.items():
+                for path, kind in _json_kinds(value, name):
+                    seen = first.setdefault(path, (kind, row))
+                    if seen[0] != kind:
+                        return (f"field {path!r} is {kind} at {source.where(row)} but {seen[0]} at "
+                                f"{source.where(seen[1])}")
+    return None
+
+
+def _json_kinds(value, path: str):
+    """(path, kind) of a JSON value and of every value inside it (a list's items at ``path[]``); nulls have none:
+    a null fits any column. Integers and fractions are both numbers (a column of both is fractional)."""
+    if value is None:
+        return
+    if isinstance(value, bool):
+        yield path, "a boolean"
+    elif isinstance(value, int | float):
+        yield path, "a number"
+    elif isinstance(value, str):
+        yield path, "a string"
+    elif isinstance(value, list):
+        yield path, "a list"
+        for item in value:
+            yield from _json_kinds(item, f"{path}[]")
+    elif isinstance(value, dict):
+        yield path, "an object"
+        for name, item in value.items():
+            yield from _json_kinds(item, f"{path}.{name}")
+
+
+def _not_one_table(source, exc: Exception, detail: str | None = None) -> UserError:
+    detail = detail or str(exc).splitlines()[0]
+    return UserError(f"{source.name}: the records cannot be one Parquet table ({detail}); "
                      "write JSONL instead (--output-format jsonl)")
 
 

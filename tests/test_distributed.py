@@ -40,12 +40,12 @@ def test_split_by_bytes_is_contiguous_balanced_and_complete():
     assert np.concatenate(shares).tolist() == rows.tolist()
 
 
-def torchrun(args, nproc=2):
+def torchrun(args, nproc=2, fails=False):
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "curate_dataset.py", *map(str, args), "--no-progress"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert (done.returncode != 0) == fails, done.stderr[-4000:]
     return done.stderr
 
 
@@ -147,6 +147,24 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     singles = [pq.read_table(single / name.replace(".jsonl", ".parquet")) for name in names]
     assert [table.to_pylist() for table in tables] == [table.to_pylist() for table in singles]
     assert tables[0].schema == singles[0].schema  # the same columns in the same order
+
+
+def test_torchrun_refuses_records_parquet_cannot_hold_before_embedding(tmp_path, tiny_model_dir):
+    """A type clash in records only rank 1 reads is found when the ranks read their records: rank 0 says it in one
+    line and no rank embeds, whether rank 0 writes the Parquet file alone or the ranks write shards."""
+    records = topical_records(per_topic=10)
+    for record in records:
+        record["e"] = 1
+    records[-1]["e"] = "x"
+    write_jsonl(tmp_path / "d.jsonl", records)
+    for shards in (1, 2):
+        log = torchrun(["--input", tmp_path / "d.jsonl", "--output", tmp_path / f"s{shards}" / "c.parquet",
+                        "--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot",
+                        "--output-shards", shards], fails=True)
+        said = [line for line in log.splitlines() if line.startswith("error: ")]
+        assert said and all("cannot be one Parquet table" in line and "--output-format jsonl" in line for line in said)
+        assert "Token counts and embeddings" not in log
+        assert not list(tmp_path.glob("**/*.npy")) and not list(tmp_path.glob("**/*.parquet"))
 
 
 def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(tmp_path, tiny_model_dir):

@@ -491,6 +491,59 @@ def test_jsonl_converted_to_parquet_keeps_every_field_of_every_record_in_one_sch
     assert [_without_nulls(row) for row in rows] == [_without_nulls(records[i]) for i in order]
 
 
+_JSON_LEAVES = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-1, 1) | st.text(max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.fixed_dictionaries({"text": st.just("t")}, optional={
+    "v": _JSON_LEAVES | st.lists(_JSON_LEAVES, max_size=3) | st.fixed_dictionaries({"x": _JSON_LEAVES})}),
+    min_size=1, max_size=12))
+def test_a_type_clash_names_the_field_and_two_records_that_disagree(tmp_path_factory, records):
+    """Where Parquet cannot type a field, the message names it and two lines whose values there are of different
+    JSON kinds (a plain walk down the named path says so); where it can, the inference succeeds."""
+    import re
+
+    from diversity_order import writers
+    from diversity_order.errors import UserError
+    from diversity_order.records import scan_jsonl
+
+    folder = tmp_path_factory.mktemp("clash")
+    (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = scan_jsonl(folder / "in.jsonl", progress=False)
+    try:
+        column = pa.array([r.get("v") for r in records])  # pyarrow's own verdict on the column
+    except (pa.ArrowException, TypeError, ValueError):
+        column = None
+    if column is not None:
+        try:
+            writers.parquet_schema(source, np.arange(len(records)))
+        except UserError as exc:  # typed, but not writable: a struct of no fields ({} only)
+            assert "no child field" in str(exc)
+        return
+    with pytest.raises(UserError) as caught:
+        writers.parquet_schema(source, np.arange(len(records)))
+    said = re.search(r"field '(v[^']*)' is (.+?) at .*in\.jsonl:(\d+) but (.+?) at .*in\.jsonl:(\d+)\)",
+                     str(caught.value))
+    assert said, str(caught.value)
+    path, lines = said.group(1), (int(said.group(3)), int(said.group(5)))
+
+    def kinds(value, steps):  # every value at the path's steps ("[]": each item of a list, ".x": field x)
+        if not steps:
+            return [] if value is None else [value]
+        step, rest = steps[0], steps[1:]
+        if step == "[]":
+            return [k for item in value for k in kinds(item, rest)] if isinstance(value, list) else []
+        return kinds(value.get(step[1:]), rest) if isinstance(value, dict) else []
+
+    def kind(value):
+        return "bool" if isinstance(value, bool) else "number" if isinstance(value, int | float) else type(value).__name__
+
+    steps = re.findall(r"\[\]|\.[^.\[]+", path[1:])
+    found = [{kind(v) for v in kinds(records[line - 1].get("v"), steps)} for line in lines]
+    assert len(found[0] | found[1]) >= 2, (path, lines, records)
+    assert lines[1] <= lines[0]
+
+
 def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_records, tiny_model_dir, capsys,
                                                             monkeypatch):
     """Converting JSONL to Parquet, a field Parquet cannot hold is found when the input is read, not after hours of
@@ -507,6 +560,8 @@ def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_record
         err = run_error(capsys, "--input", tmp_path / f"{name}.jsonl", "--output", tmp_path / name / "c.parquet",
                         "--model-dir", tiny_model_dir, *COMMON)
         assert "cannot be one Parquet table" in err and "--output-format jsonl" in err
+        if name == "clash":  # the second record has "x", the first 1
+            assert f"field 'e' is a string at {tmp_path / name}.jsonl:2 but a number at {tmp_path / name}.jsonl:1" in err
         assert not (tmp_path / name).exists() or not list((tmp_path / name).glob("*.parquet*"))
 
 

@@ -129,7 +129,10 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     try:
         return main(argv) or 0
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # One write: under torchrun the ranks share one stderr, and a line written in parts interleaves with another's.
+        rank = os.environ.get("RANK", "0") if "LOCAL_RANK" in os.environ else "0"
+        sys.stderr.write(("" if rank == "0" else f"[rank {rank}] ") + f"error: {exc}\n")
+        sys.stderr.flush()
         return 2
     except KeyboardInterrupt:
         _report_interrupt()
