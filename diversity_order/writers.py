@@ -154,12 +154,11 @@ def parquet_schema(source, rows: np.ndarray, check: bool = True):
     """One Parquet schema for JSONL records ``rows``: each piece's inferred columns, unified in row order, and
     (``check``) checked writable. Unchecked for a part of the records: a field holding ``{}`` there may hold
     fields in another part."""
-    import pyarrow as pa
 
     source.check_unchanged()
     try:
         schema = _unified([_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
-    except (pa.ArrowException, TypeError, ValueError) as exc:
+    except _conversion_errors() as exc:
         raise _not_one_table(source, exc, _first_clash(source, rows)) from None
     return writable_schema(source, schema) if check else schema
 
@@ -171,7 +170,7 @@ def writable_schema(source, schema):
 
     try:
         pq.ParquetWriter(pa.BufferOutputStream(), schema).close()
-    except (pa.ArrowException, TypeError, ValueError) as exc:
+    except _conversion_errors() as exc:
         raise _not_one_table(source, exc) from None
     return schema
 
@@ -187,11 +186,10 @@ def _piece_schema(piece: list[dict]):
 
 def unify_parquet_schemas(source, schemas: list):
     """Schemas of consecutive pieces of ``source``'s records as one (fields in order of first appearance)."""
-    import pyarrow as pa
 
     try:
         return _unified(schemas)
-    except (pa.ArrowException, TypeError, ValueError) as exc:
+    except _conversion_errors() as exc:
         raise _not_one_table(source, exc) from None
 
 
@@ -200,6 +198,13 @@ def _unified(schemas: list):
 
     schemas = [schema for schema in schemas if len(schema)]  # a piece of no records says nothing
     return pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+
+
+def _conversion_errors() -> tuple:
+    """What pyarrow raises for records it cannot type or write (an integer past 64 bits: OverflowError)."""
+    import pyarrow as pa
+
+    return pa.ArrowException, TypeError, ValueError, OverflowError
 
 
 def _first_clash(source, rows: np.ndarray) -> str | None:
@@ -213,11 +218,16 @@ def _first_clash(source, rows: np.ndarray) -> str | None:
             at += 1
             for name, value in record.items():
                 for path, kind in _json_kinds(value, name):
+                    if kind == _HUGE_INTEGER:
+                        return f"field {path!r} is {kind} at {source.where(row)}, which Parquet cannot hold"
                     seen = first.setdefault(path, (kind, row))
                     if seen[0] != kind:
                         return (f"field {path!r} is {kind} at {source.where(row)} but {seen[0]} at "
                                 f"{source.where(seen[1])}")
     return None
+
+
+_HUGE_INTEGER = "an integer past 64 bits"
 
 
 def _json_kinds(value, path: str):
@@ -227,6 +237,8 @@ def _json_kinds(value, path: str):
         return
     if isinstance(value, bool):
         yield path, "a boolean"
+    elif isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
+        yield path, _HUGE_INTEGER
     elif isinstance(value, int | float):
         yield path, "a number"
     elif isinstance(value, str):
@@ -258,6 +270,6 @@ def _jsonl_to_parquet(source, rows: np.ndarray, path: Path, schema=None) -> int:
         with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
             for piece in _jsonl_pieces(source, rows):
                 writer.write_table(pa.Table.from_pylist(piece, schema=schema))
-    except (pa.ArrowException, TypeError, ValueError) as exc:  # e.g. a field holding {} only: no Parquet type
+    except _conversion_errors() as exc:  # e.g. a field holding {} only: no Parquet type
         raise _not_one_table(source, exc) from None
     return path.stat().st_size
