@@ -60,6 +60,13 @@ def test_every_ordering_writes_its_order(tmp_path, tiny_model_dir, scored_jsonl,
     assert meta["ordering_quality"]["original"] == diversity.ordering_quality(labels, counts, 2000, None, 5)
     if name in SCORE_ORDERINGS:
         assert meta["ordering_options"]["score_field"] == "quality"
+    # Options left unset are recorded as the values this ordering ran with, not as null.
+    from diversity_order.orderings.options import PER_ORDERING_DEFAULTS
+
+    for option, by_ordering in PER_ORDERING_DEFAULTS.items():
+        if name in by_ordering:
+            assert meta["ordering_options"][option] == by_ordering[name], option
+    assert None not in meta["ordering_options"].values()
 
 
 def test_compare_strategies_writes_table_json_and_plot(tmp_path, tiny_model_dir, scored_jsonl, capsys, caplog):

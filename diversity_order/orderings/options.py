@@ -48,7 +48,7 @@ def _percentages(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 30,40,30") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 10,10") from None
 
 
 @dataclass(frozen=True)

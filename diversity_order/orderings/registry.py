@@ -117,8 +117,10 @@ def unused_flags(name: str, options: OrderingOptions) -> list[tuple[str, tuple[s
 
 
 def options_meta(name: str, options: OrderingOptions) -> dict:
-    """The flags that shaped ordering ``name`` (only those it reads, and seq_len if it reads windows)."""
+    """The flags that shaped ordering ``name`` (only those it reads, and seq_len if it reads windows), with the
+    values it ran with (an unset per-ordering option as its default for ``name``)."""
     spec = SPECS[name]
+    options = options.for_ordering(name)
     meta = {f.name: flag_value(options, f.name) for f in flag_fields() if f.name in spec.reads}
     if spec.seq_len_aware:
         meta["seq_len"] = options.seq_len
