@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from .errors import UserError
 
@@ -26,9 +27,11 @@ MISSING = object()  # a field a record does not have
 
 @dataclass(frozen=True)
 class Conversation:
-    """A list of chat messages, kept as canonical JSON (hashable, one fingerprint per content)."""
+    """A list of chat messages, kept as canonical JSON (hashable, one fingerprint per content), and where the
+    record is (``file:line``) for a template that refuses it."""
 
     messages_json: str
+    where: str = dataclass_field(default="", compare=False)
 
     @property
     def messages(self) -> list[dict]:
@@ -50,14 +53,14 @@ def lookup(record: dict, path: str):
 def _conversation(value: list, where: str, field: str) -> Conversation:
     for i, message in enumerate(value):
         if not isinstance(message, dict) or "content" not in message or "role" not in message:
-            raise UserError(f"{where}: field '{field}' message {i} is not a {{\"role\": ..., \"content\": ...}} object")
+            raise UserError(f"{where}: field '{field}[{i}]' is not a {{\"role\": ..., \"content\": ...}} object")
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):
             kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
             what = "content" if isinstance(message["role"], str) else "role"
-            raise UserError(f"{where}: field '{field}' message {i} has a {what} that is a JSON {kind}, expected a string")
+            raise UserError(f"{where}: field '{field}[{i}]' has a {what} that is a JSON {kind}, expected a string")
     if not value:
         raise UserError(f"{where}: field '{field}' is an empty conversation")
-    return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+    return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")), where)
 
 
 def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Conversation:
@@ -101,7 +104,7 @@ def fingerprint_text(value: str | Conversation) -> str:
 def render(value: str | Conversation, tokenizer) -> str:
     """The text the trainer tokenizes: the document, or the conversation through the chat template."""
     if isinstance(value, Conversation):
-        return tokenizer.render_chat(value.messages)
+        return tokenizer.render_chat(value.messages, value.where)
     return value
 
 

@@ -100,8 +100,9 @@ class DocumentTokenizer:
             digest.update(b"\0chat template\0" + template.encode("utf-8"))
         return digest.hexdigest()
 
-    def render_chat(self, messages: list[dict]) -> str:
-        """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized."""
+    def render_chat(self, messages: list[dict], where: str = "") -> str:
+        """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized. ``where``: the
+        record's place (``file:line``), for the error when the template refuses it."""
         hf = self._hf
         if not getattr(hf, "chat_template", None):
             raise UserError(f"--model-dir {self.model_dir}: the tokenizer has no chat template, so a conversation "
@@ -110,7 +111,8 @@ class DocumentTokenizer:
         try:
             return hf.apply_chat_template(messages, tokenize=False)
         except Exception as exc:  # noqa: BLE001 - a template raises what its Jinja code raises
-            raise UserError(f"--model-dir {self.model_dir}: the chat template cannot render a conversation "
+            raise UserError(f"{where + ': ' if where else ''}the chat template of --model-dir {self.model_dir} cannot "
+                            "render this conversation "
                             f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
                             ) from None
 
@@ -196,7 +198,8 @@ def chat_template_source(model_dir: Path) -> dict | None:
     template, file = _chat_template(model_dir)
     if not template:
         return None
-    return {"file": str(model_dir / file), "blake2b": hashlib.blake2b(template.encode("utf-8"), digest_size=8).hexdigest()}
+    return {"file": str((model_dir / file).absolute()),
+            "blake2b": hashlib.blake2b(template.encode("utf-8"), digest_size=8).hexdigest()}
 
 
 def _chat_template(model_dir: Path) -> tuple[str, str]:

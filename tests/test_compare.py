@@ -123,6 +123,9 @@ def test_script_errors_are_one_line(tmp_path, capsys):
                                       ["--shallow", str(tmp_path / "a.npy"), "--deep", str(tmp_path / "b.npy")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: row counts differ") and err.count("\n") == 1
+    rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "a.npy"), "--deep",
+                                                                 str(tmp_path / "a.npy"), "--plot", str(tmp_path / "x.txt")])
+    assert rc == 2 and "--plot" in capsys.readouterr().err and not list(tmp_path.glob("x*"))
 
 
 def test_files_whose_rows_are_in_different_orders_are_refused(tmp_path, capsys, caplog):

@@ -228,6 +228,14 @@ def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, ca
         assert line.split()[2:] == [str(row["size_min"]), "/", f"{row['size_median']:g}", "/", str(row["size_max"])]
     assert printed[-1].startswith(f"Recommended k = {table['recommended_k']} ")
     assert "cluster size min/median/max" not in caplog.text  # (the log has each k as it is scored, for progress)
+    assert "not used with --calibrate-k" not in caplog.text
+    # Flags only curating reads are said to be unused, by name (the calibration runs as before).
+    caplog.clear()
+    assert curate("--input", src, "--output", out, "--model-dir", tiny_model_dir, "--calibrate-k",
+                  "--calibrate-k-samples", 0, "--ordering", "paced", "--compare-strategies", "--seq-len", 512) == 0
+    said = [r.getMessage() for r in caplog.records if "not used with --calibrate-k" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("--seq-len, --ordering, --compare-strategies are not used")
+    assert json.loads((tmp_path / "c_calibration.json").read_text())["rows"] == table["rows"]
 
 
 def run_error(capsys, *args):

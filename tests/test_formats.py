@@ -335,11 +335,22 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
                     json.dumps({"messages": [{"role": "user", "content": ["a", "b"]}]}) + "\n")
     assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
-        f"error: {chat}:2: field 'messages' message 0 has a content that is a JSON array, expected a string")
+        f"error: {chat}:2: field 'messages[0]' has a content that is a JSON array, expected a string")
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     assert "has no chat template" in run_error(capsys, "--input", chat, "--text-field", "messages", *base)
+    # A template that refuses a conversation (as many raise on a role they do not know): the record is named.
+    strict = tmp_path / "strict_model"
+    shutil.copytree(tiny_model_dir, strict)
+    (strict / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+        "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}{{ m['content'] }}\n{% endfor %}")
+    chat.write_text("".join(json.dumps({"messages": [{"role": role, "content": "hi"}]}) + "\n"
+                            for role in ("user", "assistant", "robot", "user")))
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", "--model-dir", strict,
+                     *base[2:]) == (f"error: {chat}:3: the chat template of --model-dir {strict} cannot render this "
+                                    "conversation (Unknown role: robot)")
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
-    assert "row 0: field 'messages' message 0 has a content that is a JSON null" in run_error(
+    assert "row 0: field 'messages[0]' has a content that is a JSON null" in run_error(
         capsys, "--input", parquet, "--text-field", "messages", *base)
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text('{"text": "x"}\n')

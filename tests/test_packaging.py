@@ -49,4 +49,8 @@ def test_console_commands_resolve(command):
     assert callable(getattr(importlib.import_module(module), function))
     script = ROOT / f"{command.replace('-', '_')}.py"  # the script in the repository root runs the same code
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd="/")
-    assert result.returncode == 0 and "usage:" in result.stdout
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: {script.name} ")
+    # Installed, the command's own name is the usage's (a console script's argv[0] is its path).
+    called = f"import sys; sys.argv[0] = '/env/bin/{command}'; from {module} import {function}; sys.exit({function}())"
+    result = subprocess.run([sys.executable, "-c", called, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: {command} "), result.stdout[:200]

@@ -32,6 +32,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, description: str | None = None, **kwargs) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        # Run as the installed command (curate-dataset), the usage names it rather than the script.
+        command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        if kwargs.get("prog") and command == kwargs["prog"].removesuffix(".py").replace("_", "-"):
+            kwargs["prog"] = command
         super().__init__(description=description, **kwargs)
 
     def error(self, message: str):

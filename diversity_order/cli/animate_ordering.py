@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     from .. import animate
     from ..arrays import load_npy
-    from ..errors import UserError
+    from ..errors import MAX_COUNT, UserError, check_range
     from ..outputs import check_writable_folder
 
-    if args.n_frames < 1 or args.fps < 1:
-        raise UserError("--n-frames and --fps must be at least 1")
+    check_range(args.n_frames, "--n-frames", 1, MAX_COUNT)
+    check_range(args.fps, "--fps", 1, MAX_COUNT)
     if args.output.suffix and args.output.suffix.lower() != ".mp4":
         raise UserError(f"--output {args.output}: the video is an H.264 MP4; give a name ending in .mp4")
     width, height = _size(args.size, "--size")

@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     from .. import plots
     from ..arrays import load_matrix
     from ..atomic import save_json
+    from ..errors import UserError
     from ..outputs import check_writable_folder
 
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        raise UserError(f"--plot {args.plot}: the plots are PNG images; give a name ending in .png")
     for flag, path in (("--plot", args.plot), ("--json", args.json)):
         if path is not None:
             check_writable_folder(path.parent, flag)  # before the work, not after it

@@ -69,6 +69,10 @@ def _add_data_flags(p) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     from ..clustering import CLUSTER_BACKENDS
     from ..curate import CurateConfig
     from ..features import EMBEDDING_DTYPES
@@ -129,7 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="how B_embeddings.npy stores the vectors (computed in float32 either way); float16 halves "
                         "the disk and I/O (default: float32)")
     add_output_flags(p)
-    return p.parse_args(argv)
+    return p
 
 
 def _size(text: str) -> int:
@@ -164,8 +168,27 @@ def config_from_args(args: argparse.Namespace):
     )
 
 
+# What --calibrate-k reads (it embeds, reduces and sweeps k): any other flag set is said to be unused.
+CALIBRATION_READS = frozenset({
+    "input", "text_field", "output", "model_dir", "device", "gpu", "embed_batch_size", "calibrate_k",
+    "calibrate_k_samples", "seed", "load_embeddings", "pca_components", "cluster_backend", "cluster_fit_sample",
+    "memory_budget", "embedding_dtype", "no_progress", "verbose", "help"})
+
+
+def _warn_unused_with_calibration(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    import logging
+
+    unused = [action.option_strings[0] for action in parser._actions
+              if action.dest not in CALIBRATION_READS and getattr(args, action.dest, None) != action.default]
+    if unused:
+        logging.getLogger("diversity_order").warning(
+            "%s not used with --calibrate-k, which sweeps k, prints the table and exits", ", ".join(unused) +
+            (" is" if len(unused) == 1 else " are"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     setup_logging(args.verbose)
     from ..curate import calibrate, calibration_report, curate
 
@@ -173,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.calibrate_k:
         curate(config)
         return 0
+    _warn_unused_with_calibration(parser, args)
     result = calibrate(config)
     if result is not None:  # rank 0 under torchrun
         print(calibration_report(result.calibration, result.recommended_k), flush=True)
