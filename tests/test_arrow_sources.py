@@ -95,7 +95,7 @@ def test_clear_errors(tmp_path, parquet_file):
     bad_chat = tmp_path / "bad_chat.parquet"
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": "hi"}]},
                                          {"messages": [{"role": "user", "content": None}]}]), bad_chat)
-    with pytest.raises(UserError, match="row 1: field 'messages[0]' has a content that is a JSON null"):
+    with pytest.raises(UserError, match=r"row 1: field 'messages\[0\]' has a content that is a JSON null"):
         open_arrow_source([bad_chat], "parquet", ("messages",))
 
 
