@@ -63,6 +63,18 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
     return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")), where)
 
 
+# Roles chat templates are written for (OpenAI's and the Hugging Face templates' names); another (ShareGPT's
+# human/gpt, a typo) is rendered however the template renders an unknown role, often as a role of that name.
+KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function", "ipython"})
+
+
+def unknown_roles(document: str | Conversation) -> set[str]:
+    """The roles of a conversation outside ``KNOWN_ROLES`` (a plain text has none)."""
+    if not isinstance(document, Conversation):
+        return set()
+    return {message["role"] for message in document.messages} - KNOWN_ROLES
+
+
 def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Conversation:
     """The document of ``record``: one field's text or conversation, or several fields' texts joined.
 
