@@ -52,6 +52,10 @@ def lookup(record: dict, path: str):
 
 def _conversation(value: list, where: str, field: str) -> Conversation:
     for i, message in enumerate(value):
+        if isinstance(message, dict) and "from" in message and "value" in message and "role" not in message:
+            raise UserError(f"{where}: field '{field}[{i}]' is a ShareGPT message ({{\"from\": ..., \"value\": ...}}); "
+                            "chat templates read role/content messages: convert it (from human -> role user, gpt -> "
+                            "assistant, system -> system; value -> content)")
         if not isinstance(message, dict) or "content" not in message or "role" not in message:
             raise UserError(f"{where}: field '{field}[{i}]' is not a {{\"role\": ..., \"content\": ...}} object")
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):

@@ -364,6 +364,10 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
                     json.dumps({"messages": [{"role": "user", "content": ["a", "b"]}]}) + "\n")
     assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
         f"error: {chat}:2: field 'messages[0]' has a content that is a JSON array, expected a string")
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
+                    json.dumps({"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yes"}]}) + "\n")
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", *base).startswith(
+        f"error: {chat}:2: field 'messages[0]' is a ShareGPT message")
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     assert "has no chat template" in run_error(capsys, "--input", chat, "--text-field", "messages", *base)
     # A template that refuses a conversation (as many raise on a role they do not know): the record is named.
