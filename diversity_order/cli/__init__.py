@@ -138,6 +138,14 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
         sys.stderr.write(("" if rank == "0" else f"[rank {rank}] ") + f"error: {exc}\n")
         sys.stderr.flush()
         return 2
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.partition(".")[0] == "diversity_order":
+            raise  # our own module missing: a broken install, the traceback says which
+        # A requirement missing from the Python that runs the script (often the system's, not the project's venv).
+        sys.stderr.write(f"error: the package '{exc.name.partition('.')[0]}' is not installed for {sys.executable}; "
+                         "install the project's requirements (pip install -e . or make venv) or run the command "
+                         "with the Python that has them (.venv/bin/python)\n")
+        return 2
     except KeyboardInterrupt:
         _report_interrupt()
         return 130
