@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -84,8 +85,7 @@ class Progress:
         """``desc: done of total unit (pct), rate, [work rate,] ETA[; note]``."""
         elapsed = max(time.monotonic() - self.started, 1e-9)
         done, total = self.done / self.scale, (self.total or 0) / self.scale
-        # Scaled units (MB) of small totals get a decimal: "0 of 0 MB" said nothing.
-        digits = 1 if self.scale > 1 and max(done, total) < 10 else 0
+        digits = _decimals(max(done, total)) if self.scale > 1 else 0
         # A rank's byte range ends inside its last record, which it reads whole: at most 100% is said.
         percent = min(100.0, 100 * self.done / self.total) if self.total else None
         parts = [f"{self.desc}: {done:,.{digits}f}" + (f" of {total:,.{digits}f}" if self.total else "") + f" {self.unit}"
@@ -112,6 +112,14 @@ class Progress:
 
     def __exit__(self, *_) -> None:
         self.close()
+
+
+def _decimals(largest: float) -> int:
+    """Decimals for figures in a scaled unit (MB) up to ``largest``: its first two digits ("0 of 0 MB", or "0.0 of
+    0.0 MB" for a 30 KB file, said nothing), none from 10 on, at most 4."""
+    if largest >= 10:
+        return 0
+    return min(4, 1 - math.floor(math.log10(largest))) if largest > 0 else 1
 
 
 @contextlib.contextmanager
