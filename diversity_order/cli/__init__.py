@@ -134,7 +134,7 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
         return main(argv) or 0
     except UserError as exc:
         # One write: under torchrun the ranks share one stderr, and a line written in parts interleaves with another's.
-        rank = os.environ.get("RANK", "0") if "LOCAL_RANK" in os.environ else "0"
+        rank = os.environ.get("RANK", "0")  # torchrun's; unset in one process
         sys.stderr.write(("" if rank == "0" else f"[rank {rank}] ") + f"error: {exc}\n")
         sys.stderr.flush()
         return 2
