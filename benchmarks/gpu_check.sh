@@ -5,6 +5,7 @@
 #     make setup model corpus && OUT=gpu_out bash benchmarks/gpu_check.sh   # from the repo root, ~10 min on an H200
 #     GPU_CHECK_DEADLINE_S=340 OUT=... bash benchmarks/gpu_check.sh      # a machine lent for minutes: later steps skipped
 #     GPU_CHECK_DEVICE=cpu GPU_CHECK_SMALL=1 OUT=/tmp/gpuout bash benchmarks/gpu_check.sh   # CPU dry run, tiny sizes
+#     GPU_CHECK_ONLY='env|model|curate_.*' OUT=... bash benchmarks/gpu_check.sh   # only the steps named (a regex)
 #
 # Reads the model's small files (config.json, tokenizer files) from demo/SmolLM2-135M (`make model`) or
 # from demo/smollm2_files/ (a copy of them alone, for a machine the 257 MB weights cannot reach), and
@@ -18,7 +19,7 @@
 # Every step has its own timeout (also cut to what is left of GPU_CHECK_DEADLINE_S, default: none), a
 # failing step is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything),
 # gpu_check_summary.json (each step's exit code and seconds, plus every result), env.json, deep_512.json,
-# batch_sizes.json, deep_2048.json, extract_compare.json, cluster.json.
+# batch_sizes.json, deep_2048.json, extract_compare.json, curate_compare.json, cluster.json.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -30,6 +31,7 @@ DEVICE=${GPU_CHECK_DEVICE:-cuda}
 SMALL=${GPU_CHECK_SMALL:-0}
 DEADLINE=${GPU_CHECK_DEADLINE_S:-0}  # no step runs past this many seconds from the start (0: no deadline)
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
+ONLY=${GPU_CHECK_ONLY:-}  # an extended regex of step names: the other steps are skipped (e.g. 'env|model|curate_.*')
 # Where the missing wheels were installed with pip --target (e.g. /tmp/site): written into a .pth file of
 # this Python's site folder so the tests' subprocesses see them too. Only where asked: it changes that Python.
 SITE=${GPU_CHECK_SITE:-}
@@ -71,6 +73,10 @@ step() {
   local name=$1 limit=$2
   shift 2
   local left=$((DEADLINE - ($(date +%s) - T0)))
+  if [[ -n $ONLY && ! $name =~ ^($ONLY)$ ]]; then
+    printf '%s\tskipped\t0\n' "$name" >> "$STEPS"
+    return 0
+  fi
   ((DEADLINE > 0 && limit > left)) && limit=$left
   if ((DEADLINE > 0 && limit < 15)); then
     echo "=== [$name] SKIPPED: $left s left before the ${DEADLINE} s deadline"
@@ -141,6 +147,29 @@ main() {
     --output "$WORK/x_forced/e.npy"
   step extract_compare 30 "$PY" "$HELP" compare "$OUT/extract_compare.json" \
     "$WORK/x_single/e.npy" "$WORK/x_torchrun/e.npy" "$WORK/x_forced/e.npy"
+
+  # 4b. curate_dataset.py, JSONL in, 2 Parquet shards out: one process against torchrun with the group forced
+  #     (every collective of a multi-rank run, on NCCL: the Parquet columns gathered at indexing, labels and
+  #     counts to rank 0, the order broadcast, each rank writing its shard); then records Parquet cannot hold
+  #     must stop that run with one error line, the rank's exit 2, before embedding (torchrun's own report follows).
+  local cargs="--input $CORPUS --model-dir $MODEL --device $DEVICE --output-format parquet --output-shards 2 \
+    --seq-len 4096 16384 --compare-strategies --no-plot --no-progress"
+  mkdir -p "$WORK/c_single" "$WORK/c_forced" "$WORK/c_clash"
+  step curate_single 150 env DIVERSITY_ORDER_CACHE_DIR="$WORK/c_single" \
+    "$PY" curate_dataset.py $cargs --output "$WORK/c_single/out.parquet"
+  step curate_torchrun1_pg 150 env DIVERSITY_ORDER_CACHE_DIR="$WORK/c_forced" \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "$HELP" forced-pg --curate -- $cargs \
+    --output "$WORK/c_forced/out.parquet"
+  step curate_compare 60 "$PY" "$HELP" compare-curated "$OUT/curate_compare.json" \
+    "$WORK/c_single/out.parquet" "$WORK/c_forced/out.parquet"
+  "$PY" -c "import json; print('\n'.join(json.dumps({'text': f'record {i}', 'e': i if i < 30 else str(i)}) for i in range(40)))" \
+    > "$WORK/c_clash/clash.jsonl"
+  step curate_clash_pg 90 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/c_clash' '$PY' -m torch.distributed.run \
+    --standalone --nproc_per_node 1 '$HELP' forced-pg --curate -- --input '$WORK/c_clash/clash.jsonl' \
+    --model-dir '$MODEL' --device '$DEVICE' --n-clusters 2 --output '$WORK/c_clash/out.parquet' --no-plot --no-progress \
+    2> '$WORK/c_clash/err'; rc=\$?; cat '$WORK/c_clash/err'; echo \"exit \$rc\"; [[ \$rc != 0 ]] && \
+    grep -q '^error: .*cannot be one Parquet table' '$WORK/c_clash/err' && grep -q 'exitcode *: 2 ' '$WORK/c_clash/err' && \
+    ! sed '/elastic.multiprocessing.api/,\$d' '$WORK/c_clash/err' | grep -q Traceback"
 
   # 5. The tests that touch devices and torchrun (the real-model ones are marked slow and skip).
   local xdist=""

@@ -6,7 +6,8 @@
     python3 benchmarks/gpu_check_helpers.py corpus OUT.jsonl [--docs N]
     python3 benchmarks/gpu_check_helpers.py json-tail STDOUT.txt OUT.json
     python3 benchmarks/gpu_check_helpers.py compare OUT.json A.npy B.npy [C.npy ...]
-    python3 benchmarks/gpu_check_helpers.py forced-pg -- EXTRACT_ARGS...   # extract with a 1-process group joined
+    python3 benchmarks/gpu_check_helpers.py forced-pg [--curate] -- ARGS...   # extract (or curate) with a 1-process group joined
+    python3 benchmarks/gpu_check_helpers.py compare-curated OUT.json A.parquet B.parquet   # two curate runs' outputs
     python3 benchmarks/gpu_check_helpers.py batch-rates OUT.json BATCH_SIZE LOG [BATCH_SIZE LOG ...]
     python3 benchmarks/gpu_check_helpers.py cluster-base OUT.npy [--rows 50000 --dim 576 --centres 60]
     python3 benchmarks/gpu_check_helpers.py summary OUT_DIR STEPS.tsv [PYTEST_JUNIT.xml]
@@ -182,16 +183,21 @@ def compare(out: str, paths: list[str]) -> None:
         sys.exit(1)
 
 
-def forced_pg(argv: list[str]) -> int:
-    """extract_deep_embeddings with the process group joined although torchrun started one process.
+def forced_pg(argv: list[str], script: str = "extract") -> int:
+    """extract_deep_embeddings (or curate_dataset) with the process group joined although torchrun
+    started one process.
 
     ``distributed.launched_by_torchrun()`` is False for WORLD_SIZE=1, so ``torchrun --nproc_per_node 1``
     alone never calls init_process_group: this joins it anyway (NCCL on CUDA, gloo on CPU), the
-    way a multi-rank run does, to check the backend starts and shuts down on this machine."""
+    way a multi-rank run does, so every collective a multi-rank run makes runs on this machine's backend."""
     sys.path.insert(0, str(ROOT))
     from diversity_order import distributed
     from diversity_order.cli import run_main
-    from diversity_order.cli.extract_deep_embeddings import main
+
+    if script == "curate":
+        from diversity_order.cli.curate_dataset import main
+    else:
+        from diversity_order.cli.extract_deep_embeddings import main
 
     distributed.launched_by_torchrun = lambda: True
     code = run_main(main, argv)
@@ -200,10 +206,38 @@ def forced_pg(argv: list[str]) -> int:
     if dist.is_initialized():
         print(f"process group joined: backend {dist.get_backend()}, world size {dist.get_world_size()}", flush=True)
         dist.destroy_process_group()
-    else:
+    elif code == 0:
         print("process group NOT joined", flush=True)
-        code = code or 3
+        code = 3
     return code
+
+
+def compare_curated(out: str, first: str, second: str) -> None:
+    """Two curate runs (their --output names, Parquet): the same order, labels and rows (every shard, in order)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def load(output: str) -> dict:
+        stem = Path(output).with_suffix("")
+        meta = json.loads(Path(f"{stem}_meta.json").read_text())
+        shards = [Path(f) for f in meta["output_files"]]
+        return {"order": np.load(f"{stem}_order.npy"), "labels": np.load(f"{stem}_labels.npy"),
+                "table": pa.concat_tables([pq.read_table(f) for f in shards]),
+                "shards": [f.name for f in shards], "schemas": {str(pq.read_schema(f)) for f in shards}}
+
+    a, b = load(first), load(second)
+    result = {"a": first, "b": second, "shards_a": a["shards"], "shards_b": b["shards"],
+              "rows": [a["table"].num_rows, b["table"].num_rows],
+              "order_equal": bool(np.array_equal(a["order"], b["order"])),
+              "labels_equal": bool(np.array_equal(a["labels"], b["labels"])),
+              "one_schema_each": len(a["schemas"]) == 1 and len(b["schemas"]) == 1,
+              "tables_equal": bool(a["table"].equals(b["table"]))}
+    result["agree"] = all(result[k] for k in ("order_equal", "labels_equal", "one_schema_each", "tables_equal"))
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    if not result["agree"]:
+        sys.exit(1)
 
 
 def cluster_base(out: str, rows: int = 50_000, dim: int = 576, centres: int = 60) -> None:
@@ -315,6 +349,10 @@ def summary(out_dir: str, steps_file: str, junit: str | None = None) -> None:
         for row in r.get("against", []):
             print(f"extract vs {Path(row['path']).parent.name}: identical {row.get('identical')}, max |diff| "
                   f"{row.get('max_abs_diff')}, min cosine {row.get('min_cosine')}")
+    r = results.get("curate_compare")
+    if isinstance(r, dict):
+        print(f"curate, one process vs torchrun with a forced group: rows {r.get('rows')}, order equal "
+              f"{r.get('order_equal')}, labels equal {r.get('labels_equal')}, tables equal {r.get('tables_equal')}")
     if tests is not None:
         print(f"pytest: {tests}")
     r = results.get("cluster")
@@ -342,7 +380,10 @@ def main() -> int:
     elif command == "compare":
         compare(rest[0], rest[1:])
     elif command == "forced-pg":
-        return forced_pg(rest[rest.index("--") + 1 :] if "--" in rest else rest)
+        script = "curate" if rest[:1] == ["--curate"] else "extract"
+        return forced_pg(rest[rest.index("--") + 1 :] if "--" in rest else rest, script)
+    elif command == "compare-curated":
+        compare_curated(rest[0], rest[1], rest[2])
     elif command == "batch-rates":
         batch_rates(rest[0], rest[1:])
     elif command == "cluster-base":
