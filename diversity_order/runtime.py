@@ -116,10 +116,10 @@ class Progress:
 
 def _decimals(largest: float) -> int:
     """Decimals for figures in a scaled unit (MB) up to ``largest``: its first two digits ("0 of 0 MB", or "0.0 of
-    0.0 MB" for a 30 KB file, said nothing), none from 10 on, at most 4."""
+    0.0 MB" for a 30 KB file, said nothing), none from 10 on, at most 6 (a file of a few bytes)."""
     if largest >= 10:
         return 0
-    return min(4, 1 - math.floor(math.log10(largest))) if largest > 0 else 1
+    return min(6, 1 - math.floor(math.log10(largest))) if largest > 0 else 1
 
 
 @contextlib.contextmanager
