@@ -405,7 +405,13 @@ def _parquet_columns(run: Run):
         raise UserError(failures[0])
     import pyarrow as pa
 
-    schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _ in parts])
+    def find_clash(fields: set[str]) -> str | None:
+        # Every rank's part was typed alone: each finds where its own records first hold each kind of those fields.
+        own = writers.kinds_at_fields(run.index, np.arange(bounds[ctx.rank], bounds[ctx.rank + 1]), fields)
+        return writers.clash_in(distributed.all_gather_object(ctx, own))
+
+    schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _ in parts],
+                                           find_clash)
     return writers.writable_schema(run.index, schema)
 
 

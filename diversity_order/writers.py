@@ -184,13 +184,26 @@ def _piece_schema(piece: list[dict]):
     return pa.Table.from_pydict({name: [record.get(name) for record in piece] for name in fields}).schema
 
 
-def unify_parquet_schemas(source, schemas: list):
-    """Schemas of consecutive pieces of ``source``'s records as one (fields in order of first appearance)."""
+def unify_parquet_schemas(source, schemas: list, find_clash=None):
+    """Schemas of consecutive pieces of ``source``'s records as one (fields in order of first appearance).
+    ``find_clash(names)``: where they fail, the records that disagree (see ``clash_in``), given the top-level
+    fields typed differently in two pieces."""
 
     try:
         return _unified(schemas)
     except _conversion_errors() as exc:
-        raise _not_one_table(source, exc) from None
+        detail = None
+        if find_clash is not None:
+            detail = find_clash(_fields_typed_differently(schemas))
+        raise _not_one_table(source, exc, detail) from None
+
+
+def _fields_typed_differently(schemas: list) -> set[str]:
+    types: dict[str, set[str]] = {}
+    for schema in schemas:
+        for schema_field in schema:
+            types.setdefault(schema_field.name, set()).add(str(schema_field.type))
+    return {name for name, seen in types.items() if len(seen) > 1}
 
 
 def _unified(schemas: list):
@@ -210,21 +223,54 @@ def _conversion_errors() -> tuple:
 def _first_clash(source, rows: np.ndarray) -> str | None:
     """Where records ``rows`` first disagree on a field's JSON type (a number in one, a string in another), said
     with both records' places; read again only when a conversion has failed, to say which record to mend."""
-    first: dict[str, tuple[str, int]] = {}
+    return clash_in([kinds_at_fields(source, rows, stop_at_clash=True)])
+
+
+def kinds_at_fields(source, rows: np.ndarray, fields: set[str] | None = None, stop_at_clash: bool = False) -> dict:
+    """For each field path of records ``rows`` (of the top-level ``fields`` only, when given), the first row holding
+    each JSON kind there and its place: ``{path: {kind: (row, "file:line")}}``, what ``clash_in`` says a clash from.
+    ``stop_at_clash``: return after the first record that gives a path a second kind, or holds an integer past 64 bits."""
+    found: dict[str, dict[str, tuple[int, str]]] = {}
     at = 0
     for piece in _jsonl_pieces(source, rows):
         for record in piece:
             row = int(rows[at])
             at += 1
+            clash = False
             for name, value in record.items():
+                if fields is not None and name not in fields:
+                    continue
                 for path, kind in _json_kinds(value, name):
-                    if kind == _HUGE_INTEGER:
-                        return f"field {path!r} is {kind} at {source.where(row)}, which Parquet cannot hold"
-                    seen = first.setdefault(path, (kind, row))
-                    if seen[0] != kind:
-                        return (f"field {path!r} is {kind} at {source.where(row)} but {seen[0]} at "
-                                f"{source.where(seen[1])}")
-    return None
+                    kinds = found.setdefault(path, {})
+                    if kind not in kinds:
+                        kinds[kind] = (row, source.where(row))
+                        clash |= kind == _HUGE_INTEGER or len(kinds) > 1
+            if clash and stop_at_clash:
+                return found
+    return found
+
+
+def clash_in(parts: list[dict]) -> str | None:
+    """The first record (by row) whose value at a field is of another JSON kind than the field's first value, or an
+    integer past 64 bits, said with the places; ``parts``: ``kinds_at_fields`` of parts of the records (a torchrun
+    rank's each)."""
+    merged: dict[str, dict[str, tuple[int, str]]] = {}
+    for part in parts:
+        for path, kinds in part.items():
+            into = merged.setdefault(path, {})
+            for kind, seen in kinds.items():
+                if kind not in into or seen[0] < into[kind][0]:
+                    into[kind] = seen
+    said = []  # (row, what is said), each field's first
+    for path, kinds in merged.items():
+        if _HUGE_INTEGER in kinds:
+            row, where = kinds[_HUGE_INTEGER]
+            said.append((row, f"field {path!r} is {_HUGE_INTEGER} at {where}, which Parquet cannot hold"))
+        typed = sorted(((seen, kind) for kind, seen in kinds.items() if kind != _HUGE_INTEGER), key=lambda k: k[0][0])
+        if len(typed) > 1:
+            ((_, first_where), first), ((row, where), other) = typed[:2]
+            said.append((row, f"field {path!r} is {other} at {where} but {first} at {first_where}"))
+    return min(said, key=lambda candidate: candidate[0])[1] if said else None
 
 
 _HUGE_INTEGER = "an integer past 64 bits"

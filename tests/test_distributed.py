@@ -150,21 +150,28 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
 
 
 def test_torchrun_refuses_records_parquet_cannot_hold_before_embedding(tmp_path, tiny_model_dir):
-    """A type clash in records only rank 1 reads is found when the ranks read their records: rank 0 says it in one
-    line and no rank embeds, whether rank 0 writes the Parquet file alone or the ranks write shards."""
+    """A type clash in records only rank 1 reads, or one between the ranks' records (every value rank 0 reads a
+    number, every one rank 1 reads a string), is found when the ranks read their records: rank 0 says it in one
+    line naming both records and no rank embeds, whether rank 0 writes the Parquet file alone or the ranks write
+    shards."""
     records = topical_records(per_topic=10)
-    for record in records:
-        record["e"] = 1
-    records[-1]["e"] = "x"
-    write_jsonl(tmp_path / "d.jsonl", records)
-    for shards in (1, 2):
-        log = torchrun(["--input", tmp_path / "d.jsonl", "--output", tmp_path / f"s{shards}" / "c.parquet",
-                        "--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot",
-                        "--output-shards", shards], fails=True)
-        said = [line for line in log.splitlines() if line.startswith("error: ")]
-        assert said and all("cannot be one Parquet table" in line and "--output-format jsonl" in line for line in said)
-        assert "Token counts and embeddings" not in log
-        assert not list(tmp_path.glob("**/*.npy")) and not list(tmp_path.glob("**/*.parquet"))
+    n = len(records)
+    within = [dict(record, e="x" if i == n - 1 else 1) for i, record in enumerate(records)]
+    # The ranks split the records by bytes near the middle: the numbers are rank 0's, the strings rank 1's.
+    between = [dict(record, **({"e": 1} if i < 5 else {"e": "x"} if i >= n - 5 else {})) for i, record in enumerate(records)]
+    # Within rank 1, that rank names its own first number; between the ranks, the first number of all.
+    for name, data, clash in (("within", within, rf"field 'e' is a string at {{0}}:{n} but a number at {{0}}:\d+\)"),
+                              ("between", between, rf"field 'e' is a string at {{0}}:{n - 4} but a number at {{0}}:1\)")):
+        write_jsonl(tmp_path / f"{name}.jsonl", data)
+        for shards in (1, 2):
+            log = torchrun(["--input", tmp_path / f"{name}.jsonl", "--output", tmp_path / f"s{shards}" / "c.parquet",
+                            "--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot",
+                            "--output-shards", shards], fails=True)
+            said = [line for line in log.splitlines() if line.startswith("error: ")]
+            assert said and all("cannot be one Parquet table" in line and "--output-format jsonl" in line for line in said)
+            assert re.search(clash.format(re.escape(str(tmp_path / f"{name}.jsonl"))), said[0]), said[0]
+            assert "Token counts and embeddings" not in log
+            assert not list(tmp_path.glob("**/*.npy")) and not list(tmp_path.glob("**/*.parquet"))
 
 
 def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(tmp_path, tiny_model_dir):

@@ -594,6 +594,26 @@ def test_a_type_clash_names_the_field_and_two_records_that_disagree(tmp_path_fac
     assert lines[1] <= lines[0]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.fixed_dictionaries({"text": st.just("t")}, optional={
+    "v": _JSON_LEAVES | st.lists(_JSON_LEAVES, max_size=3) | st.fixed_dictionaries({"x": _JSON_LEAVES}),
+    "w": _JSON_LEAVES}), min_size=1, max_size=12), st.data())
+def test_a_clash_said_from_parts_is_the_one_said_from_all_records(tmp_path_factory, records, data):
+    """torchrun ranks each find where their own records first hold each JSON kind; what is said from their parts is
+    what one process says from all the records (the first record that disagrees, and where the field first held
+    another kind), wherever the records are cut."""
+    from diversity_order import writers
+    from diversity_order.records import scan_jsonl
+
+    folder = tmp_path_factory.mktemp("parts")
+    (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = scan_jsonl(folder / "in.jsonl", progress=False)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(records)), max_size=3)))
+    bounds = [0, *cuts, len(records)]
+    parts = [writers.kinds_at_fields(source, np.arange(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    assert writers.clash_in(parts) == writers._first_clash(source, np.arange(len(records)))
+
+
 def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_records, tiny_model_dir, capsys,
                                                             monkeypatch):
     """Converting JSONL to Parquet, a field Parquet cannot hold is found when the input is read, not after hours of
