@@ -101,7 +101,8 @@ def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: in
         raise ValueError("order must be a permutation of the record positions")
     paths = shard_paths(output, shards)
     if schema is None and converts_to_parquet(source, kind):
-        schema = parquet_schema(source, order)
+        # Inferred over the input order, as curate infers it: the columns in the order the input first has them.
+        schema = parquet_schema(source, np.arange(len(source)))
     return [(path, write_shard(source, order[lo:hi], path, kind, schema))
             for path, (lo, hi) in zip(paths, shard_slices(order.size, shards))]
 

@@ -638,6 +638,20 @@ def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_record
         assert not (tmp_path / name).exists() or not list((tmp_path / name).glob("*.parquet*"))
 
 
+def test_jsonl_converted_to_parquet_has_its_columns_in_input_order_whatever_the_order_written(tmp_path):
+    """The columns are in the order the input first has them (as curate infers them), not the order written."""
+    from diversity_order import writers
+    from diversity_order.records import scan_jsonl
+
+    records = [{"text": "a", "x": 1}, {"text": "b", "y": "q"}, {"z": True, "text": "c"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = scan_jsonl(tmp_path / "in.jsonl", progress=False)
+    for order in ([2, 1, 0], [1, 2, 0], [0, 1, 2]):
+        [(path, _)] = writers.write_curated(source, np.array(order), tmp_path / "out.parquet", "parquet")
+        assert pq.read_schema(path).names == ["text", "x", "y", "z"]
+        assert writers.parquet_schema(source, np.arange(3)) == pq.read_schema(path).remove_metadata()
+
+
 def test_records_parquet_cannot_hold_are_one_line(tmp_path):
     from diversity_order import writers
     from diversity_order.errors import UserError
