@@ -17,6 +17,7 @@ Data flows one way; each stage is one module (the scripts only parse flags and c
     ordering_report  --compare-strategies: every ordering measured on the user's data
     curate        the curate pipeline, stage by stage      deep/  extract_deep_embeddings (last-layer means)
     scale_out     curate under torchrun: shared cache file, sampled k-means fit, only labels + counts to rank 0
+    kept_rows     what ranks stopped part-way (Ctrl-C, SIGTERM) had embedded, taken up by the next run
     plots, projection  the PNGs and the 2-D projection      animate  the videos
     cluster_compare  compare_clusterings (ARI/NMI, splits and merges)
 

@@ -992,11 +992,12 @@ def combine_chunk_digests(digests: list[bytes], size: int) -> str:
 
 
 def adopt(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, written: Path,
-          digest: str | None = None) -> None:
+          digest: str | None = None, filled: np.ndarray | None = None) -> None:
     """Make ``written`` (a complete, fsynced ``.npy`` beside the target, e.g. filled by several
     processes) the target's data: renamed into place, then fingerprints and manifest written and
     the set registered, as ``store`` does. ``digest``: the file's, when already computed (by chunks,
-    by several processes). Raises OSError when a file cannot be written."""
+    by several processes). ``filled``: only those rows were written (see ``store``). Raises OSError
+    when a file cannot be written."""
     files = _files(target)
     files.marker.unlink(missing_ok=True)  # untrusted until the manifest is back
     npy = _open_npy(Path(written))
@@ -1010,8 +1011,9 @@ def adopt(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, writte
         raise ValueError(f"{files.data.name}: {shape[0]} rows but {fingerprints.shape[0]} fingerprints")
     os.replace(written, files.data)
     data_entry = {"name": files.data.name, **_identity(stat), "digest": digest}  # rename keeps inode and mtime
-    prints = _write_npy(files.fingerprints, np.asarray(fingerprints, dtype=np.uint64))
+    prints = _write_npy(files.fingerprints, with_unfilled(np.asarray(fingerprints, dtype=np.uint64), filled))
     manifest = {"version": MANIFEST_VERSION, "key": _normal(key), "rows": int(shape[0]), "dtype": str(dtype),
-                "shape": list(shape), "digest": DIGEST_NAME, "files": {"data": data_entry, "fingerprints": prints}}
+                "shape": list(shape), "digest": DIGEST_NAME, "files": {"data": data_entry, "fingerprints": prints},
+                **_filled_entry(filled)}
     atomic.save_json(files.marker, manifest)
     _register(files, manifest)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import caches, distributed, embed, interrupts, matrix
+from . import caches, distributed, embed, interrupts, kept_rows, matrix
 from .arrays import load_matrix
 from .errors import UserError
 from .matrix import Matrix
@@ -152,6 +152,9 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     tokenizer = model.tokenizer(why_tokenizer) if (have_model or need_embeddings) else None
     count_key = token_count_key(tokenizer.fingerprint if tokenizer else "", text_field)
     count_places = token_count_places(paths)
+    if need_embeddings and not ctx.active:  # what an interrupted torchrun run kept (the ranks' file is the same)
+        kept_rows.recover(Path(paths["embeddings"]), embedding_key(tokenizer.fingerprint, model.table(), text_field),
+                          count_places, count_key)
     counts_found = caches.lookup(count_places[0], count_key, fps, accept_any_key=tokenizer is None, dtype=np.int64,
                                  row_shape=(), alternatives=tuple(count_places[1:]))
     log.info("Token counts: %s", counts_found.reason)

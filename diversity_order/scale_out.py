@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import atomic, caches, clustering, distributed, embed, features, matrix
+from . import atomic, caches, clustering, distributed, embed, features, interrupts, kept_rows, matrix
 from .clustering import PCAInfo
 from .distributed import DistContext
 from .errors import UserError
@@ -175,12 +175,13 @@ def _own_pieces(index, rows: np.ndarray) -> list[tuple[int, object]]:
 
 
 def _embed_rows(ctx: DistContext, index, rows: np.ndarray, tokenizer, table, batch_docs: int, progress: bool,
-                out=None) -> np.ndarray:
-    """Tokenize (and embed into ``out``) ``rows``, this rank's own; their token counts."""
+                out=None, finished: embed.Finished | None = None) -> np.ndarray:
+    """Tokenize (and embed into ``out``) ``rows``, this rank's own; their token counts (in row order).
+    ``finished``: see ``embed.embed_and_count``."""
     if rows.size:
         log.info("Rank %d of %d: %d record(s)", ctx.rank, ctx.world_size, rows.size)
     _, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
-                                             progress=progress and ctx.is_main, out=out)
+                                             progress=progress and ctx.is_main, out=out, finished=finished)
     if table is not None and rows.size:
         log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s on this rank)", stats.documents,
                  f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9))
@@ -213,6 +214,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
         fps, n = index.fingerprints, len(index)
         count_key = features.token_count_key(tokenizer.fingerprint, text_field)
         count_places = features.token_count_places(paths)
+        kept_rows.recover(target, emb_key, count_places, count_key)
         counts_found = caches.lookup(count_places[0], count_key, fps, dtype=np.int64, row_shape=(),
                                      alternatives=tuple(count_places[1:]))
         found = caches.find_rows(target, emb_key, fps, dtype=np.float32, row_shape=(table.dim,))
@@ -232,23 +234,37 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     shared = target
     if not in_order:
         name, offset = _shared_file(ctx, target, n, table.dim)
-        writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
+        if ctx.is_main:
+            kept_rows.start(target, name, emb_key, fps, ctx.world_size)
+        work = kept_rows.RankWork()
         try:
-            hit = np.zeros(hi - lo, dtype=bool)
-            for number, path in enumerate(set_paths):  # where this rank's rows lie in each cached set
-                source = distributed.scatter_ranges(ctx, found.sets[number][1] if ctx.is_main else None, bounds)
-                _copy_rows(path, source, lo, writer)
-                hit |= source >= 0
-                del source
-            source, rows = balanced_work(ctx, index, bounds, np.flatnonzero(~hit) + lo)
-            mine = _embed_rows(ctx, source, rows, tokenizer, table.weight, batch_docs, progress, writer)
-            del source
-        finally:
-            writer.close()
-        new_counts = _gather(ctx, mine)
-        digest = _digest_together(ctx, name)
+            # Ctrl-C or SIGTERM (a scheduler's preemption) keeps what every rank wrote, for the next run.
+            with interrupts.sigterm_raises():
+                writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
+                try:
+                    hit = np.zeros(hi - lo, dtype=bool)
+                    for number, path in enumerate(set_paths):  # where this rank's rows lie in each cached set
+                        source = distributed.scatter_ranges(ctx, found.sets[number][1] if ctx.is_main else None,
+                                                            bounds)
+                        _copy_rows(path, source, lo, writer)
+                        hit |= source >= 0
+                        del source
+                    work.copied, work.copied_all = np.flatnonzero(hit) + lo, True
+                    source, rows = balanced_work(ctx, index, bounds, np.flatnonzero(~hit) + lo)
+                    mine = _embed_rows(ctx, source, rows, tokenizer, table.weight, batch_docs, progress, writer,
+                                       work.embedded)
+                    work.embedded = embed.Finished(np.sort(rows), mine)
+                    del source
+                finally:
+                    writer.close()
+                new_counts = _gather(ctx, mine)
+                digest = _digest_together(ctx, name)
+        except BaseException as stop:  # a rank whose peer was stopped fails in a collective: it keeps its rows too
+            kept_rows.keep(ctx.rank, target, name, work, stop)
+            raise
         shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
         if ctx.is_main:
+            kept_rows.discard(target)
             counts[missing] = new_counts
     count_rows = distributed.broadcast_array(ctx, count_rows if ctx.is_main else None)
     if count_rows.size:

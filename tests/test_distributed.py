@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -115,6 +116,71 @@ def test_records_appended_or_prepended_after_a_run_are_embedded_by_both_ranks(tm
     assert own and 15 <= int(own.group(1)) <= 35, log[-3000:]
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+
+
+STOPPED_BY_THE_SCHEDULER = """
+import os, signal, sys, time
+from diversity_order.tokenizer import DocumentTokenizer
+real, calls = DocumentTokenizer.encode_texts, []
+
+def stopped_at_the_third_batch(self, texts):
+    calls.append(len(texts))
+    if len(calls) == 3 and os.environ["RANK"] == "0":
+        os.kill(os.getppid(), signal.SIGTERM)  # a scheduler stops torchrun, which stops every rank
+        time.sleep(60)
+    return real(self, texts)
+
+DocumentTokenizer.encode_texts = stopped_at_the_third_batch
+import curate_dataset
+from diversity_order.cli import run_command
+sys.exit(run_command(curate_dataset.main))
+"""
+
+
+@pytest.mark.parametrize("rerun", ["torchrun", "one process"])
+def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(tmp_path, tiny_model_dir, monkeypatch,
+                                                                               caplog, rerun):
+    """SIGTERM to torchrun (a scheduler's preemption) while the ranks embed: each rank says what it wrote, rank 0
+    keeps the shared file; the rerun (under torchrun or in one process) takes those rows and the counts, embeds only
+    the rest, and every file equals an uninterrupted run's."""
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # no registered cache: only the kept rows can be reused
+    records = topical_records(per_topic=40)
+    n = len(records)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for folder in (whole, cut):
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", records)
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--no-progress",
+              "--embed-batch-size", 8]
+    assert run_main(curate_dataset.main, [str(a) for a in ["--input", whole / "d.jsonl", "--output",
+                                                           whole / "c.jsonl", *common]]) == 0
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED_BY_THE_SCHEDULER)
+    args = ["--input", cut / "d.jsonl", "--output", cut / "c.jsonl", *common]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "Terminated (SIGTERM): the rows the ranks embedded so far are kept in" in done.stderr, done.stderr[-4000:]
+    assert not (cut / "c.jsonl").exists() and not (cut / "c_embeddings.npy").exists()
+    parts = [np.load(cut / f"c_embeddings.kept.rank{rank}.npz") for rank in (0, 1)]
+    kept = sum(part["embedded"].size for part in parts)
+    assert parts[0]["embedded"].size == 16 and kept < n  # rank 0: the two batches before the third
+    for part in parts:  # the counts kept are the real ones
+        assert np.array_equal(part["counts"], np.load(whole / "d_token_counts.npy")[part["embedded"]])
+    assert (cut / "c_embeddings.kept.npy").exists() and not list(cut.glob(".c_embeddings.npy.*.tmp"))
+
+    if rerun == "torchrun":
+        log = torchrun(args)
+    else:
+        with caplog.at_level(logging.INFO, logger="diversity_order"):
+            assert run_main(curate_dataset.main, [str(a) for a in args]) == 0
+        log = caplog.text
+    assert f"Embeddings: {kept} of {n} rows kept by an interrupted torchrun run are now c_embeddings.npy" in log
+    assert f"Embedding {n - kept} new or changed record(s) of {n}" in log
+    for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+    assert not list(cut.glob("c_embeddings.kept*"))
 
 
 def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):

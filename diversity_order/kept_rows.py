@@ -1,0 +1,178 @@
+"""What a torchrun run stopped part-way (Ctrl-C; SIGTERM, a scheduler's preemption) had embedded, kept for the next run.
+
+The ranks fill one shared file (``scale_out``). A rank being stopped cannot count on the others to agree on what
+was done, so each says only what it wrote, in a file of its own, and the next run (any number of ranks, or one
+process) puts the pieces together before it looks the records up. Beside the embedding cache ``B_embeddings.npy``:
+
+- ``B_embeddings.kept.json`` and ``B_embeddings.kept.fingerprints.npy``, written by rank 0 when it creates the
+  shared file: the cache key, the rows, the ranks, and the fingerprint of each row's record;
+- ``B_embeddings.kept.rank{r}.npz``, written by rank r when it is stopped: the rows it wrote (the cached rows it
+  copied and the ones it embedded) and the token counts of those it embedded;
+- ``B_embeddings.kept.npy``: the shared file itself, renamed by rank 0 when it is stopped (ranks still writing
+  reach it through their open descriptors; a later run's sweep of dead runs' temp files no longer sees it).
+
+``recover`` makes them the embedding cache, the rows no rank said it wrote marked unfilled (as a single process's
+interrupted run stores them), and adds the counts to the token-count cache. It takes nothing unless every rank's
+file is there, every rank had copied all its cached rows (the cache it replaces would lose them otherwise) and
+the key is this run's; what it cannot take it removes, saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import atomic, caches, embed, interrupts
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+
+
+def kept_paths(target: Path) -> dict[str, Path]:
+    """The files beside the embedding cache ``target`` (see the module doc); ``rank`` is a pattern for ``rank_path``."""
+    stem = Path(target).with_suffix("")
+    return {"manifest": Path(f"{stem}.kept.json"), "fingerprints": Path(f"{stem}.kept.fingerprints.npy"),
+            "data": Path(f"{stem}.kept.npy"), "rank": Path(f"{stem}.kept.rank{{}}.npz")}
+
+
+def rank_path(target: Path, rank: int) -> Path:
+    return Path(str(kept_paths(target)["rank"]).format(rank))
+
+
+def start(target: Path, shared: Path, key: dict, fingerprints: np.ndarray, ranks: int) -> None:
+    """Rank 0, having created the ``shared`` file the ranks fill: what a later run needs to take its rows."""
+    paths = kept_paths(target)
+    discard(target)
+    atomic.save_npy(paths["fingerprints"], np.asarray(fingerprints, dtype=np.uint64))
+    atomic.save_json(paths["manifest"], {"version": VERSION, "key": key, "rows": int(len(fingerprints)),
+                                         "ranks": int(ranks), "shared_file": Path(shared).name})
+
+
+@dataclass
+class RankWork:
+    """What one rank has written into the shared file so far."""
+
+    copied: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # cached rows copied in
+    copied_all: bool = False  # every cached row of this rank's share is copied
+    embedded: embed.Finished = field(default_factory=embed.Finished)  # rows embedded, and their token counts
+
+
+def keep(rank: int, target: Path, shared: Path, work: RankWork, stop: BaseException) -> None:
+    """A rank being stopped says what it wrote (rank 0 also moves the shared file out of the sweep's way). Quick,
+    and deaf to the signals meanwhile: torchrun forwards a Ctrl-C or SIGTERM to the ranks a second time."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(ValueError):  # not the main thread: the signals cannot be changed
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
+            stack.callback(lambda: [signal.signal(sig, handler) for sig, handler in previous.items()])
+        stack.enter_context(interrupts.finishing("keeping the rows embedded so far"))
+        paths = kept_paths(target)
+        try:
+            with atomic.atomic_open(rank_path(target, rank), "wb") as handle:
+                np.savez(handle, copied=work.copied, embedded=work.embedded.rows, counts=work.embedded.counts,
+                         copied_all=np.array(work.copied_all))
+            if rank == 0 and Path(shared).exists():
+                os.replace(shared, paths["data"])
+        except OSError as exc:
+            log.warning("%s: the rows embedded so far could not be kept (%s)", _stop_name(stop),
+                        exc.strerror or exc)
+            return
+        if rank == 0:  # the only rank that logs
+            log.warning("%s: the rows the ranks embedded so far are kept in %s (rank 0's %d; each rank says its own "
+                        "beside it); a rerun embeds only the others", _stop_name(stop), paths["data"],
+                        work.copied.size + work.embedded.rows.size)
+
+
+def _stop_name(stop: BaseException) -> str:
+    if isinstance(stop, interrupts.Terminated):
+        return "Terminated (SIGTERM)"
+    return "Interrupted" if isinstance(stop, KeyboardInterrupt) else f"Stopped ({type(stop).__name__})"
+
+
+def discard(target: Path) -> None:
+    """Remove what an interrupted run kept beside ``target`` (the manifest first: the rest is then no set)."""
+    paths = kept_paths(target)
+    stem = Path(target).with_suffix("")
+    ranks = sorted(stem.parent.glob(f"{atomic.glob_escape(stem.name)}.kept.rank*.npz"))
+    for path in (paths["manifest"], paths["fingerprints"], paths["data"], *ranks):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def recover(target: Path, key: dict, count_places: list[Path], count_key: dict) -> None:
+    """Before a run looks its records up: what an interrupted torchrun run kept beside ``target`` becomes the
+    embedding cache (and its counts join the token-count cache), else is removed with the reason said."""
+    paths = kept_paths(target)
+    if not paths["manifest"].exists():
+        return
+    try:
+        why, found = _read(target, key)
+        if why is not None:
+            log.warning("The rows an interrupted torchrun run embedded are not reused (%s); removed", why)
+            return
+        fingerprints, data, filled, embedded, counts = found
+        caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
+        _add_counts(count_places, count_key, fingerprints, embedded, counts)
+        log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s", int(filled.sum()),
+                 filled.size, target.name)
+    except (OSError, ValueError) as exc:
+        log.warning("The rows an interrupted torchrun run embedded are not reused (%s); removed",
+                    getattr(exc, "strerror", None) or exc)
+    finally:
+        discard(target)
+
+
+def _read(target: Path, key: dict):
+    """(why not, None) or (None, (fingerprints, data file, filled rows, embedded rows, their counts))."""
+    paths = kept_paths(target)
+    manifest = json.loads(paths["manifest"].read_text())
+    if manifest.get("version") != VERSION:
+        return "written by another version", None
+    if manifest["key"] != json.loads(json.dumps(key)):
+        return "computed with another model, tokenizer or text field", None
+    data = paths["data"] if paths["data"].exists() else target.parent / manifest["shared_file"]
+    if not data.exists():
+        return "its rows file is gone", None
+    n, parts = int(manifest["rows"]), []
+    for rank in range(int(manifest["ranks"])):
+        try:
+            with np.load(rank_path(target, rank)) as part:
+                parts.append({name: part[name] for name in part.files})
+        except OSError:
+            return f"rank {rank} was stopped before it said what it had written", None
+    if not all(bool(part["copied_all"]) for part in parts):
+        return "a rank was stopped while copying the cached rows in", None
+    fingerprints = np.load(paths["fingerprints"])
+    written = np.concatenate([np.concatenate([part["copied"], part["embedded"]]) for part in parts]).astype(np.int64)
+    if fingerprints.shape != (n,) or (written.size and (written.min() < 0 or written.max() >= n)):
+        return "its files do not agree", None
+    filled = np.zeros(n, dtype=bool)
+    filled[written] = True
+    embedded = np.concatenate([part["embedded"] for part in parts]).astype(np.int64)
+    counts = np.concatenate([part["counts"] for part in parts]).astype(np.int64)
+    return None, (fingerprints, data, filled, embedded, counts)
+
+
+def _add_counts(count_places: list[Path], count_key: dict, fingerprints: np.ndarray, rows: np.ndarray,
+                counts: np.ndarray) -> None:
+    """The token counts of the rows embedded, added to those the cache already holds for the same records."""
+    from .features import store_token_counts
+
+    if rows.size == 0:
+        return
+    found = caches.lookup(count_places[0], count_key, fingerprints, dtype=np.int64, row_shape=(),
+                          alternatives=tuple(count_places[1:]))
+    known = found.data.astype(np.int64) if found.data is not None else np.zeros(fingerprints.size, np.int64)
+    filled = found.hit.copy()
+    known[rows] = counts
+    filled[rows] = True
+    store_token_counts(count_places, count_key, fingerprints, known, None if filled.all() else filled)

@@ -1,0 +1,77 @@
+"""What an interrupted torchrun run kept (``kept_rows``), put together by the next run: the rows every rank said it
+wrote become the embedding cache, part-filled, and their counts join the token-count cache; a set missing a rank's
+word, copied in part, or of another key is removed, never used."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from diversity_order import caches, kept_rows
+from diversity_order.embed import Finished
+
+KEY = {"kind": "test", "dim": 3}
+COUNT_KEY = {"kind": "token_counts", "tokenizer": "t"}
+
+
+def _interrupted_run(folder, n=10, ranks=2, written=((0, 1, 2), (6, 7)), copied_all=None):
+    """A shared file of ``n`` rows as the ranks leave it when stopped: rank r wrote rows ``written[r]`` (row i holds i)."""
+    target = folder / "c_embeddings.npy"
+    shared = folder / ".c_embeddings.npy.host.1.x.tmp"
+    data = np.zeros((n, 3), np.float32)
+    fingerprints = np.arange(100, 100 + n, dtype=np.uint64)
+    for rows in written:
+        data[list(rows)] = np.asarray(rows, np.float32)[:, None]
+    with open(shared, "wb") as handle:
+        np.save(handle, data)
+    kept_rows.start(target, shared, KEY, fingerprints, ranks)
+    for rank, rows in enumerate(written):
+        work = kept_rows.RankWork(copied_all=True if copied_all is None else copied_all[rank])
+        work.embedded = Finished(np.asarray(rows, np.int64), np.asarray(rows, np.int64) * 10)
+        kept_rows.keep(rank, target, shared, work, KeyboardInterrupt())
+    return target, fingerprints
+
+
+def test_the_rows_every_rank_wrote_become_the_cache_and_their_counts_the_count_cache(tmp_path, caplog):
+    target, fingerprints = _interrupted_run(tmp_path)
+    counts_path = tmp_path / "d_token_counts.npy"
+    caches.store(counts_path, COUNT_KEY, fingerprints, np.arange(10) * 10 + 1, filled=np.arange(10) == 9)
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, KEY, [counts_path], COUNT_KEY)
+    assert "5 of 10 rows kept by an interrupted torchrun run are now c_embeddings.npy" in caplog.text
+    found = caches.lookup(target, KEY, fingerprints, dtype=np.float32, row_shape=(3,))
+    assert np.flatnonzero(found.hit).tolist() == [0, 1, 2, 6, 7]
+    assert np.array_equal(found.data[found.hit][:, 0], [0, 1, 2, 6, 7])
+    counted = caches.lookup(counts_path, COUNT_KEY, fingerprints, dtype=np.int64, row_shape=())
+    assert np.flatnonzero(counted.hit).tolist() == [0, 1, 2, 6, 7, 9]  # the count cached before is kept
+    assert counted.data[counted.hit].tolist() == [0, 10, 20, 60, 70, 91]
+    assert sorted(p.name for p in tmp_path.iterdir() if "kept" in p.name or p.suffix == ".tmp") == []
+    kept_rows.recover(target, KEY, [counts_path], COUNT_KEY)  # nothing left: nothing done
+    assert caches.filled_rows(target) == (5, 10)
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("a rank said nothing", "rank 1 was stopped before it said what it had written"),
+    ("copied in part", "a rank was stopped while copying the cached rows in"),
+    ("another key", "computed with another model, tokenizer or text field"),
+    ("no rows file", "its rows file is gone"),
+])
+def test_what_cannot_be_trusted_is_removed_and_said(tmp_path, caplog, damage, why):
+    target, fingerprints = _interrupted_run(tmp_path, copied_all=(True, damage != "copied in part"))
+    if damage == "a rank said nothing":
+        kept_rows.rank_path(target, 1).unlink()
+    if damage == "no rows file":
+        (tmp_path / "c_embeddings.kept.npy").unlink()
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, KEY if damage != "another key" else {**KEY, "dim": 4}, [tmp_path / "t.npy"],
+                          COUNT_KEY)
+    assert f"not reused ({why}); removed" in caplog.text
+    assert not target.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_ranks_files_say_what_each_wrote_and_rank_0_moves_the_shared_file(tmp_path):
+    target, _ = _interrupted_run(tmp_path, written=((0, 1), (), (5,)), ranks=3)
+    assert (tmp_path / "c_embeddings.kept.npy").exists() and not list(tmp_path.glob(".*.tmp"))
+    said = [np.load(kept_rows.rank_path(target, rank)) for rank in range(3)]
+    assert [part["embedded"].tolist() for part in said] == [[0, 1], [], [5]]
+    assert [part["counts"].tolist() for part in said] == [[0, 10], [], [50]]
