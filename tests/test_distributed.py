@@ -161,7 +161,8 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode != 0 and "Terminated (SIGTERM): the rows the ranks embedded so far are kept in" in done.stderr, done.stderr[-4000:]
+    said = "Terminated (SIGTERM): the rows the ranks embedded so far are kept in"
+    assert done.returncode != 0 and said in done.stderr, done.stderr[-4000:]
     assert not (cut / "c.jsonl").exists() and not (cut / "c_embeddings.npy").exists()
     parts = [np.load(cut / f"c_embeddings.kept.rank{rank}.npz") for rank in (0, 1)]
     kept = sum(part["embedded"].size for part in parts)
