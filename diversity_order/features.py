@@ -106,30 +106,42 @@ def embedding_key(tokenizer_fp: str, table, text_field: str) -> dict:
 
 def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.ndarray, tokenizer, table,
                    batch_docs: int, progress: bool, out: np.ndarray | None = None,
-                   finished: embed.Finished | None = None):
+                   finished: embed.Finished | None = None, kept: tuple | None = None):
     """Tokenize (and embed, with a table: a single process only, the vectors written straight into
     ``out[rows]``) ``rows``. Under torchrun, where only counts are computed here (ranks embed through
     ``scale_out``, never sending vectors), each rank takes a share by bytes and rank 0 gets the counts
     back in row order; the other ranks get (None, None). ``finished``: see ``embed.embed_and_count``
-    (a single process only)."""
+    (a single process only). ``kept``: under torchrun, (the ``kept_rows`` target, the count key, the
+    records' fingerprints): a rank stopped part-way says what it counted, for the next run."""
     if ctx.active and table is not None:
         raise RuntimeError("under torchrun the ranks embed through scale_out, which sends no vectors")
-    share = distributed.my_share(ctx, rows, index.row_sizes[rows])
-    if ctx.active:
-        log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
-    vectors, counts, stats = embed.embed_and_count(index, share, tokenizer, table, batch_docs=batch_docs,
-                                                   progress=progress and ctx.is_main,
-                                                   out=None if ctx.active else out,
-                                                   finished=None if ctx.active else finished)
-    if table is not None:
-        log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s%s)", stats.documents,
-                 f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9),
-                 " on this rank" if ctx.active else "")
     if not ctx.active:
+        vectors, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
+                                                       progress=progress, out=out, finished=finished)
+        if table is not None:
+            log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s)", stats.documents,
+                     f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9))
         return vectors, counts
-    all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
+    share = distributed.my_share(ctx, rows, index.row_sizes[rows])
+    log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
+    if kept is not None and ctx.is_main:
+        kept_rows.start(kept[0], None, None, kept[1], kept[2], ctx.world_size)
+    work = kept_rows.RankWork(copied_all=True)
+    try:
+        # Ctrl-C or SIGTERM (a scheduler's preemption) keeps the counts every rank finished, for the next run.
+        with interrupts.sigterm_raises():
+            _, counts, _ = embed.embed_and_count(index, share, tokenizer, None, batch_docs=batch_docs,
+                                                 progress=progress and ctx.is_main, finished=work.computed)
+            work.computed = embed.Finished(np.sort(share), counts)
+            all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
+    except BaseException as stop:  # a rank whose peer was stopped fails in a collective: it keeps its counts too
+        if kept is not None:
+            kept_rows.keep(ctx.rank, kept[0], None, work, stop)
+        raise
     if not ctx.is_main:
         return None, None
+    if kept is not None:
+        kept_rows.discard(kept[0])
     return None, np.concatenate(all_counts)
 
 
@@ -152,9 +164,12 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     tokenizer = model.tokenizer(why_tokenizer) if (have_model or need_embeddings) else None
     count_key = token_count_key(tokenizer.fingerprint if tokenizer else "", text_field)
     count_places = token_count_places(paths)
-    if need_embeddings and not ctx.active:  # what an interrupted torchrun run kept (the ranks' file is the same)
-        kept_rows.recover(Path(paths["embeddings"]), embedding_key(tokenizer.fingerprint, model.table(), text_field),
-                          count_places, count_key)
+    if ctx.is_main and tokenizer is not None:  # what an interrupted torchrun run kept (the ranks' files are these)
+        if need_embeddings and not ctx.active:
+            kept_rows.recover(Path(paths["embeddings"]), embedding_key(tokenizer.fingerprint, model.table(), text_field),
+                              count_places, count_key)
+        kept_rows.recover(kept_rows.counts_target(paths), None, count_places, count_key)
+    distributed.barrier(ctx)  # the other ranks look the counts up after rank 0 has added those
     counts_found = caches.lookup(count_places[0], count_key, fps, accept_any_key=tokenizer is None, dtype=np.int64,
                                  row_shape=(), alternatives=tuple(count_places[1:]))
     log.info("Token counts: %s", counts_found.reason)
@@ -176,8 +191,9 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
                 count_rows = _without(count_rows, embedded, len(index))
             if count_rows.size:
                 log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
+                kept = (kept_rows.counts_target(paths), count_key, fps) if ctx.active else None
                 _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress,
-                                               finished=work.counting)
+                                               finished=work.counting, kept=kept)
                 if ctx.is_main:
                     counts[count_rows] = new_counts
             if not ctx.is_main:

@@ -1,20 +1,23 @@
-"""What a torchrun run stopped part-way (Ctrl-C; SIGTERM, a scheduler's preemption) had embedded, kept for the next run.
+"""What a torchrun run stopped part-way (Ctrl-C; SIGTERM, a scheduler's preemption) had embedded or counted, kept
+for the next run.
 
-The ranks fill one shared file (``scale_out``). A rank being stopped cannot count on the others to agree on what
-was done, so each says only what it wrote, in a file of its own, and the next run (any number of ranks, or one
-process) puts the pieces together before it looks the records up. Beside the embedding cache ``B_embeddings.npy``:
+The ranks fill one shared file (``scale_out``), or count the tokens of their shares (``--load-embeddings``). A rank
+being stopped cannot count on the others to agree on what was done, so each says only what it did, in a file of
+its own, and the next run (any number of ranks, or one process) puts the pieces together before it looks the
+records up. Beside the embedding cache ``B_embeddings.npy`` (for counting only, beside ``A_token_counts.npy`` in
+the output folder: the same names with that stem):
 
-- ``B_embeddings.kept.json`` and ``B_embeddings.kept.fingerprints.npy``, written by rank 0 when it creates the
-  shared file: the cache key, the rows, the ranks, and the fingerprint of each row's record;
+- ``B_embeddings.kept.json`` and ``B_embeddings.kept.fingerprints.npy``, written by rank 0 when the work starts:
+  the keys, the rows, the ranks, and the fingerprint of each row's record;
 - ``B_embeddings.kept.rank{r}.npz``, written by rank r when it is stopped: the rows it wrote (the cached rows it
-  copied and the ones it embedded) and the token counts of those it embedded;
+  copied and the ones it embedded) and the token counts of those it embedded or counted;
 - ``B_embeddings.kept.npy``: the shared file itself, renamed by rank 0 when it is stopped (ranks still writing
   reach it through their open descriptors; a later run's sweep of dead runs' temp files no longer sees it).
 
 ``recover`` makes them the embedding cache, the rows no rank said it wrote marked unfilled (as a single process's
 interrupted run stores them), and adds the counts to the token-count cache. It takes nothing unless every rank's
 file is there, every rank had copied all its cached rows (the cache it replaces would lose them otherwise) and
-the key is this run's; what it cannot take it removes, saying why.
+the keys are this run's; what it cannot take it removes, saying why.
 """
 
 from __future__ import annotations
@@ -47,13 +50,22 @@ def rank_path(target: Path, rank: int) -> Path:
     return Path(str(kept_paths(target)["rank"]).format(rank))
 
 
-def start(target: Path, shared: Path, key: dict, fingerprints: np.ndarray, ranks: int) -> None:
-    """Rank 0, having created the ``shared`` file the ranks fill: what a later run needs to take its rows."""
+def counts_target(paths: dict) -> Path:
+    """Where the kept files of ranks that only count tokens are named after: the token-count cache's name in the
+    output folder (the input's folder may not be writable; the output folder is shared by every rank)."""
+    return Path(paths["embeddings"]).parent / Path(paths["token_counts"]).name
+
+
+def start(target: Path, shared: Path | None, key: dict | None, count_key: dict, fingerprints: np.ndarray,
+          ranks: int) -> None:
+    """Rank 0, before the ranks fill the ``shared`` file (embeddings of ``key``) or only count tokens (``shared``
+    None): what a later run needs to take their work."""
     paths = kept_paths(target)
     discard(target)
     atomic.save_npy(paths["fingerprints"], np.asarray(fingerprints, dtype=np.uint64))
-    atomic.save_json(paths["manifest"], {"version": VERSION, "key": key, "rows": int(len(fingerprints)),
-                                         "ranks": int(ranks), "shared_file": Path(shared).name})
+    atomic.save_json(paths["manifest"], {"version": VERSION, "key": key, "count_key": count_key,
+                                         "rows": int(len(fingerprints)), "ranks": int(ranks),
+                                         "shared_file": None if shared is None else Path(shared).name})
 
 
 @dataclass
@@ -62,11 +74,11 @@ class RankWork:
 
     copied: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # cached rows copied in
     copied_all: bool = False  # every cached row of this rank's share is copied
-    embedded: embed.Finished = field(default_factory=embed.Finished)  # rows embedded, and their token counts
+    computed: embed.Finished = field(default_factory=embed.Finished)  # rows embedded or counted, and their counts
 
 
-def keep(rank: int, target: Path, shared: Path, work: RankWork, stop: BaseException) -> None:
-    """A rank being stopped says what it wrote (rank 0 also moves the shared file out of the sweep's way). Quick,
+def keep(rank: int, target: Path, shared: Path | None, work: RankWork, stop: BaseException) -> None:
+    """A rank being stopped says what it did (rank 0 also moves the shared file out of the sweep's way). Quick,
     and deaf to the signals meanwhile: torchrun forwards a Ctrl-C or SIGTERM to the ranks a second time."""
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with contextlib.ExitStack() as stack:
@@ -78,18 +90,22 @@ def keep(rank: int, target: Path, shared: Path, work: RankWork, stop: BaseExcept
         paths = kept_paths(target)
         try:
             with atomic.atomic_open(rank_path(target, rank), "wb") as handle:
-                np.savez(handle, copied=work.copied, embedded=work.embedded.rows, counts=work.embedded.counts,
+                np.savez(handle, copied=work.copied, computed=work.computed.rows, counts=work.computed.counts,
                          copied_all=np.array(work.copied_all))
-            if rank == 0 and Path(shared).exists():
+            if rank == 0 and shared is not None and Path(shared).exists():
                 os.replace(shared, paths["data"])
         except OSError as exc:
-            log.warning("%s: the rows embedded so far could not be kept (%s)", _stop_name(stop),
-                        exc.strerror or exc)
+            log.warning("%s: the work done so far could not be kept (%s)", _stop_name(stop), exc.strerror or exc)
             return
-        if rank == 0:  # the only rank that logs
+        if rank != 0:  # rank 0 is the one that logs
+            return
+        if shared is not None:
             log.warning("%s: the rows the ranks embedded so far are kept in %s (rank 0's %d; each rank says its own "
                         "beside it); a rerun embeds only the others", _stop_name(stop), paths["data"],
-                        work.copied.size + work.embedded.rows.size)
+                        work.copied.size + work.computed.rows.size)
+        else:
+            log.warning("%s: the token counts the ranks finished so far are kept beside %s (rank 0's %d); a rerun "
+                        "counts only the others", _stop_name(stop), paths["manifest"], work.computed.rows.size)
 
 
 def _stop_name(stop: BaseException) -> str:
@@ -108,40 +124,49 @@ def discard(target: Path) -> None:
             path.unlink()
 
 
-def recover(target: Path, key: dict, count_places: list[Path], count_key: dict) -> None:
-    """Before a run looks its records up: what an interrupted torchrun run kept beside ``target`` becomes the
-    embedding cache (and its counts join the token-count cache), else is removed with the reason said."""
+def recover(target: Path, key: dict | None, count_places: list[Path], count_key: dict) -> None:
+    """Before a run looks its records up: what an interrupted torchrun run kept beside ``target`` (embeddings of
+    ``key``; ``key`` None: token counts only, see ``counts_target``) becomes the embedding cache and joins the
+    token-count cache, else is removed with the reason said."""
     paths = kept_paths(target)
     if not paths["manifest"].exists():
         return
+    what = "embedded" if key is not None else "counted"
     try:
-        why, found = _read(target, key)
+        why, found = _read(target, key, count_key)
         if why is not None:
-            log.warning("The rows an interrupted torchrun run embedded are not reused (%s); removed", why)
+            log.warning("The rows an interrupted torchrun run %s are not reused (%s); removed", what, why)
             return
-        fingerprints, data, filled, embedded, counts = found
-        caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
-        _add_counts(count_places, count_key, fingerprints, embedded, counts)
-        log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s", int(filled.sum()),
-                 filled.size, target.name)
+        fingerprints, data, filled, computed, counts = found
+        if data is not None:
+            caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
+        _add_counts(count_places, count_key, fingerprints, computed, counts)
+        if data is not None:
+            log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s", int(filled.sum()),
+                     filled.size, target.name)
+        else:
+            log.info("Token counts: %d of %d rows kept by an interrupted torchrun run are now in %s",
+                     int(filled.sum()), filled.size, count_places[0].name)
     except (OSError, ValueError) as exc:
-        log.warning("The rows an interrupted torchrun run embedded are not reused (%s); removed",
+        log.warning("The rows an interrupted torchrun run %s are not reused (%s); removed", what,
                     getattr(exc, "strerror", None) or exc)
     finally:
         discard(target)
 
 
-def _read(target: Path, key: dict):
-    """(why not, None) or (None, (fingerprints, data file, filled rows, embedded rows, their counts))."""
+def _read(target: Path, key: dict | None, count_key: dict):
+    """(why not, None) or (None, (fingerprints, data file or None, filled rows, computed rows, their counts))."""
     paths = kept_paths(target)
     manifest = json.loads(paths["manifest"].read_text())
     if manifest.get("version") != VERSION:
         return "written by another version", None
-    if manifest["key"] != json.loads(json.dumps(key)):
+    if [manifest["key"], manifest["count_key"]] != json.loads(json.dumps([key, count_key])):
         return "computed with another model, tokenizer or text field", None
-    data = paths["data"] if paths["data"].exists() else target.parent / manifest["shared_file"]
-    if not data.exists():
-        return "its rows file is gone", None
+    data = None
+    if manifest["shared_file"] is not None:
+        data = paths["data"] if paths["data"].exists() else target.parent / manifest["shared_file"]
+        if not data.exists():
+            return "its rows file is gone", None
     n, parts = int(manifest["rows"]), []
     for rank in range(int(manifest["ranks"])):
         try:
@@ -152,19 +177,19 @@ def _read(target: Path, key: dict):
     if not all(bool(part["copied_all"]) for part in parts):
         return "a rank was stopped while copying the cached rows in", None
     fingerprints = np.load(paths["fingerprints"])
-    written = np.concatenate([np.concatenate([part["copied"], part["embedded"]]) for part in parts]).astype(np.int64)
+    written = np.concatenate([np.concatenate([part["copied"], part["computed"]]) for part in parts]).astype(np.int64)
     if fingerprints.shape != (n,) or (written.size and (written.min() < 0 or written.max() >= n)):
         return "its files do not agree", None
     filled = np.zeros(n, dtype=bool)
     filled[written] = True
-    embedded = np.concatenate([part["embedded"] for part in parts]).astype(np.int64)
+    computed = np.concatenate([part["computed"] for part in parts]).astype(np.int64)
     counts = np.concatenate([part["counts"] for part in parts]).astype(np.int64)
-    return None, (fingerprints, data, filled, embedded, counts)
+    return None, (fingerprints, data, filled, computed, counts)
 
 
 def _add_counts(count_places: list[Path], count_key: dict, fingerprints: np.ndarray, rows: np.ndarray,
                 counts: np.ndarray) -> None:
-    """The token counts of the rows embedded, added to those the cache already holds for the same records."""
+    """The token counts of the rows computed, added to those the cache already holds for the same records."""
     from .features import store_token_counts
 
     if rows.size == 0:

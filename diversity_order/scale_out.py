@@ -215,6 +215,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
         count_key = features.token_count_key(tokenizer.fingerprint, text_field)
         count_places = features.token_count_places(paths)
         kept_rows.recover(target, emb_key, count_places, count_key)
+        kept_rows.recover(kept_rows.counts_target(paths), None, count_places, count_key)
         counts_found = caches.lookup(count_places[0], count_key, fps, dtype=np.int64, row_shape=(),
                                      alternatives=tuple(count_places[1:]))
         found = caches.find_rows(target, emb_key, fps, dtype=np.float32, row_shape=(table.dim,))
@@ -235,7 +236,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     if not in_order:
         name, offset = _shared_file(ctx, target, n, table.dim)
         if ctx.is_main:
-            kept_rows.start(target, name, emb_key, fps, ctx.world_size)
+            kept_rows.start(target, name, emb_key, count_key, fps, ctx.world_size)
         work = kept_rows.RankWork()
         try:
             # Ctrl-C or SIGTERM (a scheduler's preemption) keeps what every rank wrote, for the next run.
@@ -252,8 +253,8 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
                     work.copied, work.copied_all = np.flatnonzero(hit) + lo, True
                     source, rows = balanced_work(ctx, index, bounds, np.flatnonzero(~hit) + lo)
                     mine = _embed_rows(ctx, source, rows, tokenizer, table.weight, batch_docs, progress, writer,
-                                       work.embedded)
-                    work.embedded = embed.Finished(np.sort(rows), mine)
+                                       work.computed)
+                    work.computed = embed.Finished(np.sort(rows), mine)
                     del source
                 finally:
                     writer.close()

@@ -165,10 +165,10 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     assert done.returncode != 0 and said in done.stderr, done.stderr[-4000:]
     assert not (cut / "c.jsonl").exists() and not (cut / "c_embeddings.npy").exists()
     parts = [np.load(cut / f"c_embeddings.kept.rank{rank}.npz") for rank in (0, 1)]
-    kept = sum(part["embedded"].size for part in parts)
-    assert parts[0]["embedded"].size == 16 and kept < n  # rank 0: the two batches before the third
+    kept = sum(part["computed"].size for part in parts)
+    assert parts[0]["computed"].size == 16 and kept < n  # rank 0: the two batches before the third
     for part in parts:  # the counts kept are the real ones
-        assert np.array_equal(part["counts"], np.load(whole / "d_token_counts.npy")[part["embedded"]])
+        assert np.array_equal(part["counts"], np.load(whole / "d_token_counts.npy")[part["computed"]])
     assert (cut / "c_embeddings.kept.npy").exists() and not list(cut.glob(".c_embeddings.npy.*.tmp"))
 
     if rerun == "torchrun":
@@ -182,6 +182,32 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     assert not list(cut.glob("c_embeddings.kept*"))
+
+    # Only counting (--load-embeddings: the vectors come from elsewhere), stopped the same way: the counts kept.
+    np.save(tmp_path / "ext.npy", np.load(whole / "c_embeddings.npy"))
+    for name in ("d_token_counts.npy", "d_token_counts.cache.json", "d_token_counts.fingerprints.npy"):
+        (cut / name).unlink()
+    args = ["--input", cut / "d.jsonl", "--output", cut / "e.jsonl", "--load-embeddings", tmp_path / "ext.npy", *common]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    said = "Terminated (SIGTERM): the token counts the ranks finished so far are kept beside"
+    assert done.returncode != 0 and said in done.stderr, done.stderr[-4000:]
+    parts = [np.load(cut / f"d_token_counts.kept.rank{rank}.npz") for rank in (0, 1)]
+    kept = sum(part["computed"].size for part in parts)
+    assert parts[0]["computed"].size == 16 and kept < n and not (cut / "d_token_counts.npy").exists()
+    caplog.clear()
+    if rerun == "torchrun":
+        log = torchrun(args)
+    else:
+        with caplog.at_level(logging.INFO, logger="diversity_order"):
+            assert run_main(curate_dataset.main, [str(a) for a in args]) == 0
+        log = caplog.text
+    assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
+    assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
+    assert (cut / "d_token_counts.npy").read_bytes() == (whole / "d_token_counts.npy").read_bytes()
+    assert (cut / "e.jsonl").read_bytes() == (whole / "c.jsonl").read_bytes()
+    assert not list(cut.glob("*.kept*"))
 
 
 def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):

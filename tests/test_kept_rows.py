@@ -24,10 +24,10 @@ def _interrupted_run(folder, n=10, ranks=2, written=((0, 1, 2), (6, 7)), copied_
         data[list(rows)] = np.asarray(rows, np.float32)[:, None]
     with open(shared, "wb") as handle:
         np.save(handle, data)
-    kept_rows.start(target, shared, KEY, fingerprints, ranks)
+    kept_rows.start(target, shared, KEY, COUNT_KEY, fingerprints, ranks)
     for rank, rows in enumerate(written):
         work = kept_rows.RankWork(copied_all=True if copied_all is None else copied_all[rank])
-        work.embedded = Finished(np.asarray(rows, np.int64), np.asarray(rows, np.int64) * 10)
+        work.computed = Finished(np.asarray(rows, np.int64), np.asarray(rows, np.int64) * 10)
         kept_rows.keep(rank, target, shared, work, KeyboardInterrupt())
     return target, fingerprints
 
@@ -73,5 +73,31 @@ def test_the_ranks_files_say_what_each_wrote_and_rank_0_moves_the_shared_file(tm
     target, _ = _interrupted_run(tmp_path, written=((0, 1), (), (5,)), ranks=3)
     assert (tmp_path / "c_embeddings.kept.npy").exists() and not list(tmp_path.glob(".*.tmp"))
     said = [np.load(kept_rows.rank_path(target, rank)) for rank in range(3)]
-    assert [part["embedded"].tolist() for part in said] == [[0, 1], [], [5]]
+    assert [part["computed"].tolist() for part in said] == [[0, 1], [], [5]]
     assert [part["counts"].tolist() for part in said] == [[0, 10], [], [50]]
+
+
+def test_counts_alone_kept_by_ranks_join_the_count_cache(tmp_path, caplog):
+    """Ranks that only counted tokens (--load-embeddings) keep their counts; no embedding set is written."""
+    target = tmp_path / "d_token_counts.npy"
+    fingerprints = np.arange(100, 110, dtype=np.uint64)
+    kept_rows.start(target, None, None, COUNT_KEY, fingerprints, 2)
+    for rank, rows in enumerate(((0, 1), (5, 6, 7))):
+        work = kept_rows.RankWork(copied_all=True, computed=Finished(np.asarray(rows), np.asarray(rows) * 3))
+        kept_rows.keep(rank, target, None, work, KeyboardInterrupt())
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, {**KEY, "dim": 4}, [target], {**COUNT_KEY, "tokenizer": "another"})
+    assert "not reused (computed with another model, tokenizer or text field)" in caplog.text
+    assert not target.exists() and not list(tmp_path.iterdir())
+    kept_rows.start(target, None, None, COUNT_KEY, fingerprints, 2)
+    for rank, rows in enumerate(((0, 1), (5, 6, 7))):
+        work = kept_rows.RankWork(copied_all=True, computed=Finished(np.asarray(rows), np.asarray(rows) * 3))
+        kept_rows.keep(rank, target, None, work, KeyboardInterrupt())
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, None, [target], COUNT_KEY)
+    assert "Token counts: 5 of 10 rows kept by an interrupted torchrun run are now in d_token_counts.npy" in caplog.text
+    counted = caches.lookup(target, COUNT_KEY, fingerprints, dtype=np.int64, row_shape=())
+    assert np.flatnonzero(counted.hit).tolist() == [0, 1, 5, 6, 7]
+    assert counted.data[counted.hit].tolist() == [0, 3, 15, 18, 21]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d_token_counts.cache.json", "d_token_counts.fingerprints.npy",
+                                                          "d_token_counts.npy"]
