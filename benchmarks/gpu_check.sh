@@ -19,7 +19,8 @@
 # Every step has its own timeout (also cut to what is left of GPU_CHECK_DEADLINE_S, default: none), a
 # failing step is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything),
 # gpu_check_summary.json (each step's exit code and seconds, plus every result), env.json, deep_512.json,
-# batch_sizes.json, deep_2048.json, extract_compare.json, curate_compare.json, cluster.json.
+# batch_sizes.json, deep_2048.json, extract_compare.json, curate_compare.json, curate_kept_compare.json,
+# curate_counts_compare.json, cluster.json.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -170,6 +171,25 @@ main() {
     2> '$WORK/c_clash/err'; rc=\$?; cat '$WORK/c_clash/err'; echo \"exit \$rc\"; [[ \$rc != 0 ]] && \
     grep -q '^error: .*cannot be one Parquet table' '$WORK/c_clash/err' && grep -q 'exitcode *: 2 ' '$WORK/c_clash/err' && \
     ! sed '/elastic.multiprocessing.api/,\$d' '$WORK/c_clash/err' | grep -q Traceback"
+
+  # 4c. The same run stopped by SIGTERM to torchrun while embedding (a scheduler's preemption), then again: the rerun
+  #     takes the rows kept and must end with the one-process run's files; then counting only (--load-embeddings of
+  #     that run's vectors), which adds a barrier on the backend.
+  mkdir -p "$WORK/c_kept" "$WORK/c_ext"
+  step curate_stopped_pg 150 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/c_kept' '$PY' -m torch.distributed.run \
+    --standalone --nproc_per_node 1 '$HELP' forced-pg --curate --stop-at-batch 3 -- $cargs --embed-batch-size 256 \
+    --output '$WORK/c_kept/out.parquet' 2> '$WORK/c_kept/stopped.log'; tail -3 '$WORK/c_kept/stopped.log'; \
+    grep -q 'the rows the ranks embedded so far are kept in' '$WORK/c_kept/stopped.log'"
+  step curate_resumed_pg 150 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/c_kept' '$PY' -m torch.distributed.run \
+    --standalone --nproc_per_node 1 '$HELP' forced-pg --curate -- $cargs --output '$WORK/c_kept/out.parquet' \
+    2> '$WORK/c_kept/resumed.log' && grep 'kept by an interrupted torchrun run\|new or changed' '$WORK/c_kept/resumed.log'"
+  step curate_kept_compare 60 "$PY" "$HELP" compare-curated "$OUT/curate_kept_compare.json" \
+    "$WORK/c_single/out.parquet" "$WORK/c_kept/out.parquet"
+  step curate_counts_pg 150 env DIVERSITY_ORDER_CACHE_DIR="$WORK/c_ext" \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "$HELP" forced-pg --curate -- $cargs \
+    --load-embeddings "$WORK/c_single/out_embeddings.npy" --output "$WORK/c_ext/out.parquet"
+  step curate_counts_compare 60 "$PY" "$HELP" compare-curated "$OUT/curate_counts_compare.json" \
+    "$WORK/c_single/out.parquet" "$WORK/c_ext/out.parquet"
 
   # 5. The tests that touch devices and torchrun (the real-model ones are marked slow and skip).
   local xdist=""

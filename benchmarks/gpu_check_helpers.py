@@ -6,7 +6,8 @@
     python3 benchmarks/gpu_check_helpers.py corpus OUT.jsonl [--docs N]
     python3 benchmarks/gpu_check_helpers.py json-tail STDOUT.txt OUT.json
     python3 benchmarks/gpu_check_helpers.py compare OUT.json A.npy B.npy [C.npy ...]
-    python3 benchmarks/gpu_check_helpers.py forced-pg [--curate] -- ARGS...   # extract (or curate) with a 1-process group joined
+    python3 benchmarks/gpu_check_helpers.py forced-pg [--curate] [--stop-at-batch N] -- ARGS...   # extract (or curate)
+        with a 1-process group joined; --stop-at-batch: SIGTERM to torchrun as the tokenizer starts batch N
     python3 benchmarks/gpu_check_helpers.py compare-curated OUT.json A.parquet B.parquet   # two curate runs' outputs
     python3 benchmarks/gpu_check_helpers.py batch-rates OUT.json BATCH_SIZE LOG [BATCH_SIZE LOG ...]
     python3 benchmarks/gpu_check_helpers.py cluster-base OUT.npy [--rows 50000 --dim 576 --centres 60]
@@ -183,13 +184,14 @@ def compare(out: str, paths: list[str]) -> None:
         sys.exit(1)
 
 
-def forced_pg(argv: list[str], script: str = "extract") -> int:
+def forced_pg(argv: list[str], script: str = "extract", stop_at_batch: int = 0) -> int:
     """extract_deep_embeddings (or curate_dataset) with the process group joined although torchrun
     started one process.
 
     ``distributed.launched_by_torchrun()`` is False for WORLD_SIZE=1, so ``torchrun --nproc_per_node 1``
     alone never calls init_process_group: this joins it anyway (NCCL on CUDA, gloo on CPU), the
-    way a multi-rank run does, so every collective a multi-rank run makes runs on this machine's backend."""
+    way a multi-rank run does. curate_dataset also takes the ranks' path (``scale_out``), so every
+    collective a multi-rank curate run makes runs on this machine's backend, with one rank."""
     sys.path.insert(0, str(ROOT))
     from diversity_order import distributed
     from diversity_order.cli import run_main
@@ -200,12 +202,39 @@ def forced_pg(argv: list[str], script: str = "extract") -> int:
         from diversity_order.cli.extract_deep_embeddings import main
 
     distributed.launched_by_torchrun = lambda: True
-    code = run_main(main, argv)
+    if script == "curate":
+        # One rank would take the single-process path (a context is active from two ranks up): this one takes the
+        # ranks' path (scale_out), so every collective a multi-rank run makes runs on this machine's backend.
+        distributed.DistContext.active = property(lambda self: True)
+    if stop_at_batch:
+        import signal
+
+        from diversity_order.tokenizer import DocumentTokenizer
+
+        real, calls = DocumentTokenizer.encode_texts, []
+
+        def stopped(self, texts):  # a scheduler's preemption: torchrun passes the SIGTERM on to the ranks
+            calls.append(len(texts))
+            if len(calls) == stop_at_batch:
+                os.kill(os.getppid(), signal.SIGTERM)
+                time.sleep(60)
+            return real(self, texts)
+
+        DocumentTokenizer.encode_texts = stopped
     import torch.distributed as dist
 
+    joined, real_init = [], dist.init_process_group
+
+    def init(*args, **kwargs):  # curate leaves the group itself before it returns
+        real_init(*args, **kwargs)
+        joined.append(dist.get_backend())
+
+    dist.init_process_group = init
+    code = run_main(main, argv)
     if dist.is_initialized():
-        print(f"process group joined: backend {dist.get_backend()}, world size {dist.get_world_size()}", flush=True)
         dist.destroy_process_group()
+    if joined:
+        print(f"process group joined: backend {joined[0]}, world size 1", flush=True)
     elif code == 0:
         print("process group NOT joined", flush=True)
         code = 3
@@ -380,8 +409,10 @@ def main() -> int:
     elif command == "compare":
         compare(rest[0], rest[1:])
     elif command == "forced-pg":
-        script = "curate" if rest[:1] == ["--curate"] else "extract"
-        return forced_pg(rest[rest.index("--") + 1 :] if "--" in rest else rest, script)
+        own = rest[: rest.index("--")] if "--" in rest else []
+        script = "curate" if "--curate" in own else "extract"
+        stop = int(own[own.index("--stop-at-batch") + 1]) if "--stop-at-batch" in own else 0
+        return forced_pg(rest[rest.index("--") + 1 :] if "--" in rest else rest, script, stop)
     elif command == "compare-curated":
         compare_curated(rest[0], rest[1], rest[2])
     elif command == "batch-rates":
