@@ -156,13 +156,24 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
                                                            whole / "c.jsonl", *common]]) == 0
     script = tmp_path / "stopped.py"
     script.write_text(STOPPED_BY_THE_SCHEDULER)
+
+    def stopped(args, said):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode != 0 and f"Terminated (SIGTERM): {said}" in done.stderr, done.stderr[-4000:]
+
+    def rerun_log(args):
+        if rerun == "torchrun":
+            return torchrun(args)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="diversity_order"):
+            assert run_main(curate_dataset.main, [str(a) for a in args]) == 0
+        return caplog.text
+
     args = ["--input", cut / "d.jsonl", "--output", cut / "c.jsonl", *common]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    said = "Terminated (SIGTERM): the rows the ranks embedded so far are kept in"
-    assert done.returncode != 0 and said in done.stderr, done.stderr[-4000:]
+    stopped(args, "the rows the ranks embedded so far are kept in")
     assert not (cut / "c.jsonl").exists() and not (cut / "c_embeddings.npy").exists()
     parts = [np.load(cut / f"c_embeddings.kept.rank{rank}.npz") for rank in (0, 1)]
     kept = sum(part["computed"].size for part in parts)
@@ -171,12 +182,7 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
         assert np.array_equal(part["counts"], np.load(whole / "d_token_counts.npy")[part["computed"]])
     assert (cut / "c_embeddings.kept.npy").exists() and not list(cut.glob(".c_embeddings.npy.*.tmp"))
 
-    if rerun == "torchrun":
-        log = torchrun(args)
-    else:
-        with caplog.at_level(logging.INFO, logger="diversity_order"):
-            assert run_main(curate_dataset.main, [str(a) for a in args]) == 0
-        log = caplog.text
+    log = rerun_log(args)
     assert f"Embeddings: {kept} of {n} rows kept by an interrupted torchrun run are now c_embeddings.npy" in log
     assert f"Embedding {n - kept} new or changed record(s) of {n}" in log
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
@@ -188,21 +194,11 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     for name in ("d_token_counts.npy", "d_token_counts.cache.json", "d_token_counts.fingerprints.npy"):
         (cut / name).unlink()
     args = ["--input", cut / "d.jsonl", "--output", cut / "e.jsonl", "--load-embeddings", tmp_path / "ext.npy", *common]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    said = "Terminated (SIGTERM): the token counts the ranks finished so far are kept beside"
-    assert done.returncode != 0 and said in done.stderr, done.stderr[-4000:]
+    stopped(args, "the token counts the ranks finished so far are kept beside")
     parts = [np.load(cut / f"d_token_counts.kept.rank{rank}.npz") for rank in (0, 1)]
     kept = sum(part["computed"].size for part in parts)
     assert parts[0]["computed"].size == 16 and kept < n and not (cut / "d_token_counts.npy").exists()
-    caplog.clear()
-    if rerun == "torchrun":
-        log = torchrun(args)
-    else:
-        with caplog.at_level(logging.INFO, logger="diversity_order"):
-            assert run_main(curate_dataset.main, [str(a) for a in args]) == 0
-        log = caplog.text
+    log = rerun_log(args)
     assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
     assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
     assert (cut / "d_token_counts.npy").read_bytes() == (whole / "d_token_counts.npy").read_bytes()
