@@ -126,18 +126,15 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
     log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     if kept is not None and ctx.is_main:
         kept_rows.start(kept[0], None, None, kept[1], kept[2], ctx.world_size)
-    work = kept_rows.RankWork(copied_all=True)
-    try:
-        # Ctrl-C or SIGTERM (a scheduler's preemption) keeps the counts every rank finished, for the next run.
-        with interrupts.sigterm_raises():
-            _, counts, _ = embed.embed_and_count(index, share, tokenizer, None, batch_docs=batch_docs,
-                                                 progress=progress and ctx.is_main, finished=work.computed)
-            work.computed = embed.Finished(np.sort(share), counts)
-            all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
-    except BaseException as stop:  # a rank whose peer was stopped fails in a collective: it keeps its counts too
+    # Ctrl-C or SIGTERM (a scheduler's preemption) keeps the counts every rank finished, for the next run.
+    with kept_rows.keeping(ctx.rank, kept[0], None, kept_rows.RankWork(copied_all=True)) if kept is not None \
+            else contextlib.nullcontext(kept_rows.RankWork()) as work:
+        _, counts, _ = embed.embed_and_count(index, share, tokenizer, None, batch_docs=batch_docs,
+                                             progress=progress and ctx.is_main, finished=work.computed)
+        work.computed = embed.Finished(np.sort(share), counts)
         if kept is not None:
-            kept_rows.keep(ctx.rank, kept[0], None, work, stop)
-        raise
+            kept_rows.say(ctx.rank, kept[0], work)
+        all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
     if not ctx.is_main:
         return None, None
     if kept is not None:

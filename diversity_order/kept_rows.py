@@ -77,6 +77,33 @@ class RankWork:
     computed: embed.Finished = field(default_factory=embed.Finished)  # rows embedded or counted, and their counts
 
 
+@contextlib.contextmanager
+def keeping(rank: int, target: Path, shared: Path | None, work: RankWork):
+    """While open, SIGTERM raises (as Ctrl-C does), and whatever stops this rank (a signal, or a collective
+    failing because a peer was stopped) has it say what it did (``keep``) before it goes on up. A rank whose
+    part is done says so (``say``) before the collective that ends the work: it may be stopped later, outside."""
+    try:
+        with interrupts.sigterm_raises():
+            yield work
+    except BaseException as stop:
+        keep(rank, target, shared, work, stop)
+        raise
+
+
+def say(rank: int, target: Path, work: RankWork) -> bool:
+    """This rank's file: the rows it wrote or counted (see the module doc). False (said in the log) when it cannot
+    be written: the run goes on, only a stop after this would lose the work."""
+    try:
+        with atomic.atomic_open(rank_path(target, rank), "wb") as handle:
+            np.savez(handle, copied=work.copied, computed=work.computed.rows, counts=work.computed.counts,
+                     copied_all=np.array(work.copied_all))
+        return True
+    except OSError as exc:
+        log.warning("Rank %d: what it did cannot be kept for a rerun should the run be stopped (%s)", rank,
+                    exc.strerror or exc)
+        return False
+
+
 def keep(rank: int, target: Path, shared: Path | None, work: RankWork, stop: BaseException) -> None:
     """A rank being stopped says what it did (rank 0 also moves the shared file out of the sweep's way). Quick,
     and deaf to the signals meanwhile: torchrun forwards a Ctrl-C or SIGTERM to the ranks a second time."""
@@ -88,17 +115,15 @@ def keep(rank: int, target: Path, shared: Path | None, work: RankWork, stop: Bas
             stack.callback(lambda: [signal.signal(sig, handler) for sig, handler in previous.items()])
         stack.enter_context(interrupts.finishing("keeping the rows embedded so far"))
         paths = kept_paths(target)
-        try:
-            with atomic.atomic_open(rank_path(target, rank), "wb") as handle:
-                np.savez(handle, copied=work.copied, computed=work.computed.rows, counts=work.computed.counts,
-                         copied_all=np.array(work.copied_all))
-            if rank == 0 and shared is not None and Path(shared).exists():
+        if not say(rank, target, work) or rank != 0:  # rank 0 is the one that logs
+            return
+        if shared is not None and Path(shared).exists():
+            try:
                 os.replace(shared, paths["data"])
-        except OSError as exc:
-            log.warning("%s: the work done so far could not be kept (%s)", _stop_name(stop), exc.strerror or exc)
-            return
-        if rank != 0:  # rank 0 is the one that logs
-            return
+            except OSError as exc:
+                log.warning("%s: the rows embedded so far could not be kept (%s)", _stop_name(stop),
+                            exc.strerror or exc)
+                return
         if shared is not None:
             log.warning("%s: the rows the ranks embedded so far are kept in %s (rank 0's %d; each rank says its own "
                         "beside it); a rerun embeds only the others", _stop_name(stop), paths["data"],

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import atomic, caches, clustering, distributed, embed, features, interrupts, kept_rows, matrix
+from . import atomic, caches, clustering, distributed, embed, features, kept_rows, matrix
 from .clustering import PCAInfo
 from .distributed import DistContext
 from .errors import UserError
@@ -237,43 +237,45 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
         name, offset = _shared_file(ctx, target, n, table.dim)
         if ctx.is_main:
             kept_rows.start(target, name, emb_key, count_key, fps, ctx.world_size)
-        work = kept_rows.RankWork()
-        try:
-            # Ctrl-C or SIGTERM (a scheduler's preemption) keeps what every rank wrote, for the next run.
-            with interrupts.sigterm_raises():
-                writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
-                try:
-                    hit = np.zeros(hi - lo, dtype=bool)
-                    for number, path in enumerate(set_paths):  # where this rank's rows lie in each cached set
-                        source = distributed.scatter_ranges(ctx, found.sets[number][1] if ctx.is_main else None,
-                                                            bounds)
-                        _copy_rows(path, source, lo, writer)
-                        hit |= source >= 0
-                        del source
-                    work.copied, work.copied_all = np.flatnonzero(hit) + lo, True
-                    source, rows = balanced_work(ctx, index, bounds, np.flatnonzero(~hit) + lo)
-                    mine = _embed_rows(ctx, source, rows, tokenizer, table.weight, batch_docs, progress, writer,
-                                       work.computed)
-                    work.computed = embed.Finished(np.sort(rows), mine)
+        # Ctrl-C or SIGTERM (a scheduler's preemption) keeps what every rank wrote, for the next run.
+        with kept_rows.keeping(ctx.rank, target, name, kept_rows.RankWork()) as work:
+            writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
+            try:
+                hit = np.zeros(hi - lo, dtype=bool)
+                for number, path in enumerate(set_paths):  # where this rank's rows lie in each cached set
+                    source = distributed.scatter_ranges(ctx, found.sets[number][1] if ctx.is_main else None, bounds)
+                    _copy_rows(path, source, lo, writer)
+                    hit |= source >= 0
                     del source
-                finally:
-                    writer.close()
-                new_counts = _gather(ctx, mine)
-                digest = _digest_together(ctx, name)
-        except BaseException as stop:  # a rank whose peer was stopped fails in a collective: it keeps its rows too
-            kept_rows.keep(ctx.rank, target, name, work, stop)
-            raise
+                work.copied, work.copied_all = np.flatnonzero(hit) + lo, True
+                source, rows = balanced_work(ctx, index, bounds, np.flatnonzero(~hit) + lo)
+                mine = _embed_rows(ctx, source, rows, tokenizer, table.weight, batch_docs, progress, writer,
+                                   work.computed)
+                work.computed = embed.Finished(np.sort(rows), mine)
+                del source
+            finally:
+                writer.close()
+            kept_rows.say(ctx.rank, target, work)
+            new_counts = _gather(ctx, mine)
+            digest = _digest_together(ctx, name)
         shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
         if ctx.is_main:
             kept_rows.discard(target)
             counts[missing] = new_counts
     count_rows = distributed.broadcast_array(ctx, count_rows if ctx.is_main else None)
     if count_rows.size:
+        counts_kept = kept_rows.counts_target(paths)
         if ctx.is_main:
             log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
+            kept_rows.start(counts_kept, None, None, count_key, fps, ctx.world_size)
         mine = count_rows[(count_rows >= lo) & (count_rows < hi)]
-        new_counts = _gather(ctx, _embed_rows(ctx, index, mine, tokenizer, None, batch_docs, progress))
+        with kept_rows.keeping(ctx.rank, counts_kept, None, kept_rows.RankWork(copied_all=True)) as work:
+            counted = _embed_rows(ctx, index, mine, tokenizer, None, batch_docs, progress, finished=work.computed)
+            work.computed = embed.Finished(mine, counted)
+            kept_rows.say(ctx.rank, counts_kept, work)
+            new_counts = _gather(ctx, counted)
         if ctx.is_main:
+            kept_rows.discard(counts_kept)
             counts[count_rows] = new_counts
     if ctx.is_main and not counts_found.in_order:
         features.store_token_counts(count_places, count_key, fps, counts)

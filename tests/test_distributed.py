@@ -142,7 +142,8 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
                                                                                caplog, rerun):
     """SIGTERM to torchrun (a scheduler's preemption) while the ranks embed: each rank says what it wrote, rank 0
     keeps the shared file; the rerun (under torchrun or in one process) takes those rows and the counts, embeds only
-    the rest, and every file equals an uninterrupted run's."""
+    the rest, and every file equals an uninterrupted run's. So too for ranks that only count tokens, with
+    --load-embeddings or because the vectors are cached and the counts are not."""
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # no registered cache: only the kept rows can be reused
     records = topical_records(per_topic=40)
     n = len(records)
@@ -203,6 +204,20 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
     assert (cut / "d_token_counts.npy").read_bytes() == (whole / "d_token_counts.npy").read_bytes()
     assert (cut / "e.jsonl").read_bytes() == (whole / "c.jsonl").read_bytes()
+    assert not list(cut.glob("*.kept*"))
+
+    # Counting only because the vectors are cached and the counts are not (the count cache deleted): the same.
+    for name in ("d_token_counts.npy", "d_token_counts.cache.json", "d_token_counts.fingerprints.npy"):
+        (cut / name).unlink()
+    args = ["--input", cut / "d.jsonl", "--output", cut / "c.jsonl", *common]
+    stopped(args, "the token counts the ranks finished so far are kept beside")
+    kept = sum(np.load(cut / f"d_token_counts.kept.rank{rank}.npz")["computed"].size for rank in (0, 1))
+    assert 16 <= kept < n
+    log = rerun_log(args)
+    assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
+    assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
+    for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     assert not list(cut.glob("*.kept*"))
 
 

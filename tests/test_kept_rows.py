@@ -101,3 +101,26 @@ def test_counts_alone_kept_by_ranks_join_the_count_cache(tmp_path, caplog):
     assert counted.data[counted.hit].tolist() == [0, 3, 15, 18, 21]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d_token_counts.cache.json", "d_token_counts.fingerprints.npy",
                                                           "d_token_counts.npy"]
+
+
+def test_a_rank_that_finished_before_the_stop_is_counted_by_what_it_said_when_done(tmp_path, caplog):
+    """A rank done with its part says so before the collective that ends the work; stopped later (outside the work),
+    it writes nothing more, and the rows it said are taken with those of the rank stopped mid-way."""
+    target = tmp_path / "c_embeddings.npy"
+    shared = tmp_path / ".c_embeddings.npy.host.1.x.tmp"
+    data = np.arange(30, dtype=np.float32).reshape(10, 3)
+    with open(shared, "wb") as handle:
+        np.save(handle, data)
+    fingerprints = np.arange(100, 110, dtype=np.uint64)
+    kept_rows.start(target, shared, KEY, COUNT_KEY, fingerprints, 2)
+    done = kept_rows.RankWork(copied_all=True, computed=Finished(np.arange(5, 10), np.arange(5, 10)))
+    assert kept_rows.say(1, target, done)
+    with pytest.raises(KeyboardInterrupt):
+        with kept_rows.keeping(0, target, shared, kept_rows.RankWork(copied_all=True)) as work:
+            work.computed = Finished(np.arange(0, 2), np.arange(0, 2))
+            raise KeyboardInterrupt
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, KEY, [tmp_path / "counts.npy"], COUNT_KEY)
+    found = caches.lookup(target, KEY, fingerprints, dtype=np.float32, row_shape=(3,))
+    assert np.flatnonzero(found.hit).tolist() == [0, 1, 5, 6, 7, 8, 9]
+    assert np.array_equal(found.data[found.hit], data[found.hit])
