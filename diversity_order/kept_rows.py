@@ -70,7 +70,7 @@ def start(target: Path, shared: Path | None, key: dict | None, count_key: dict, 
 
 @dataclass
 class RankWork:
-    """What one rank has written into the shared file so far."""
+    """What one rank has done so far: rows written into the shared file, or counted."""
 
     copied: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # cached rows copied in
     copied_all: bool = False  # every cached row of this rank's share is copied
@@ -113,7 +113,7 @@ def keep(rank: int, target: Path, shared: Path | None, work: RankWork, stop: Bas
             for sig in previous:
                 signal.signal(sig, signal.SIG_IGN)
             stack.callback(lambda: [signal.signal(sig, handler) for sig, handler in previous.items()])
-        stack.enter_context(interrupts.finishing("keeping the rows embedded so far"))
+        stack.enter_context(interrupts.finishing("keeping the work done so far"))
         paths = kept_paths(target)
         if not say(rank, target, work) or rank != 0:  # rank 0 is the one that logs
             return
