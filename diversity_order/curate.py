@@ -39,7 +39,7 @@ from . import (
 )
 from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
-from .errors import MAX_COUNT, UserError, check_range
+from .errors import MAX_COUNT, EveryRankError, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .fields import DEFAULT_TEXT_FIELD, KNOWN_ROLES, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
@@ -316,8 +316,12 @@ def _embed_across_ranks(run: Run, fail_fast: bool):
                 run.rank_rows)
             run.method = SHALLOW_METHOD
         else:
-            vectors = scale_out.external_embeddings(config.load_embeddings, run.n)
-            features.check_external_rows(config.load_embeddings, run.index.fingerprints)
+            try:
+                vectors = scale_out.external_embeddings(config.load_embeddings, run.n)
+            except UserError as exc:  # every rank reads the same file
+                raise EveryRankError(str(exc)) from None
+            if ctx.is_main:  # its warnings once
+                features.check_external_rows(config.load_embeddings, run.index.fingerprints)
             run.counts, _ = features.counts_and_embeddings(run.index, run.paths, run.model, config.text_field, False,
                                                            config.embed_batch_size, config.progress, ctx)
             run.method = EXTERNAL_METHOD
@@ -401,8 +405,8 @@ def _parquet_columns(run: Run):
         failure = str(exc)
     parts = distributed.all_gather_object(ctx, (None if schema is None else schema.serialize().to_pybytes(), failure))
     failures = [message for _, message in parts if message is not None]
-    if failures:  # every rank stops, each with the first rank's message (rank 0's is the one a user reads)
-        raise UserError(failures[0])
+    if failures:  # every rank stops with the first failing rank's message, which rank 0 says
+        raise EveryRankError(failures[0])
     import pyarrow as pa
 
     def find_clash(fields: set[str]) -> str | None:
@@ -410,9 +414,12 @@ def _parquet_columns(run: Run):
         own = writers.kinds_at_fields(run.index, np.arange(bounds[ctx.rank], bounds[ctx.rank + 1]), fields)
         return writers.clash_in(distributed.all_gather_object(ctx, own))
 
-    schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _ in parts],
-                                           find_clash)
-    return writers.writable_schema(run.index, schema)
+    try:
+        schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _ in parts],
+                                               find_clash)
+        return writers.writable_schema(run.index, schema)
+    except UserError as exc:  # every rank has every part: each finds the same
+        raise EveryRankError(str(exc)) from None
 
 
 def _chat_template_used(run: Run) -> dict | None:

@@ -13,6 +13,11 @@ class UserError(Exception):
     """An error caused by the user's input or flags: the scripts print its message as one line and exit 2, no traceback."""
 
 
+class EveryRankError(UserError):
+    """A UserError every torchrun rank raises with the same message (a check all of them make, or one whose verdict
+    they share): rank 0 alone prints it, so the shared stderr holds it once."""
+
+
 def check_range(value, flag: str, low, high, what: str = "") -> None:
     """Raise a UserError naming ``flag`` unless ``low <= value <= high`` (and a finite number)."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and low <= value <= high

@@ -162,9 +162,9 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
     count_key = token_count_key(tokenizer.fingerprint if tokenizer else "", text_field)
     count_places = token_count_places(paths)
     if ctx.is_main and tokenizer is not None:  # what an interrupted torchrun run kept (the ranks' files are these)
-        if need_embeddings and not ctx.active:
-            kept_rows.recover(Path(paths["embeddings"]), embedding_key(tokenizer.fingerprint, model.table(), text_field),
-                              count_places, count_key)
+        if not (need_embeddings and ctx.active):  # (ranks that embed do it through scale_out, which takes them)
+            key = embedding_key(tokenizer.fingerprint, model.table(), text_field) if need_embeddings else None
+            kept_rows.recover(Path(paths["embeddings"]), key, count_places, count_key, embeds=need_embeddings)
         kept_rows.recover(kept_rows.counts_target(paths), None, count_places, count_key)
     distributed.barrier(ctx)  # the other ranks look the counts up after rank 0 has added those
     counts_found = caches.lookup(count_places[0], count_key, fps, accept_any_key=tokenizer is None, dtype=np.int64,

@@ -57,14 +57,14 @@ def counts_target(paths: dict) -> Path:
 
 
 def start(target: Path, shared: Path | None, key: dict | None, count_key: dict, fingerprints: np.ndarray,
-          ranks: int) -> None:
-    """Rank 0, before the ranks fill the ``shared`` file (embeddings of ``key``) or only count tokens (``shared``
-    None): what a later run needs to take their work."""
+          ranks: int, copies: bool = False) -> None:
+    """Rank 0, before the ranks fill the ``shared`` file (embeddings of ``key``; ``copies``: cached rows are copied
+    in too) or only count tokens (``shared`` None): what a later run needs to take their work."""
     paths = kept_paths(target)
     discard(target)
     atomic.save_npy(paths["fingerprints"], np.asarray(fingerprints, dtype=np.uint64))
     atomic.save_json(paths["manifest"], {"version": VERSION, "key": key, "count_key": count_key,
-                                         "rows": int(len(fingerprints)), "ranks": int(ranks),
+                                         "rows": int(len(fingerprints)), "ranks": int(ranks), "copies": bool(copies),
                                          "shared_file": None if shared is None else Path(shared).name})
 
 
@@ -149,56 +149,86 @@ def discard(target: Path) -> None:
             path.unlink()
 
 
-def recover(target: Path, key: dict | None, count_places: list[Path], count_key: dict) -> None:
+def recover(target: Path, key: dict | None, count_places: list[Path], count_key: dict, embeds: bool = True) -> None:
     """Before a run looks its records up: what an interrupted torchrun run kept beside ``target`` (embeddings of
     ``key``; ``key`` None: token counts only, see ``counts_target``) becomes the embedding cache and joins the
-    token-count cache, else is removed with the reason said."""
+    token-count cache, else is removed with the reason said. The counts are taken wherever their key is this run's
+    (embeddings of another model, the same tokenizer). ``embeds`` False (a run that embeds nothing,
+    ``--load-embeddings``): only the counts are taken, and kept rows are left for a run that embeds."""
     paths = kept_paths(target)
     if not paths["manifest"].exists():
         return
-    what = "embedded" if key is not None else "counted"
+    leave = False
     try:
-        why, found = _read(target, key, count_key)
+        manifest = json.loads(paths["manifest"].read_text())
+        what = "embedded" if manifest.get("shared_file") else "counted"
+        why, found = _read(target, manifest, count_key)
         if why is not None:
             log.warning("The rows an interrupted torchrun run %s are not reused (%s); removed", what, why)
             return
-        fingerprints, data, filled, computed, counts = found
-        if data is not None:
-            caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
+        fingerprints, data, filled, computed, counts, missing = found
         _add_counts(count_places, count_key, fingerprints, computed, counts)
-        if data is not None:
-            log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s", int(filled.sum()),
-                     filled.size, target.name)
-        else:
-            log.info("Token counts: %d of %d rows kept by an interrupted torchrun run are now in %s",
-                     int(filled.sum()), filled.size, count_places[0].name)
-    except (OSError, ValueError) as exc:
-        log.warning("The rows an interrupted torchrun run %s are not reused (%s); removed", what,
+        unsaid = f" (rank(s) {', '.join(map(str, missing))} said nothing: their rows are done again)" if missing else ""
+        if data is None:
+            log.info("Token counts: %d of %d rows kept by an interrupted torchrun run are now in %s%s",
+                     computed.size, filled.size, count_places[0].name, unsaid)
+            return
+        if not embeds:
+            leave = True
+            log.info("Token counts: %d of %d rows kept by an interrupted torchrun run are now in %s; the embeddings "
+                     "it kept (%s) are left for a run that embeds", computed.size, filled.size, count_places[0].name,
+                     paths["data"].name)
+            return
+        differs = _differs(manifest["key"], key)
+        if differs:
+            log.warning("The rows an interrupted torchrun run embedded are not reused (computed with another %s); "
+                        "removed; their %d token counts are", differs, computed.size)
+            return
+        caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
+        log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s, their token counts in "
+                 "%s%s", int(filled.sum()), filled.size, target.name, count_places[0].name, unsaid)
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("The rows an interrupted torchrun run kept are not reused (%s); removed",
                     getattr(exc, "strerror", None) or exc)
     finally:
-        discard(target)
+        if not leave:
+            discard(target)
 
 
-def _read(target: Path, key: dict | None, count_key: dict):
-    """(why not, None) or (None, (fingerprints, data file or None, filled rows, computed rows, their counts))."""
+_KEY_WORDS = {"table": "embedding table", "tensor": "embedding tensor", "text_field": "text field"}
+
+
+def _differs(kept: dict | None, key: dict | None) -> str:
+    """What differs between the kept rows' key and this run's, in words ("" when nothing does)."""
+    kept, key = json.loads(json.dumps(kept)) or {}, json.loads(json.dumps(key)) or {}
+    names = [name for name in {**kept, **key} if kept.get(name) != key.get(name)]
+    return ", ".join(_KEY_WORDS.get(name, name) for name in names)
+
+
+def _read(target: Path, manifest: dict, count_key: dict):
+    """(why not, None) or (None, (fingerprints, data file or None, filled rows, computed rows, their counts, ranks
+    that said nothing))."""
     paths = kept_paths(target)
-    manifest = json.loads(paths["manifest"].read_text())
     if manifest.get("version") != VERSION:
         return "written by another version", None
-    if [manifest["key"], manifest["count_key"]] != json.loads(json.dumps([key, count_key])):
-        return "computed with another model, tokenizer or text field", None
+    differs = _differs(manifest["count_key"], count_key)
+    if differs:
+        return f"counted with another {differs}", None
     data = None
     if manifest["shared_file"] is not None:
         data = paths["data"] if paths["data"].exists() else target.parent / manifest["shared_file"]
         if not data.exists():
             return "its rows file is gone", None
-    n, parts = int(manifest["rows"]), []
+    n, parts, missing = int(manifest["rows"]), [], []
     for rank in range(int(manifest["ranks"])):
         try:
             with np.load(rank_path(target, rank)) as part:
                 parts.append({name: part[name] for name in part.files})
         except OSError:
-            return f"rank {rank} was stopped before it said what it had written", None
+            missing.append(rank)
+    # A rank that said nothing may have had cached rows to copy in: the cache the kept rows replace would lose them.
+    if missing and (manifest["copies"] or not parts):
+        return f"rank {missing[0]} was stopped before it said what it had written", None
     if not all(bool(part["copied_all"]) for part in parts):
         return "a rank was stopped while copying the cached rows in", None
     fingerprints = np.load(paths["fingerprints"])
@@ -209,7 +239,7 @@ def _read(target: Path, key: dict | None, count_key: dict):
     filled[written] = True
     computed = np.concatenate([part["computed"] for part in parts]).astype(np.int64)
     counts = np.concatenate([part["counts"] for part in parts]).astype(np.int64)
-    return None, (fingerprints, data, filled, computed, counts)
+    return None, (fingerprints, data, filled, computed, counts, missing)
 
 
 def _add_counts(count_places: list[Path], count_key: dict, fingerprints: np.ndarray, rows: np.ndarray,

@@ -805,8 +805,11 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
         # The bar counts decompressed bytes; for compressed input the total is unknown.
         end = None if is_compressed(path) else (identity.size if hi is None else min(hi, identity.size))
         done = offset
-        with Progress(None if end is None else end - offset, f"Indexing {path.name}", unit="MB", rate_unit="MB",
-                      bar=progress, scale=1 << 20, silent=report is not None) as bar:
+        # A part of the file (a torchrun rank's byte range) says so: its total is that part's, which the rank reads
+        # past to finish its last record.
+        part = "" if lo == 0 and hi is None else " (this rank's part)"
+        with Progress(None if end is None else end - offset, f"Indexing {path.name}{part}", unit="MB",
+                      rate_unit="MB", bar=progress, scale=1 << 20, silent=report is not None) as bar:
             advance = bar.update if report is None else report
             try:
                 for line_number, line in enumerate(handle, start=first_line):

@@ -236,7 +236,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     if not in_order:
         name, offset = _shared_file(ctx, target, n, table.dim)
         if ctx.is_main:
-            kept_rows.start(target, name, emb_key, count_key, fps, ctx.world_size)
+            kept_rows.start(target, name, emb_key, count_key, fps, ctx.world_size, copies=bool(set_paths))
         # Ctrl-C or SIGTERM (a scheduler's preemption) keeps what every rank wrote, for the next run.
         with kept_rows.keeping(ctx.rank, target, name, kept_rows.RankWork()) as work:
             writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)

@@ -66,6 +66,7 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
     assert log.count("Token counts and embeddings (2 ranks) done") == 1  # every rank times it; only rank 0 logs
     assert "Embedding 150 new or changed record(s) of 150 on 2 ranks" in log and "Rank 0 of 2: " in log
     assert log.count("Joining the process group (2 processes, gloo, rendezvous ") == 1  # before it waits
+    assert "Indexing d.jsonl (this rank's part): " in log  # rank 0's progress is of its part, not the file
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
 
@@ -272,7 +273,8 @@ def test_torchrun_refuses_records_parquet_cannot_hold_before_embedding(tmp_path,
                             "--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot",
                             "--output-shards", shards], fails=True)
             said = [line for line in log.splitlines() if line.startswith("error: ")]
-            assert said and all("cannot be one Parquet table" in line and "--output-format jsonl" in line for line in said)
+            assert len(said) == 1 and "[rank 1] error" not in log  # every rank stops; rank 0 says why, once
+            assert "cannot be one Parquet table" in said[0] and "--output-format jsonl" in said[0]
             assert re.search(clash.format(re.escape(str(tmp_path / f"{name}.jsonl"))), said[0]), said[0]
             assert "Token counts and embeddings" not in log
             assert not list(tmp_path.glob("**/*.npy")) and not list(tmp_path.glob("**/*.parquet"))

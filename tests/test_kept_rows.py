@@ -14,7 +14,7 @@ KEY = {"kind": "test", "dim": 3}
 COUNT_KEY = {"kind": "token_counts", "tokenizer": "t"}
 
 
-def _interrupted_run(folder, n=10, ranks=2, written=((0, 1, 2), (6, 7)), copied_all=None):
+def _interrupted_run(folder, n=10, ranks=2, written=((0, 1, 2), (6, 7)), copied_all=None, copies=True):
     """A shared file of ``n`` rows as the ranks leave it when stopped: rank r wrote rows ``written[r]`` (row i holds i)."""
     target = folder / "c_embeddings.npy"
     shared = folder / ".c_embeddings.npy.host.1.x.tmp"
@@ -24,7 +24,7 @@ def _interrupted_run(folder, n=10, ranks=2, written=((0, 1, 2), (6, 7)), copied_
         data[list(rows)] = np.asarray(rows, np.float32)[:, None]
     with open(shared, "wb") as handle:
         np.save(handle, data)
-    kept_rows.start(target, shared, KEY, COUNT_KEY, fingerprints, ranks)
+    kept_rows.start(target, shared, KEY, COUNT_KEY, fingerprints, ranks, copies=copies)
     for rank, rows in enumerate(written):
         work = kept_rows.RankWork(copied_all=True if copied_all is None else copied_all[rank])
         work.computed = Finished(np.asarray(rows, np.int64), np.asarray(rows, np.int64) * 10)
@@ -53,7 +53,8 @@ def test_the_rows_every_rank_wrote_become_the_cache_and_their_counts_the_count_c
 @pytest.mark.parametrize("damage, why", [
     ("a rank said nothing", "rank 1 was stopped before it said what it had written"),
     ("copied in part", "a rank was stopped while copying the cached rows in"),
-    ("another key", "computed with another model, tokenizer or text field"),
+    ("another key", "computed with another dim); removed; their 5 token counts are"),
+    ("another count key", "counted with another tokenizer"),
     ("no rows file", "its rows file is gone"),
 ])
 def test_what_cannot_be_trusted_is_removed_and_said(tmp_path, caplog, damage, why):
@@ -62,11 +63,38 @@ def test_what_cannot_be_trusted_is_removed_and_said(tmp_path, caplog, damage, wh
         kept_rows.rank_path(target, 1).unlink()
     if damage == "no rows file":
         (tmp_path / "c_embeddings.kept.npy").unlink()
+    counts = tmp_path / "counts" / "t.npy"
+    counts.parent.mkdir()
     with caplog.at_level(logging.INFO, logger="diversity_order"):
-        kept_rows.recover(target, KEY if damage != "another key" else {**KEY, "dim": 4}, [tmp_path / "t.npy"],
-                          COUNT_KEY)
-    assert f"not reused ({why}); removed" in caplog.text
-    assert not target.exists() and not list(tmp_path.iterdir())
+        kept_rows.recover(target, KEY if damage != "another key" else {**KEY, "dim": 4}, [counts],
+                          COUNT_KEY if damage != "another count key" else {**COUNT_KEY, "tokenizer": "u"})
+    assert f"not reused ({why}" in caplog.text
+    assert not target.exists() and [p.name for p in tmp_path.iterdir()] == ["counts"]
+    # Embeddings of another model, the same tokenizer: their counts are taken.
+    assert caches.filled_rows(counts) == ((5, 10) if damage == "another key" else None)
+
+
+def test_when_nothing_was_copied_the_ranks_that_said_are_taken_without_one_that_did_not(tmp_path, caplog):
+    """A rank killed outright (out of memory) says nothing; where no rank had cached rows to copy in, the cache the
+    kept rows replace loses nothing, so the others' rows are taken."""
+    target, fingerprints = _interrupted_run(tmp_path, copies=False)
+    kept_rows.rank_path(target, 1).unlink()
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, KEY, [tmp_path / "t.npy"], COUNT_KEY)
+    assert "(rank(s) 1 said nothing: their rows are done again)" in caplog.text
+    found = caches.lookup(target, KEY, fingerprints, dtype=np.float32, row_shape=(3,))
+    assert np.flatnonzero(found.hit).tolist() == [0, 1, 2]
+
+
+def test_a_run_that_embeds_nothing_takes_the_counts_and_leaves_the_rows_for_one_that_does(tmp_path, caplog):
+    target, fingerprints = _interrupted_run(tmp_path)
+    counts = tmp_path / "t.npy"
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, None, [counts], COUNT_KEY, embeds=False)
+    assert "are left for a run that embeds" in caplog.text and caches.filled_rows(counts) == (5, 10)
+    assert (tmp_path / "c_embeddings.kept.npy").exists() and not target.exists()
+    kept_rows.recover(target, KEY, [counts], COUNT_KEY)
+    assert caches.filled_rows(target) == (5, 10) and not (tmp_path / "c_embeddings.kept.npy").exists()
 
 
 def test_the_ranks_files_say_what_each_wrote_and_rank_0_moves_the_shared_file(tmp_path):
@@ -86,8 +114,8 @@ def test_counts_alone_kept_by_ranks_join_the_count_cache(tmp_path, caplog):
         work = kept_rows.RankWork(copied_all=True, computed=Finished(np.asarray(rows), np.asarray(rows) * 3))
         kept_rows.keep(rank, target, None, work, KeyboardInterrupt())
     with caplog.at_level(logging.INFO, logger="diversity_order"):
-        kept_rows.recover(target, {**KEY, "dim": 4}, [target], {**COUNT_KEY, "tokenizer": "another"})
-    assert "not reused (computed with another model, tokenizer or text field)" in caplog.text
+        kept_rows.recover(target, None, [target], {**COUNT_KEY, "tokenizer": "another"})
+    assert "not reused (counted with another tokenizer); removed" in caplog.text
     assert not target.exists() and not list(tmp_path.iterdir())
     kept_rows.start(target, None, None, COUNT_KEY, fingerprints, 2)
     for rank, rows in enumerate(((0, 1), (5, 6, 7))):

@@ -664,3 +664,25 @@ def test_a_missing_requirement_is_one_line_naming_it():
 
     with pytest.raises(ModuleNotFoundError):
         run_main(broken, [])
+
+
+def test_under_torchrun_rank_0_alone_says_interrupted_and_errors_every_rank_shares(monkeypatch, capsys):
+    """The ranks share one stderr: the interrupt line and an error every rank raises alike come once, from rank 0;
+    an error of one rank's own still comes with its rank."""
+    from diversity_order import cli
+    from diversity_order.errors import EveryRankError, UserError
+
+    def raises(error):
+        def main(argv=None):
+            raise error
+        return main
+
+    for rank, expected in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setitem(cli._interrupt, "reported", False)
+        assert cli.run_main(raises(KeyboardInterrupt())) == 130
+        assert (cli.INTERRUPTED in capsys.readouterr().err) == expected
+        assert cli.run_main(raises(EveryRankError("the records cannot be one table"))) == 2
+        assert capsys.readouterr().err == ("error: the records cannot be one table\n" if expected else "")
+        assert cli.run_main(raises(UserError("mine alone"))) == 2
+        assert capsys.readouterr().err == ("error: mine alone\n" if expected else "[rank 1] error: mine alone\n")

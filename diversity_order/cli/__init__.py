@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import UserError
+from ..errors import EveryRankError, UserError
 from ..interrupts import finishing_what, request_interrupt
 
 log = logging.getLogger("diversity_order")
@@ -82,7 +82,7 @@ def setup_logging(verbose: bool = False) -> None:
     )
 
 
-INTERRUPTED = "interrupted: files already written are complete; nothing half-written was kept"
+INTERRUPTED = "interrupted: every file written is complete; none was left half-written"
 
 
 # After Ctrl-C, how long a command may take to stop by itself before it is ended. Python turns Ctrl-C into
@@ -97,7 +97,8 @@ _interrupt = {"received": False, "reported": False}
 def _report_interrupt() -> None:
     if not _interrupt["reported"]:
         _interrupt["reported"] = True
-        print(INTERRUPTED, file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun the ranks share one stderr: rank 0 says it
+            print(INTERRUPTED, file=sys.stderr, flush=True)
 
 
 def _end_after_grace() -> None:
@@ -135,8 +136,9 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except UserError as exc:
         # One write: under torchrun the ranks share one stderr, and a line written in parts interleaves with another's.
         rank = os.environ.get("RANK", "0")  # torchrun's; unset in one process
-        sys.stderr.write(("" if rank == "0" else f"[rank {rank}] ") + f"error: {exc}\n")
-        sys.stderr.flush()
+        if rank == "0" or not isinstance(exc, EveryRankError):
+            sys.stderr.write(("" if rank == "0" else f"[rank {rank}] ") + f"error: {exc}\n")
+            sys.stderr.flush()
         return 2
     except ModuleNotFoundError as exc:
         if not exc.name or exc.name.partition(".")[0] == "diversity_order":
