@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One-go check on a GPU machine (no network, no real SmolLM2 weights): environment, deep-embedding
-# throughput, extraction single process vs torchrun, k-means backends, the device/torchrun tests.
+# throughput, extraction single process vs torchrun, curate's collectives on the GPU's backend (one rank on the
+# ranks' path: equal to one process, a type clash refused, a stopped run resumed, counting only), k-means
+# backends, the device/torchrun tests.
 #
 #     make setup model corpus && OUT=gpu_out bash benchmarks/gpu_check.sh   # from the repo root, ~10 min on an H200
 #     GPU_CHECK_DEADLINE_S=340 OUT=... bash benchmarks/gpu_check.sh      # a machine lent for minutes: later steps skipped
