@@ -374,7 +374,7 @@ def index_input(run: Run, fail_fast: bool) -> None:
         else:
             run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
     # The records' own bytes (no line ends, no file framing): the output line gives the files' size instead.
-    log.info("%s: %d records, %.1f MB of records", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
+    log.info("%s: %d record(s), %.1f MB of records", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
     if run.ctx.is_main:
         run.chat_template = _chat_template_used(run)
     if not fail_fast:

@@ -294,7 +294,7 @@ def _digest_together(ctx: DistContext, path: Path) -> str | None:
     parts = distributed.gather_to_main(ctx, digests, distributed.comm_device())
     if parts is None:
         return None
-    log.info("%s digested in %.1f s (%d chunks over %d ranks)", path.name, time.perf_counter() - started,
+    log.info("%s digested in %.1f s (%d chunk(s) over %d rank(s))", path.name, time.perf_counter() - started,
              caches.chunk_count(size), ctx.world_size)
     return caches.combine_chunk_digests(dealt_back(parts), size)
 
