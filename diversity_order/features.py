@@ -111,8 +111,8 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
     ``out[rows]``) ``rows``. Under torchrun, where only counts are computed here (ranks embed through
     ``scale_out``, never sending vectors), each rank takes a share by bytes and rank 0 gets the counts
     back in row order; the other ranks get (None, None). ``finished``: see ``embed.embed_and_count``
-    (a single process only). ``kept``: under torchrun, (the ``kept_rows`` target, the count key, the
-    records' fingerprints): a rank stopped part-way says what it counted, for the next run."""
+    (a single process only). ``kept``: under torchrun (required there), (the ``kept_rows`` target, the
+    count key, the records' fingerprints): a rank stopped part-way says what it counted, for the next run."""
     if ctx.active and table is not None:
         raise RuntimeError("under torchrun the ranks embed through scale_out, which sends no vectors")
     if not ctx.active:
@@ -124,21 +124,19 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
         return vectors, counts
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
     log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
-    if kept is not None and ctx.is_main:
-        kept_rows.start(kept[0], None, None, kept[1], kept[2], ctx.world_size)
+    target, count_key, fingerprints = kept
+    if ctx.is_main:
+        kept_rows.start(target, None, None, count_key, fingerprints, ctx.world_size)
     # Ctrl-C or SIGTERM (a scheduler's preemption) keeps the counts every rank finished, for the next run.
-    with kept_rows.keeping(ctx.rank, kept[0], None, kept_rows.RankWork(copied_all=True)) if kept is not None \
-            else contextlib.nullcontext(kept_rows.RankWork()) as work:
+    with kept_rows.keeping(ctx.rank, target, None, kept_rows.RankWork(copied_all=True)) as work:
         _, counts, _ = embed.embed_and_count(index, share, tokenizer, None, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, finished=work.computed)
         work.computed = embed.Finished(np.sort(share), counts)
-        if kept is not None:
-            kept_rows.say(ctx.rank, kept[0], work)
+        kept_rows.say(ctx.rank, target, work)
         all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
     if not ctx.is_main:
         return None, None
-    if kept is not None:
-        kept_rows.discard(kept[0])
+    kept_rows.discard(target)
     return None, np.concatenate(all_counts)
 
 

@@ -191,32 +191,28 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     assert not list(cut.glob("c_embeddings.kept*"))
 
+    def counts_stopped_and_rerun(args):
+        """Without the count cache, stopped while counting: the rerun counts only what no rank kept."""
+        for name in ("d_token_counts.npy", "d_token_counts.cache.json", "d_token_counts.fingerprints.npy"):
+            (cut / name).unlink()
+        stopped(args, "the token counts the ranks finished so far are kept beside")
+        parts = [np.load(cut / f"d_token_counts.kept.rank{rank}.npz") for rank in (0, 1)]
+        kept = sum(part["computed"].size for part in parts)
+        assert parts[0]["computed"].size == 16 and kept < n and not (cut / "d_token_counts.npy").exists()
+        log = rerun_log(args)
+        assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
+        assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
+        assert (cut / "d_token_counts.npy").read_bytes() == (whole / "d_token_counts.npy").read_bytes()
+
     # Only counting (--load-embeddings: the vectors come from elsewhere), stopped the same way: the counts kept.
     np.save(tmp_path / "ext.npy", np.load(whole / "c_embeddings.npy"))
-    for name in ("d_token_counts.npy", "d_token_counts.cache.json", "d_token_counts.fingerprints.npy"):
-        (cut / name).unlink()
-    args = ["--input", cut / "d.jsonl", "--output", cut / "e.jsonl", "--load-embeddings", tmp_path / "ext.npy", *common]
-    stopped(args, "the token counts the ranks finished so far are kept beside")
-    parts = [np.load(cut / f"d_token_counts.kept.rank{rank}.npz") for rank in (0, 1)]
-    kept = sum(part["computed"].size for part in parts)
-    assert parts[0]["computed"].size == 16 and kept < n and not (cut / "d_token_counts.npy").exists()
-    log = rerun_log(args)
-    assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
-    assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
-    assert (cut / "d_token_counts.npy").read_bytes() == (whole / "d_token_counts.npy").read_bytes()
+    counts_stopped_and_rerun(["--input", cut / "d.jsonl", "--output", cut / "e.jsonl", "--load-embeddings",
+                              tmp_path / "ext.npy", *common])
     assert (cut / "e.jsonl").read_bytes() == (whole / "c.jsonl").read_bytes()
     assert not list(cut.glob("*.kept*"))
 
     # Counting only because the vectors are cached and the counts are not (the count cache deleted): the same.
-    for name in ("d_token_counts.npy", "d_token_counts.cache.json", "d_token_counts.fingerprints.npy"):
-        (cut / name).unlink()
-    args = ["--input", cut / "d.jsonl", "--output", cut / "c.jsonl", *common]
-    stopped(args, "the token counts the ranks finished so far are kept beside")
-    kept = sum(np.load(cut / f"d_token_counts.kept.rank{rank}.npz")["computed"].size for rank in (0, 1))
-    assert 16 <= kept < n
-    log = rerun_log(args)
-    assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
-    assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
+    counts_stopped_and_rerun(["--input", cut / "d.jsonl", "--output", cut / "c.jsonl", *common])
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     assert not list(cut.glob("*.kept*"))
