@@ -309,7 +309,7 @@ def _embed_across_ranks(run: Run, fail_fast: bool):
     config, ctx = run.config, run.ctx
     _prepare_model(run)
     index_input(run, fail_fast)
-    with run.timer.stage(f"Token counts and embeddings ({ctx.world_size} ranks)"):
+    with run.timer.stage(f"{_counts_stage(config)} ({ctx.world_size} ranks)"):
         if config.load_embeddings is None:
             run.counts, vectors = scale_out.counts_and_shared_embeddings(
                 ctx, run.index, run.paths, run.model, config.text_field, config.embed_batch_size, config.progress,
@@ -473,9 +473,14 @@ def _ranks_keep_own_rows(run: Run) -> bool:
     return run.ctx.active and run.config.load_embeddings is None and not _shards_across_ranks(run)
 
 
+def _counts_stage(config) -> str:
+    """The stage's name in the log: with --load-embeddings it only counts tokens."""
+    return "Token counts" if config.load_embeddings is not None else "Token counts and embeddings"
+
+
 def counts_and_embeddings(run: Run, hold_rows: np.ndarray | None = None) -> None:
     config = run.config
-    with run.timer.stage("Token counts and embeddings"):
+    with run.timer.stage(_counts_stage(config)):
         external = config.load_embeddings is not None
         if external:
             run.embeddings = features.load_external_embeddings(config.load_embeddings, run.n)

@@ -125,19 +125,11 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
     log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     target, count_key, fingerprints = kept
-    if ctx.is_main:
-        kept_rows.start(target, None, None, count_key, fingerprints, ctx.world_size)
-    # Ctrl-C or SIGTERM (a scheduler's preemption) keeps the counts every rank finished, for the next run.
-    with kept_rows.keeping(ctx.rank, target, None, kept_rows.RankWork(copied_all=True)) as work:
-        _, counts, _ = embed.embed_and_count(index, share, tokenizer, None, batch_docs=batch_docs,
-                                             progress=progress and ctx.is_main, finished=work.computed)
-        work.computed = embed.Finished(np.sort(share), counts)
-        kept_rows.say(ctx.rank, target, work)
-        all_counts = distributed.gather_to_main(ctx, counts, distributed.comm_device())
-    if not ctx.is_main:
-        return None, None
-    kept_rows.discard(target)
-    return None, np.concatenate(all_counts)
+    counts = kept_rows.counted_by_ranks(
+        ctx, target, count_key, fingerprints, share,
+        lambda mine, finished: embed.embed_and_count(index, mine, tokenizer, None, batch_docs=batch_docs,
+                                                     progress=progress and ctx.is_main, finished=finished)[1])
+    return None, counts
 
 
 def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, text_field: str, need_embeddings: bool,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import atomic, caches, embed, interrupts
+from . import atomic, caches, distributed, embed, interrupts
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,15 @@ def start(target: Path, shared: Path | None, key: dict | None, count_key: dict, 
     atomic.save_json(paths["manifest"], {"version": VERSION, "key": key, "count_key": count_key,
                                          "rows": int(len(fingerprints)), "ranks": int(ranks), "copies": bool(copies),
                                          "shared_file": None if shared is None else Path(shared).name})
+
+
+def started(ctx: distributed.DistContext, target: Path, shared: Path | None, key: dict | None, count_key: dict,
+            fingerprints: np.ndarray, copies: bool = False) -> None:
+    """Every rank: rank 0 ``start``s (its arguments matter there only), and no rank goes on before it has: a rank
+    quick with its part says what it did before rank 0 would have cleared the last run's files, its own too."""
+    if ctx.is_main:
+        start(target, shared, key, count_key, fingerprints, ctx.world_size, copies)
+    distributed.barrier(ctx)
 
 
 @dataclass
@@ -137,6 +146,24 @@ def _stop_name(stop: BaseException) -> str:
     if isinstance(stop, interrupts.Terminated):
         return "Terminated (SIGTERM)"
     return "Interrupted" if isinstance(stop, KeyboardInterrupt) else f"Stopped ({type(stop).__name__})"
+
+
+def counted_by_ranks(ctx: distributed.DistContext, target: Path, count_key: dict, fingerprints: np.ndarray,
+                     rows: np.ndarray, count) -> np.ndarray | None:
+    """Under torchrun, ranks that only count tokens: each counts its own ``rows`` (ascending) with
+    ``count(rows, finished)`` (``finished``: the ``embed.Finished`` to fill as it goes); rank 0 gets every rank's
+    counts in rank order, the others None. Stopped part-way, every rank keeps what it counted, named after
+    ``target``, for the next run (``recover``)."""
+    started(ctx, target, None, None, count_key, fingerprints)
+    with keeping(ctx.rank, target, None, RankWork(copied_all=True)) as work:
+        counts = count(rows, work.computed)
+        work.computed = embed.Finished(rows, counts)
+        say(ctx.rank, target, work)  # before the collective: a rank done waits there when a stop comes
+        gathered = distributed.gather_to_main(ctx, counts, distributed.comm_device())
+    if not ctx.is_main:
+        return None
+    discard(target)
+    return np.concatenate(gathered)
 
 
 def discard(target: Path) -> None:

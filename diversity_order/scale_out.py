@@ -209,7 +209,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     lo, hi = int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
     emb_key = features.embedding_key(tokenizer.fingerprint, table, text_field)
     target = Path(paths["embeddings"])
-    decided = None
+    decided = fps = count_key = None  # (rank 0's: the others need not know them)
     if ctx.is_main:
         fps, n = index.fingerprints, len(index)
         count_key = features.token_count_key(tokenizer.fingerprint, text_field)
@@ -235,8 +235,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     shared = target
     if not in_order:
         name, offset = _shared_file(ctx, target, n, table.dim)
-        if ctx.is_main:
-            kept_rows.start(target, name, emb_key, count_key, fps, ctx.world_size, copies=bool(set_paths))
+        kept_rows.started(ctx, target, name, emb_key, count_key, fps, copies=bool(set_paths))
         # Ctrl-C or SIGTERM (a scheduler's preemption) keeps what every rank wrote, for the next run.
         with kept_rows.keeping(ctx.rank, target, name, kept_rows.RankWork()) as work:
             writer = matrix.RowWriter.open(name, offset, (n, table.dim), np.float32)
@@ -264,18 +263,13 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
             counts[missing] = new_counts
     count_rows = distributed.broadcast_array(ctx, count_rows if ctx.is_main else None)
     if count_rows.size:
-        counts_kept = kept_rows.counts_target(paths)
         if ctx.is_main:
             log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, n)
-            kept_rows.start(counts_kept, None, None, count_key, fps, ctx.world_size)
-        mine = count_rows[(count_rows >= lo) & (count_rows < hi)]
-        with kept_rows.keeping(ctx.rank, counts_kept, None, kept_rows.RankWork(copied_all=True)) as work:
-            counted = _embed_rows(ctx, index, mine, tokenizer, None, batch_docs, progress, finished=work.computed)
-            work.computed = embed.Finished(mine, counted)
-            kept_rows.say(ctx.rank, counts_kept, work)
-            new_counts = _gather(ctx, counted)
+        new_counts = kept_rows.counted_by_ranks(
+            ctx, kept_rows.counts_target(paths), count_key, fps, count_rows[(count_rows >= lo) & (count_rows < hi)],
+            lambda mine, finished: _embed_rows(ctx, index, mine, tokenizer, None, batch_docs, progress,
+                                               finished=finished))
         if ctx.is_main:
-            kept_rows.discard(counts_kept)
             counts[count_rows] = new_counts
     if ctx.is_main and not counts_found.in_order:
         features.store_token_counts(count_places, count_key, fps, counts)

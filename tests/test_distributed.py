@@ -73,8 +73,9 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
     # Counting only (precomputed embeddings, no count cache yet) is split across ranks too.
     (multi / "d_token_counts.cache.json").unlink()
     np.save(tmp_path / "ext.npy", np.load(single / "c_embeddings.npy"))
-    torchrun(["--input", multi / "d.jsonl", "--output", multi / "e.jsonl", "--load-embeddings",
-              tmp_path / "ext.npy", *common])
+    log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "e.jsonl", "--load-embeddings",
+                    tmp_path / "ext.npy", *common])
+    assert "Token counts (2 ranks) done" in log and "Token counts and embeddings" not in log  # nothing embedded
     assert np.array_equal(np.load(multi / "d_token_counts.npy"), np.load(single / "d_token_counts.npy"))
     assert (multi / "e.jsonl").read_bytes() == (single / "c.jsonl").read_bytes()
 
@@ -132,6 +133,15 @@ def stopped_at_the_third_batch(self, texts):
     return real(self, texts)
 
 DocumentTokenizer.encode_texts = stopped_at_the_third_batch
+
+from diversity_order import kept_rows
+real_start = kept_rows.start
+
+def late_start(*args, **kwargs):  # rank 0 slow to start: the other rank must not have begun (and said) meanwhile
+    time.sleep(1)
+    real_start(*args, **kwargs)
+
+kept_rows.start = late_start
 import curate_dataset
 from diversity_order.cli import run_command
 sys.exit(run_command(curate_dataset.main))
@@ -272,7 +282,7 @@ def test_torchrun_refuses_records_parquet_cannot_hold_before_embedding(tmp_path,
             assert len(said) == 1 and "[rank 1] error" not in log  # every rank stops; rank 0 says why, once
             assert "cannot be one Parquet table" in said[0] and "--output-format jsonl" in said[0]
             assert re.search(clash.format(re.escape(str(tmp_path / f"{name}.jsonl"))), said[0]), said[0]
-            assert "Token counts and embeddings" not in log
+            assert "Token counts (2 ranks)" not in log and "Token counts and embeddings" not in log
             assert not list(tmp_path.glob("**/*.npy")) and not list(tmp_path.glob("**/*.parquet"))
 
 
