@@ -708,7 +708,9 @@ def write_outputs(run: Run) -> None:
         run.curated_files = [_recorded_path(path) for path, _ in written]
         if config.written_kind != "arrow":
             _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
-        log.info("Wrote %d records (%.1f MB on disk, %s) to %s", run.n, sum(size for _, size in written) / 1e6,
+        on_disk, payload = sum(Path(path).stat().st_size for path, _ in written), sum(size for _, size in written)
+        compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
+        log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
                  config.written_kind, config.output if len(written) == 1 else
                  f"{written[0][0]} ... {written[-1][0].name}")
     save_npy(run.paths["labels"], run.labels)

@@ -298,7 +298,7 @@ def test_order_is_stratified_order_of_saved_arrays(tmp_path, tiny_model_dir):
     assert meta["token_window_diversity"]["curated"] == summarize_windows(window_diversity(labels, counts, 300, order))
 
 
-def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, topical_jsonl):
+def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, topical_jsonl, caplog):
     import gzip
 
     packed = tmp_path / "packed" / "data.jsonl.gz"
@@ -306,7 +306,11 @@ def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, top
     packed.write_bytes(gzip.compress(topical_jsonl.read_bytes()))
     common = ["--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot"]
     assert curate("--input", topical_jsonl, "--output", tmp_path / "plain_cur.jsonl", *common) == 0
-    assert curate("--input", packed, "--output", tmp_path / "packed" / "cur.jsonl.gz", *common) == 0
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        assert curate("--input", packed, "--output", tmp_path / "packed" / "cur.jsonl.gz", *common) == 0
+    on_disk, records = (tmp_path / "packed" / "cur.jsonl.gz").stat().st_size, topical_jsonl.stat().st_size
+    assert on_disk < records / 2  # the log says the file's size, and the records' beside it
+    assert f"({on_disk / 1e6:.1f} MB on disk, {records / 1e6:.1f} MB uncompressed, jsonl)" in caplog.text
     assert (tmp_path / "packed" / "data_token_counts.npy").exists()
     assert (tmp_path / "packed" / "cur_meta.json").exists()
     assert gzip.decompress((tmp_path / "packed" / "cur.jsonl.gz").read_bytes()) == (tmp_path / "plain_cur.jsonl").read_bytes()
