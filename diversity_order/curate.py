@@ -926,8 +926,10 @@ def _warn_if_degenerate(run: Run) -> None:
                     "a shorter --seq-len (e.g. --compare-strategies --seq-len 4096 16384)",
                     f"{int(run.counts.sum()):,}", f"{config.seq_len:,}")
     elif np.median(documents) <= 1:
-        log.warning("Most %s-token windows hold a single document (the documents are about as long as --seq-len): "
-                    "each such window holds one cluster whatever the order", f"{config.seq_len:,}")
+        why = ("the documents are about as long as --seq-len" if np.median(run.counts) * 4 >= config.seq_len else
+               "most documents are short, but the few longer than --seq-len fill most windows")
+        log.warning("Most %s-token windows hold a single document (%s): each such window holds one cluster whatever "
+                    "the order", f"{config.seq_len:,}", why)
     elif unique.size < FEW_WINDOWS:
         log.warning("Only %d windows of %s tokens: the figures per window (and the boundary shift) rest on so few "
                     "that one document moved changes them; a shorter --seq-len shows more of the order",

@@ -160,7 +160,16 @@ def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, 
     assert "fit in one" in caplog.text
     caplog.clear()
     assert curate(*common, "--output", tmp_path / "s.jsonl", "--n-clusters", 6, "--seq-len", 10) == 0
-    assert "hold a single document" in caplog.text and "Only " not in caplog.text
+    assert "hold a single document (the documents are about as long as --seq-len)" in caplog.text
+    assert "Only " not in caplog.text
+    caplog.clear()  # short documents, and three that fill most windows: the warning says that instead
+    records = [json.loads(line) for line in topical_jsonl.read_text().splitlines()]
+    for record in records[:3]:
+        record["text"] = " ".join([record["text"]] * 400)
+    write_jsonl(tmp_path / "few_huge.jsonl", records)
+    assert curate("--input", tmp_path / "few_huge.jsonl", "--model-dir", tiny_model_dir, "--no-plot", "--output",
+                  tmp_path / "h.jsonl", "--n-clusters", 6, "--seq-len", 2000) == 0
+    assert "hold a single document (most documents are short, but the few longer than --seq-len" in caplog.text
     tokens = int(np.load(tmp_path / "data_token_counts.npy").sum())
     for windows, warned in ((3, True), (40, False)):
         caplog.clear()
