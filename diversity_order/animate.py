@@ -415,7 +415,9 @@ class UmapFrames:
         xy = np.asarray(projection, dtype=np.float64)
         n = inputs.labels.size
         if xy.ndim != 2 or xy.shape != (n, 2):
-            raise UserError(f"--umap: expected {n} x 2 coordinates (B_umap2d.npy), found shape {xy.shape}")
+            raise UserError(f"--umap: expected {n} x 2 coordinates (B_umap2d.npy), found shape {xy.shape}: a "
+                            "curate run over other records wrote it (a run with --no-plot leaves the last one's); "
+                            "run curate_dataset.py without --no-plot to write it for these")
         self.inputs = inputs
         self.n = n
         self.colors = _rgb(cluster_colors(inputs.n_clusters))

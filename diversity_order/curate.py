@@ -694,6 +694,7 @@ def write_outputs(run: Run) -> None:
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
         run.paths["meta"].unlink()
+    _remove_files_this_run_does_not_write(run)
     if not config.stats_only:
         if config.output_shards > run.n:
             log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
@@ -737,6 +738,28 @@ def _recorded_output_files(meta_path: Path) -> set[Path]:
         return {Path(name).resolve() for name in recorded if isinstance(name, str)}
     except (OSError, ValueError, AttributeError):
         return set()
+
+
+def _remove_files_this_run_does_not_write(run: Run) -> None:
+    """An earlier run's plots and strategy comparison for this output describe its records and order: a run that
+    writes none of its own (--no-plot, no --compare-strategies) removes them, saying so, rather than leave them
+    beside files they no longer match. (The 2-D projection cache stays: it is trusted only for its embeddings.)"""
+    config = run.config
+    report = ordering_report.report_paths(outputs.output_stem(config.output))
+    stale = [run.paths["ordering_plot"], run.paths["cloud_plot"]] if config.no_plot else []
+    if not config.stats_only:  # (a --stats-only trial's plots are its own, B_stats-only_*; its comparison is not)
+        if not config.compare_strategies:
+            stale += [report["markdown"], report["json"], report["plot"]]
+        elif config.no_plot:
+            stale.append(report["plot"])
+    removed = []
+    for path in stale:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    if removed:
+        log.warning("Removed %s: an earlier run wrote %s for its records and order; this run writes none",
+                    ", ".join(removed), "them" if len(removed) > 1 else "it")
 
 
 def _remove_other_shard_sets(output: Path, shards: int, earlier: set[Path], inputs: list[Path]) -> None:

@@ -145,7 +145,8 @@ def test_output_name_and_umap_rows_are_checked_before_any_video(run_files, capsy
     np.save(tmp / "short_umap.npy", np.zeros((7, 2), np.float32))
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--umap", str(tmp / "short_umap.npy"),
                                                                   "--output", str(tmp / "u.mp4")])
-    assert rc == 2 and "--umap: expected 400 x 2 coordinates" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "--umap: expected 400 x 2 coordinates" in err and "without --no-plot" in err
     assert not (tmp / "u.mp4").exists()  # refused before the bar video was encoded
     (tmp / "a_file").write_text("")
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--output", str(tmp / "a_file" / "v.mp4")])

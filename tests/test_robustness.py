@@ -150,6 +150,29 @@ def test_two_runs_into_one_folder_keep_their_own_plots(tmp_path, tiny_model_dir,
     assert (tmp_path / "a_ordering_comparison.png").read_bytes() != (tmp_path / "b_ordering_comparison.png").read_bytes()
 
 
+def test_a_run_without_plots_or_comparison_removes_the_earlier_runs(tmp_path, tiny_model_dir, topical_jsonl, caplog):
+    """An earlier run's plots and strategy comparison describe its records and order: a rerun that writes none
+    removes them (saying so), and leaves another output's files and the projection cache alone."""
+    common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000]
+    assert curate(*common, "--output", tmp_path / "a.jsonl", "--compare-strategies") == 0
+    assert curate(*common, "--output", tmp_path / "b.jsonl", "--no-plot", "--compare-strategies") == 0
+    written = {path.name for path in tmp_path.iterdir()}
+    assert {"a_cluster_cloud.png", "a_strategies.png", "b_strategies.md"} <= written
+    assert "b_cluster_cloud.png" not in written and "b_strategies.png" not in written
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--output", tmp_path / "a.jsonl", "--no-plot") == 0
+    gone = ["a_ordering_comparison.png", "a_cluster_cloud.png", "a_strategies.md", "a_strategies.json",
+            "a_strategies.png"]
+    assert f"Removed {', '.join(gone)}: an earlier run wrote them" in caplog.text
+    assert not any((tmp_path / name).exists() for name in gone)
+    assert (tmp_path / "a_umap2d.npy").exists() and (tmp_path / "b_strategies.md").exists()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # nothing left to remove: nothing said
+        assert curate(*common, "--output", tmp_path / "a.jsonl", "--no-plot") == 0
+    assert "Removed" not in caplog.text
+
+
 def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, topical_jsonl, caplog):
     caplog.set_level(logging.INFO)
     common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--no-plot"]
