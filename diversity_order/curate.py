@@ -648,7 +648,9 @@ def _compare_strategies(run: Run) -> None:
         report, table = ordering_report.write_report(outputs.output_stem(config.output), rows, curves, config.n_clusters,
                                                      config.inputs.name.name, registry.comparison_options(options),
                                                      plot=not config.no_plot)
-    print(table, flush=True)
+    # (Markdown in the file; in a terminal its bold marks are noise)
+    print(table.replace("**", ""), f"{config.output} is written in --ordering {config.ordering}'s order"
+          + (" (the default)" if config.ordering == CurateConfig.ordering else "") + ".", sep="\n", flush=True)
     log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
     run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: _recorded_path(v) for k, v in report.items()}}
 

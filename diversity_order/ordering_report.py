@@ -137,8 +137,9 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "Fill: share of the packed sequences' tokens that are not padding (packing whole, a window closes when "
              "the next document does not fit, so the order sets how many sequences the data takes). "
              f"Criteria, each ordering against stratified and the random shuffle at the same length: {CRITERIA} "
-             "(a missed one is marked ✗). Time: the ordering's run time (compiled code warmed up first); orderings that do "
-             "not depend on the sequence length run once and show that time at every length.", ""]
+             "(a missed one is marked ✗; stratified and random, the two they measure against, show -). "
+             "Time: the ordering's run time (compiled code warmed up first); orderings that do not depend on the "
+             "sequence length run once and show that time at every length.", ""]
     if options:
         shown = ", ".join(f"{k}={v}" for k, v in options.items() if v not in (None, [], ()))
         lines += [f"Options: {shown}.", ""]
@@ -164,8 +165,12 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
             verdict = f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
             near = sorted((at[name]["uniformity_mean"], name) for name, ok in met[seq_len].items()
                           if ok["D"] and ok["B"])
-            if not wins[seq_len] and near:
+            stratified_uniformity = at["stratified"]["uniformity_mean"]
+            if not wins[seq_len] and near and near[0][0] < stratified_uniformity:
                 verdict += f" Of those meeting D and B, the most uniform: {near[0][1]} ({near[0][0]:.4f})."
+            elif not wins[seq_len] and near:
+                verdict += (f" None of those meeting D and B is more uniform than stratified "
+                            f"({stratified_uniformity:.4f}).")
             lines += ["", verdict]
         if bound:  # rows read back from a report written before the bound existed lack it
             floor = (f"No order of these documents has a mean uniformity below {bound:.4f} (a lower bound from the "

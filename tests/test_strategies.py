@@ -551,6 +551,15 @@ def test_the_table_says_when_the_bound_puts_u_out_of_reach():
     assert "set no floor on uniformity here" in strategies.markdown_table(rows, 3, "t")
 
 
+def test_the_table_does_not_call_an_ordering_most_uniform_where_stratified_is_more():
+    # random: U <= 0.32; paced meets D and B at 0.34, stratified (the baseline, not a candidate) is at 0.335.
+    rows = [_row("stratified", 10, 5.0, 0.335, 0.2), _row("random", 10, 4.0, 0.4, 0.3), _row("paced", 10, 5.0, 0.34, 0.1)]
+    table = strategies.markdown_table(rows, 3, "t")
+    assert ("Meets all three criteria (D, U, B): none. None of those meeting D and B is more uniform than stratified "
+            "(0.3350).") in table.splitlines()
+    assert "stratified and random, the two they measure against, show -" in table
+
+
 # --- Edge cases ----------------------------------------------------------------------------------------------------
 
 
