@@ -2,7 +2,7 @@
 filled with the clusters they lack. Meant to keep stratified's clusters per window while holding token
 shares steady and the head of the order like its tail (BENCHMARKS.md, "Ordering quality").
 
-Ten rules; no constant in rules 1-4 was fitted to a corpus (rules 5 and 8's effort bounds and rule 7's
+Eleven rules; no constant in rules 1-4 was fitted to a corpus (rules 5 and 8's effort bounds and rule 7's
 large-document threshold were set on the tuning corpora; rule 6's uniformity allowance and rule 9's
 boundary allowance on samples of held-out ones, BENCHMARKS.md "The last window"; rule 10's share and
 allowances likewise, "Large documents off the ends"):
@@ -75,9 +75,14 @@ allowances likewise, "Large documents off the ends"):
    kept;
    then rules 2-9 run again, and that order is kept where its boundary shift is lower, its uniformity at
    most ``ENDS_UNIFORMITY_ALLOWANCE`` higher and its clusters per window at most ``DIVERSITY_MARGIN``
-   fewer, or still ahead of stratified's by ``ENDS_DIVERSITY_LEAD_KEPT`` of the lead they had (boundary
-   shift: on a few thousand documents rule 1 left a pool's few long documents near its ends, where one
-   could be a third of a stretch and set its mix).
+   fewer, or still ahead of stratified's by ``ENDS_DIVERSITY_LEAD_KEPT`` of the lead they had, or (where the
+   shift falls to at most ``ENDS_SHIFT_KEPT`` of what it was) at least stratified's within the D margin
+   (boundary shift: on a few thousand documents rule 1 left a pool's few long documents near its ends, where
+   one could be a third of a stretch and set its mix).
+11. Where such a document still reaches into a stretch of the finished order, it moves in the order itself to
+   the nearest place clear of both stretches (``ends.py``), kept under rule 10's test (boundary shift: where
+   one cluster holds most tokens in a few huge documents, its pool has too few short ones to be due at the
+   head, so rule 10 cannot clear it).
 
 Ties go to the lowest cluster id. O(N log N) for the pools and due positions, O(N * K) for the
 greedy, O(N) for the trades, the re-cuts and the last window, O(N log L) for the groups, compiled with
@@ -100,6 +105,7 @@ from ..diversity import (
     window_share_deviation,
 )
 from ..packing import SPLIT, WHOLE, advance, packing_model, place
+from .ends import ends_moved
 from .exchange import exchange_pass
 from .grouping import group_keys, group_large, grouped_documents, place_groups
 from .last_window import mend_last_window
@@ -119,6 +125,9 @@ STRADDLE_HORIZON = 3
 BIG_SHARE = 0.2
 ENDS_UNIFORMITY_ALLOWANCE = 0.01
 ENDS_DIVERSITY_LEAD_KEPT = 0.5
+# ... or, where the boundary shift falls to at most this share of what it was, its clusters per window stay at
+# least stratified's, within the D margin.
+ENDS_SHIFT_KEPT = 0.5
 # Rule 10 moves one document at a time and measures again; at most this many moves.
 MAX_END_MOVES = 32
 # Packing split, rules 3-4's walk from the start is cut by due position into runs of whole token ranges,
@@ -592,18 +601,23 @@ def paced_order(labels: np.ndarray, token_counts: np.ndarray, n_clusters: int,
     """The ``paced`` ordering (see the module docstring) for ``options.seq_len``, ``options.packing``
     and ``options.seed``: an int64 permutation of input positions. Rules 1-5, then 6 and 8 packing split;
     packing whole, rule 7 where it applies (rules 1-5 ordering the documents it does not group), then 9;
-    where some document is large against the boundary stretch, rule 10."""
+    where some document is large against the boundary stretch, rules 10 and 11."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     with ThreadPoolExecutor(max_workers=1) as background:
         stratified = StratifiedDiversity(labels, counts, n_clusters, options, background)
         order = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=False, stratified=stratified)
-        total = int(counts.sum())
-        if not (counts > big_document_tokens(total)).any() or not _ends_would_move(labels, counts, n_clusters,
-                                                                                   options):
-            return order  # (rules 1-9 again would give the same order)
-        cleared = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True, stratified=stratified)
-        return cleared if _ends_clearer(cleared, order, labels, counts, n_clusters, options, stratified) else order
+        big = big_document_tokens(int(counts.sum()))
+        if not (counts > big).any():
+            return order
+        if _ends_would_move(labels, counts, n_clusters, options):  # (else rules 1-9 again give the same order)
+            cleared = _rules_1_to_9(labels, counts, n_clusters, options, clear_ends=True, stratified=stratified)
+            if _ends_clearer(cleared, order, labels, counts, n_clusters, options, stratified):
+                order = cleared
+        moved = ends_moved(order, counts, big)  # rule 11
+        if moved is not None and _ends_clearer(moved, order, labels, counts, n_clusters, options, stratified):
+            order = moved
+        return order
 
 
 class StratifiedDiversity:
@@ -673,6 +687,8 @@ def _ends_clearer(cleared, order, labels, counts, n_clusters, options, stratifie
     if diversity >= diversity_was - DIVERSITY_MARGIN:
         return True
     floor = stratified.value()
+    if shift <= ENDS_SHIFT_KEPT * shift_was:  # a shift cut this much may take the lead, not stratified's own
+        return diversity >= floor - DIVERSITY_MARGIN
     return diversity >= floor + ENDS_DIVERSITY_LEAD_KEPT * (diversity_was - floor)
 
 
