@@ -188,6 +188,9 @@ def embed_and_count(
         bar.update(n, work=int(lengths.sum()))
 
     behind = Behind("embedding", depth=2)
+    kinds = getattr(index, "kinds", None)
+    if kinds is not None and kinds.conversations and rows.size:
+        tokenizer.prepare_chat()
     with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar:
         try:
             for batch_rows, texts in prefetched(index.iter_documents(rows, batch_bytes, batch_docs)):

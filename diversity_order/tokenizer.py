@@ -100,6 +100,11 @@ class DocumentTokenizer:
             digest.update(b"\0chat template\0" + template.encode("utf-8"))
         return digest.hexdigest()
 
+    def prepare_chat(self) -> None:
+        """Load what rendering conversations takes (transformers' tokenizer: seconds, its import most of them)
+        now, so that the first batch's progress line does not count it into the rate and the ETA."""
+        self._hf  # noqa: B018 (loaded on first use)
+
     def render_chat(self, messages: list[dict], where: str = "") -> str:
         """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized. ``where``: the
         record's place (``file:line``), for the error when the template refuses it."""

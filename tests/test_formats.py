@@ -131,6 +131,40 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
         chat.read_bytes().splitlines()[i] for i in np.load(tmp_path / "c" / "c_order.npy")]
 
 
+def test_the_chat_renderer_loads_before_the_embedding_progress_starts(tmp_path, demo_records, chat_model_dir,
+                                                                     monkeypatch):
+    """Loading transformers' tokenizer takes seconds: done inside the first batch, the first progress line's rate
+    and ETA counted it (a new user saw 'ETA 0:02:04' for an 8-second embedding). It loads before the progress
+    starts where the text field holds conversations, and not at all for plain texts."""
+    from diversity_order import embed
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    events = []
+    real_prepare, real_progress = DocumentTokenizer.prepare_chat, embed.Progress
+
+    def prepare(self):
+        events.append(("prepare", self._transformers_tokenizer is None))
+        real_prepare(self)
+
+    def progress(*args, **kwargs):
+        events.append(("progress", None))
+        return real_progress(*args, **kwargs)
+
+    monkeypatch.setattr(DocumentTokenizer, "prepare_chat", prepare)
+    monkeypatch.setattr(embed, "Progress", progress)
+    chats = [{"messages": [{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"]}]}
+             for r in demo_records]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    assert curate("--input", tmp_path / "chat.jsonl", "--text-field", "messages", "--output", tmp_path / "c.jsonl",
+                  "--model-dir", chat_model_dir, *COMMON) == 0
+    assert events[:2] == [("prepare", True), ("progress", None)]  # loaded then, not before: the batches load nothing
+    events.clear()
+    (tmp_path / "plain.jsonl").write_text("".join(json.dumps(r) + "\n" for r in demo_records))
+    assert curate("--input", tmp_path / "plain.jsonl", "--output", tmp_path / "p.jsonl", "--model-dir",
+                  chat_model_dir, *COMMON) == 0
+    assert events and all(name == "progress" for name, _ in events)
+
+
 def test_a_field_mixing_conversations_and_plain_text_is_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
     rows = [{"messages": [{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"]}]}
             for r in demo_records[:60]]
