@@ -30,7 +30,7 @@ import orjson
 from . import fields
 from .atomic import atomic_open
 from .errors import UserError
-from .runtime import Progress, usable_cores
+from .runtime import MB, Progress, usable_cores
 
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
@@ -684,7 +684,7 @@ def _scan_in_processes(paths: list[Path], text_field, pieces: list[tuple], worke
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_indexing_process,
                              initargs=(counter,)) as pool, \
             Progress(None if compressed else sum(sizes), f"Indexing {name} ({workers} processes)", unit="MB",
-                     rate_unit="MB", bar=progress, scale=1 << 20) as bar:
+                     rate_unit="MB", bar=progress, scale=MB) as bar:
         try:
             pending = [pool.submit(_scan_piece, paths[f], text_field, lo, hi) for f, lo, hi in pieces]
             # In file order: a piece's error is raised once every piece before it is done without one
@@ -809,7 +809,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
         # past to finish its last record.
         part = "" if lo == 0 and hi is None else " (this rank's part)"
         with Progress(None if end is None else end - offset, f"Indexing {path.name}{part}", unit="MB",
-                      rate_unit="MB", bar=progress, scale=1 << 20, silent=report is not None) as bar:
+                      rate_unit="MB", bar=progress, scale=MB, silent=report is not None) as bar:
             advance = bar.update if report is None else report
             try:
                 for line_number, line in enumerate(handle, start=first_line):

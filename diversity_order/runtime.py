@@ -24,6 +24,8 @@ from .interrupts import stop_if_interrupted
 log = logging.getLogger("diversity_order")
 
 PROGRESS_SECONDS_ENV = "DIVERSITY_ORDER_PROGRESS_SECONDS"
+# Bytes in the MB the logs say (decimal, as "10.4 MB of records" and the files written are said).
+MB = 1_000_000
 DEFAULT_PROGRESS_SECONDS = 30.0
 
 
@@ -68,7 +70,7 @@ class Progress:
 
             bytes_like = scale > 1
             self._bar = tqdm(total=total, desc=desc, unit="B" if bytes_like else rate_unit.rstrip("s") or "it",
-                             unit_scale=bytes_like, unit_divisor=1024 if bytes_like else 1000, leave=False)
+                             unit_scale=bytes_like, unit_divisor=1000, leave=False)
 
     def update(self, n: int, work: int = 0) -> None:
         self.done += n

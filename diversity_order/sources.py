@@ -36,7 +36,7 @@ import numpy as np
 from . import arrays, records
 from .arrow_sources import dataset_folder_files, is_dataset_folder, open_arrow_source
 from .errors import UserError
-from .runtime import Progress
+from .runtime import MB, Progress
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def _open_whole(inputs: Inputs, field, progress: bool):
     text_fields = field if isinstance(field, tuple) else (field,)
     # Counted in uncompressed row-group bytes, which the files' sizes do not tell: no total.
     with Progress(None, f"Indexing {inputs.describe()}", unit="MB", rate_unit="MB", bar=progress,
-                  scale=1 << 20) as bar:
+                  scale=MB) as bar:
         return open_arrow_source(inputs.files, inputs.kind, text_fields, inputs.folder, progress=bar)
 
 

@@ -530,26 +530,22 @@ def test_stages_log_compiling_once_numba_is_loaded(caplog):
 
 
 def test_progress_lines_of_small_byte_counts_and_of_ranges_read_past_their_end():
-    from diversity_order.runtime import Progress
+    from diversity_order.runtime import MB, Progress
 
-    small = Progress(300_000, "Indexing a.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
-    small.update(150_000)
-    assert small.line().startswith("Indexing a.jsonl: 0.14 of 0.29 MB (50%)")
-    tiny = Progress(30_000, "Indexing t.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
-    tiny.update(30_000)
-    assert tiny.line().startswith("Indexing t.jsonl: 0.029 of 0.029 MB (100%)")
-    few_bytes = Progress(40, "Indexing f.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
-    few_bytes.update(40)
-    assert few_bytes.line().startswith("Indexing f.jsonl: 0.000038 of 0.000038 MB (100%)")
-    mid = Progress(5 << 20, "Indexing m.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
-    mid.update(1 << 20)
-    assert mid.line().startswith("Indexing m.jsonl: 1.0 of 5.0 MB (20%)")
-    empty = Progress(0, "Indexing e.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
-    assert empty.line().startswith("Indexing e.jsonl: 0.0 MB")
+    def indexing(total, done, name="a.jsonl"):
+        bar = Progress(total, f"Indexing {name}", unit="MB", rate_unit="MB", bar=False, scale=MB)
+        if done:
+            bar.update(done)
+        return bar.line()
+
+    # the MB of "10.4 MB of records" and of the files written: 10,400,000 bytes
+    assert indexing(10_400_000, 8_000_000).startswith("Indexing a.jsonl: 8 of 10 MB (77%)")
+    assert indexing(300_000, 150_000).startswith("Indexing a.jsonl: 0.15 of 0.30 MB (50%)")
+    assert indexing(30_000, 30_000).startswith("Indexing a.jsonl: 0.030 of 0.030 MB (100%)")
+    assert indexing(40, 40).startswith("Indexing a.jsonl: 0.000040 of 0.000040 MB (100%)")
+    assert indexing(0, 0).startswith("Indexing a.jsonl: 0.0 MB")
     # A rank's range ends inside its last record, read whole: more bytes than the range, at most 100% said.
-    ranged = Progress(20 << 20, "Indexing b.jsonl", unit="MB", rate_unit="MB", bar=False, scale=1 << 20)
-    ranged.update(21 << 20)
-    assert ranged.line().startswith("Indexing b.jsonl: 21 of 20 MB (100%)")
+    assert indexing(20 * MB, 21 * MB).startswith("Indexing a.jsonl: 21 of 20 MB (100%)")
     counted = Progress(1000, "Tokenizing", bar=False)
     counted.update(500)
     assert counted.line().startswith("Tokenizing: 500 of 1,000 documents (50%)")
