@@ -9,6 +9,7 @@ the files it reads (the input, ``--load-embeddings``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -109,11 +110,26 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
     check_writable_folder(output.parent, "--output")
 
 
+# Folders this process created for its outputs, innermost first: a run that fails removes those left empty.
+_created_folders: list[Path] = []
+
+
 def check_writable_folder(folder: Path, flag: str) -> None:
     """Create ``folder`` if needed and make sure a file can be created in it."""
     try:
+        missing = [path for path in (folder, *folder.parents) if not path.exists()]
         folder.mkdir(parents=True, exist_ok=True)
+        _created_folders.extend(missing)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
             pass
     except OSError as exc:
         raise UserError(f"{flag}: cannot write in {folder} ({exc.strerror or exc})") from None
+
+
+def remove_created_folders(failed: bool) -> None:
+    """After a run: where it failed, the folders it created that are still empty go (it wrote nothing there)."""
+    while _created_folders:
+        folder = _created_folders.pop(0)
+        if failed:
+            with contextlib.suppress(OSError):  # not empty (another run's files, or a cache written), or gone
+                folder.rmdir()

@@ -714,3 +714,19 @@ def test_under_torchrun_rank_0_alone_says_interrupted_and_errors_every_rank_shar
         assert capsys.readouterr().err == ("error: the records cannot be one table\n" if expected else "")
         assert cli.run_main(raises(UserError("mine alone"))) == 2
         assert capsys.readouterr().err == ("error: mine alone\n" if expected else "[rank 1] error: mine alone\n")
+
+
+def test_a_failed_run_leaves_no_output_folder_it_created(tmp_path, tiny_model_dir, topical_jsonl, capsys):
+    """A new user's runs that stopped on a bad record, a missing field or a wrong --model-dir left the output
+    folders they had created, empty. They are removed; a folder that existed, or holds anything, stays."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(topical_jsonl.read_text() + "{not json\n")
+    assert curate("--input", bad, "--output", tmp_path / "new" / "deeper" / "c.jsonl", "--model-dir",
+                  tiny_model_dir, "--no-plot") == 2
+    assert "bad.jsonl:" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    (tmp_path / "there").mkdir()
+    assert curate("--input", bad, "--output", tmp_path / "there" / "c.jsonl", "--model-dir", tiny_model_dir) == 2
+    assert (tmp_path / "there").is_dir()  # not this run's to remove
+    assert curate("--input", topical_jsonl, "--output", tmp_path / "made" / "c.jsonl", "--model-dir",
+                  tiny_model_dir, "--n-clusters", 4, "--no-plot") == 0
+    assert (tmp_path / "made" / "c.jsonl").exists()

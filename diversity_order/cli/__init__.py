@@ -130,9 +130,12 @@ def _on_interrupt(signum, frame) -> None:
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a script's main; user errors become one line on stderr and exit code 2, Ctrl-C exit code 130."""
+    """Run a script's main; user errors become one line on stderr and exit code 2, Ctrl-C exit code 130. A run
+    that fails removes the output folders it created and left empty."""
+    code = None
     try:
-        return main(argv) or 0
+        code = main(argv) or 0
+        return code
     except UserError as exc:
         # One write: under torchrun the ranks share one stderr, and a line written in parts interleaves with another's.
         rank = os.environ.get("RANK", "0")  # torchrun's; unset in one process
@@ -151,6 +154,10 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except KeyboardInterrupt:
         _report_interrupt()
         return 130
+    finally:
+        from ..outputs import remove_created_folders
+
+        remove_created_folders(failed=code != 0)
 
 
 def run_command(main: Callable[[list[str] | None], int]) -> int:
