@@ -1,6 +1,7 @@
 """animate_ordering: real MP4s (frame count, size, first dimmed / last bright), saved labels and order, errors."""
 
 import json
+import logging
 
 import imageio_ffmpeg
 import numpy as np
@@ -43,9 +44,10 @@ def saturation(pixels):
     return float((p.max(1) - p.min(1)).mean())
 
 
-def test_videos_from_a_curate_run(run_files):
+def test_videos_from_a_curate_run(run_files, caplog):
     tmp, labels, counts, order = run_files
     out = tmp / "anim.mp4"
+    caplog.set_level(logging.INFO)
     rc = animate_ordering.main(["--token-counts", str(tmp / "A_token_counts.npy"), "--meta", str(tmp / "B_meta.json"),
                                 "--umap", str(tmp / "B_umap2d.npy"), "--n-frames", "12", "--fps", "10",
                                 "--size", "480x270", "--umap-size", "320x320", "--preset", "ultrafast",
@@ -53,6 +55,7 @@ def test_videos_from_a_curate_run(run_files):
     assert rc == 0
     meta, frames = read_video(out)
     assert len(frames) == 12 and meta["size"] == (480, 270) and meta["fps"] == pytest.approx(10)
+    assert f"Bar video: {out} (12 frames at 10 fps: 1.2 s long, 480x270; made in " in caplog.text  # not its length
     # The bar geometry as the renderer lays it out; decoded frames match the rendered ones closely.
     inputs = animate.load_inputs(tmp / "A_token_counts.npy", meta=tmp / "B_meta.json")
     assert np.array_equal(inputs.order, order) and inputs.seq_len == 2000  # the saved order, not a recomputed one

@@ -100,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     bars = animate.BarFrames(inputs, width, height)
     frames = animate.write_video(names["bar"], bars.frames(args.n_frames), args.n_frames, width, height, args.fps,
                                  ffmpeg, args.preset, names["bar_preview"])
-    log.info("Bar video: %s (%d frames, %dx%d, %.1f s), preview %s", names["bar"], frames, width, height,
-             time.perf_counter() - started, names["bar_preview"])
+    log.info("Bar video: %s (%d frames at %d fps: %.1f s long, %dx%d; made in %.1f s), preview %s", names["bar"],
+             frames, args.fps, frames / args.fps, width, height, time.perf_counter() - started, names["bar_preview"])
     if cloud is not None:
         started = time.perf_counter()
         frames = animate.write_video(names["umap"], cloud.frames(args.n_frames), args.n_frames, uw, uh, args.fps,
                                      ffmpeg, args.preset, names["umap_preview"])
-        log.info("UMAP video: %s (%d frames, %dx%d, %.1f s), preview %s", names["umap"], frames, uw, uh,
-                 time.perf_counter() - started, names["umap_preview"])
+        log.info("UMAP video: %s (%d frames at %d fps: %.1f s long, %dx%d; made in %.1f s), preview %s",
+                 names["umap"], frames, args.fps, frames / args.fps, uw, uh, time.perf_counter() - started,
+                 names["umap_preview"])
     return 0
 
 
