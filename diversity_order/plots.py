@@ -132,13 +132,52 @@ def cluster_label_anchors(projection: np.ndarray, labels: np.ndarray, sizes: np.
     return np.asarray(anchors).reshape(-1, 2)
 
 
-def _name_clusters(ax, names: list[str], anchors: np.ndarray) -> None:
+LABEL_FONT_PT = 8
+
+
+def label_offsets(anchors_pt: np.ndarray, widths_pt: np.ndarray, height_pt: float, order: np.ndarray,
+                  max_steps: int = 12) -> np.ndarray:
+    """Where each label goes, as an offset in points from its anchor (``anchors_pt``, in points on the page):
+    just above it where its box (``widths_pt`` wide, ``height_pt`` high, centred) overlaps no label placed
+    before it (``order``: the largest clusters first), else the nearest free place a box height at a time up,
+    down, then to either side; where none is free within ``max_steps`` boxes, above it still."""
+    placed: list[tuple[float, float, float, float]] = []
+    offsets = np.zeros((anchors_pt.shape[0], 2))
+    tries = [(0.0, 0.0)] + [(dx * step, dy * step) for step in range(1, max_steps + 1)
+                            for dx, dy in ((0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (-1, 1), (1, -1), (-1, -1))]
+    for i in order:
+        x, y = anchors_pt[i]
+        half = widths_pt[i] / 2
+        for step_x, step_y in tries:
+            dx, dy = step_x * (2 * half + 2), 4 + step_y * (height_pt + 1)
+            box = (x + dx - half, y + dy, x + dx + half, y + dy + height_pt)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                break
+        else:
+            dx, dy = 0.0, 4.0
+            box = (x - half, y + dy, x + half, y + dy + height_pt)
+        placed.append(box)
+        offsets[i] = dx, dy
+    return offsets
+
+
+def _name_clusters(ax, names: list[str], anchors: np.ndarray, sizes: np.ndarray | None = None) -> None:
     """Each name just above its anchor point (``cluster_label_anchors``): centred on a cluster's points, the
     box hid a cluster of identical documents (one dot), and the median of a cluster in several islands fell
-    in empty space."""
-    for name, anchor in zip(names, anchors, strict=True):
-        ax.annotate(name, anchor, xytext=(0, 4), textcoords="offset points", fontsize=8, ha="center", va="bottom",
-                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0})
+    in empty space. Where names would overlap (dense middles), the smaller clusters' move to the nearest free
+    place (``label_offsets``), a thin line back to the anchor."""
+    fig = ax.figure
+    fig.canvas.draw()  # the axes' final size and limits, for the anchors' place on the page
+    points_per_pixel = 72.0 / fig.dpi
+    anchors_pt = ax.transData.transform(np.asarray(anchors, dtype=np.float64).reshape(-1, 2)) * points_per_pixel
+    widths = np.array([0.62 * LABEL_FONT_PT * len(name) + 4 for name in names])
+    order = np.argsort(-np.asarray(sizes), kind="stable") if sizes is not None else np.arange(len(names))
+    offsets = label_offsets(anchors_pt, widths, 1.5 * LABEL_FONT_PT, order)
+    for name, anchor, (dx, dy) in zip(names, anchors, offsets, strict=True):
+        moved = abs(dx) > 0 or dy != 4
+        ax.annotate(name, anchor, xytext=(dx, dy), textcoords="offset points", fontsize=LABEL_FONT_PT, ha="center",
+                    va="bottom", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8, "lw": 0},
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if moved else None)
 
 
 def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projection: np.ndarray | None) -> None:
@@ -165,7 +204,7 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
         present = np.flatnonzero(sizes)
         _name_clusters(ax, [f"c{k} ({sizes[k]})" for k in present],
-                       np.clip(cluster_label_anchors(projection, labels, sizes), lo, hi))
+                       np.clip(cluster_label_anchors(projection, labels, sizes), lo, hi), sizes[present])
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_title(f"{n:,} documents, PCA -> UMAP, coloured by cluster (K = {n_clusters})")
@@ -230,7 +269,7 @@ def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, re
         sizes = np.bincount(labels, minlength=colors.shape[0])
         if np.count_nonzero(sizes) <= 60:
             _name_clusters(ax, [f"{name[0].lower()}{c}" for c in np.flatnonzero(sizes)],
-                           cluster_label_anchors(xy, labels, sizes))
+                           cluster_label_anchors(xy, labels, sizes), sizes[sizes > 0])
         ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters "
                      f"({name[0].lower()}0, {name[0].lower()}1, ...)")
         ax.set_xticks([])

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from diversity_order.diversity import summarize_windows, window_diversity
@@ -93,3 +95,56 @@ def test_no_cluster_colour_looks_like_a_point_not_yet_placed(k):
     rgb = cluster_colors(k)[:, :3] * 255
     assert np.linalg.norm(rgb - np.asarray(UNPLACED_RGB), axis=1).min() >= 40
     assert (rgb.max(axis=1) - rgb.min(axis=1)).min() >= 30  # no grey
+
+
+def _boxes(anchors, widths, height, offsets):
+    return [(x + dx - w / 2, y + dy, x + dx + w / 2, y + dy + height)
+            for (x, y), w, (dx, dy) in zip(anchors, widths, offsets, strict=True)]
+
+
+def _overlap(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 300), st.floats(0, 300), st.integers(10, 60)), min_size=1, max_size=30))
+def test_cluster_names_never_overlap_where_a_free_place_is_near(labels):
+    """The cluster cloud's names (a new user's 30 names collided in a dense middle): every name's box is clear of
+    the others' (there is always room within the steps tried for 30 names), and a name whose box was free just
+    above its anchor stays there."""
+    from diversity_order.plots import label_offsets
+
+    anchors = np.array([(x, y) for x, y, _ in labels])
+    widths = np.array([w for _, _, w in labels], dtype=float)
+    order = np.arange(len(labels))
+    offsets = label_offsets(anchors, widths, 12.0, order)
+    boxes = _boxes(anchors, widths, 12.0, offsets)
+    for i in range(len(boxes)):
+        for j in range(i):
+            assert not _overlap(boxes[i], boxes[j]), (i, j)
+    first = _boxes(anchors[:1], widths[:1], 12.0, [(0.0, 4.0)])[0]
+    assert offsets[0].tolist() == [0.0, 4.0] and boxes[0] == first  # the first placed is never moved
+
+
+def test_a_dense_middle_gets_every_name_readable(tmp_path, monkeypatch):
+    """Thirty clusters whose anchors fall within a few points of each other: the saved plot's names do not
+    overlap (measured on the rendered text boxes)."""
+    import matplotlib.pyplot as plt
+
+    from diversity_order.plots import plot_cluster_cloud
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(30), 50)
+    projection = rng.normal(0, 1, (1500, 2)) * 0.05 + rng.normal(0, 1, (30, 2))[labels] * 0.02
+    projection[:5] += 40  # far outliers, as UMAP leaves
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # the figure, as saved
+    plot_cluster_cloud(tmp_path / "cloud.png", labels, 30, projection)
+    fig = kept[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [text.get_bbox_patch().get_window_extent(renderer) for text in fig.axes[0].texts]  # the white boxes
+    assert len(boxes) == 30
+    overlapping = [(i, j) for i in range(30) for j in range(i) if boxes[i].overlaps(boxes[j])]
+    assert not overlapping, overlapping
+    monkeypatch.undo()
+    plt.close(fig)
