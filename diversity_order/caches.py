@@ -471,7 +471,8 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
         parts = [reason if files.data.name in reason else f"{files.data.name}: {reason}"]
     else:
         parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"
-                 + (" (stored part-filled by an interrupted run)" if "filled" in named.meta else "")]
+                 + (" (stored part-filled by an interrupted run)" if "filled" in named.meta else "")
+                 + _left_out(named, fingerprints)]
     if filled.any():
         parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} ({FROM_ANOTHER_RUN})")
     if named is not None and named.legacy:
@@ -532,6 +533,16 @@ def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.
     hit = (pos < cached_fingerprints.size) & (cached_fingerprints[order[clipped]] == fingerprints)
     source[hit] = order[clipped[hit]]
     return source
+
+
+def _left_out(stored, fingerprints: np.ndarray) -> str:
+    """How many of a stored set's rows no current record's text has (records removed or edited), said for the log;
+    rows an interrupted run left unfilled are not counted."""
+    gone = int(np.count_nonzero(~np.isin(stored.fingerprints, fingerprints)))
+    filled, rows = stored.meta.get("filled"), stored.meta.get("rows")
+    if isinstance(filled, int) and isinstance(rows, int):
+        gone -= rows - filled
+    return f" ({gone} of its rows, of records removed or edited since, left out)" if gone > 0 else ""
 
 
 def unfilled_fingerprint(fingerprints: np.ndarray) -> int:
@@ -959,7 +970,7 @@ def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *,
         source = match_rows(found.fingerprints, fingerprints)
         hit = source >= 0
         sets.append((files, source))
-        parts.append(f"{int(hit.sum())} of {n} rows reused from {files.data.name}")
+        parts.append(f"{int(hit.sum())} of {n} rows reused from {files.data.name}" + _left_out(found, fingerprints))
     if not hit.all():
         filler, filler_source = _best_other([], files, key, expect, fingerprints, hit, registry)
         if filler is not None:

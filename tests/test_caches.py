@@ -193,6 +193,23 @@ def test_in_order_only_when_the_set_is_exactly_the_current_records(tmp_path):
         assert_rows_belong_to_their_records(found, changed)
 
 
+def test_the_log_says_how_many_cached_rows_belong_to_records_gone_since(tmp_path):
+    """A new user removed 5 records and edited 10: the rerun said '5999 of 5999 rows reused' and nothing of the
+    rows left behind. Rows of texts no current record has are counted (a duplicate's second row is not: its
+    text is still there), and rows an interrupted run left unfilled are not; nothing is said where none is."""
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 11, dtype=np.uint64)
+    caches.store(path, KEY, fps, truth(fps))
+    now = np.array([1, 2, 3, 4, 5, 6, 7, 8, 8, 20], dtype=np.uint64)  # 9 and 10 gone, 20 new, 8 twice
+    for found in (caches.lookup(path, KEY, now), caches.find_rows(path, KEY, now, dtype=np.float32, row_shape=(3,))):
+        assert found.reason == "9 of 10 rows reused from x.npy (2 of its rows, of records removed or edited since, left out)"
+    assert "left out" not in caches.lookup(path, KEY, np.append(fps, 11).astype(np.uint64)).reason
+    caches.store(path, KEY, fps, truth(fps), filled=np.arange(10) < 6)  # an interrupted run's: rows 6-9 unfilled
+    assert caches.lookup(path, KEY, fps[:5]).reason == (
+        "5 of 5 rows reused from x.npy (stored part-filled by an interrupted run) (1 of its rows, of records removed "
+        "or edited since, left out)")
+
+
 # ---- the registry: sets found by content ---------------------------------------------------------
 
 
