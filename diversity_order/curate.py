@@ -649,8 +649,9 @@ def _compare_strategies(run: Run) -> None:
                                                      config.inputs.name.name, registry.comparison_options(options),
                                                      plot=not config.no_plot)
     # (Markdown in the file; in a terminal its bold marks are noise)
-    print(table.replace("**", ""), f"{config.output} is written in --ordering {config.ordering}'s order"
-          + (" (the default)" if config.ordering == CurateConfig.ordering else "") + ".", sep="\n", flush=True)
+    chosen = f"--ordering {config.ordering}" + (" (the default)" if config.ordering == CurateConfig.ordering else "")
+    print(table.replace("**", ""), f"--stats-only: nothing written; {chosen} is the order the statistics describe."
+          if config.stats_only else f"{config.output} is written in {chosen}'s order.", sep="\n", flush=True)
     log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
     run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: _recorded_path(v) for k, v in report.items()}}
 

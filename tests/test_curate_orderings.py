@@ -116,14 +116,16 @@ def test_strategy_report_plot(tmp_path):
         assert image.size[1] > image.size[0] * 0.5
 
 
-def test_score_orderings_included_with_score_field(tmp_path, tiny_model_dir, scored_jsonl):
+def test_score_orderings_included_with_score_field(tmp_path, tiny_model_dir, scored_jsonl, capsys):
     out = tmp_path / "cur.jsonl"
     assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
                   "--seq-len", 2000, "--compare-strategies", "--score-field", "quality", "--stats-only",
                   "--no-plot") == 0
     report = json.loads((tmp_path / "cur_strategies.json").read_text())
     assert {r["ordering"] for r in report["rows"]} == set(ORDERINGS)
-    assert not out.exists()
+    assert not out.exists()  # and stdout does not say it was written (a new user's report)
+    assert capsys.readouterr().out.rstrip().endswith(
+        "--stats-only: nothing written; --ordering stratified (the default) is the order the statistics describe.")
 
 
 def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_jsonl, capsys):
