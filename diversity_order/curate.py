@@ -693,6 +693,7 @@ def write_outputs(run: Run) -> None:
     ``settle_output_paths`` says), and the packed sequences (--export-packed)."""
     config = run.config
     earlier = _recorded_output_files(run.paths["meta"])
+    _warn_of_an_earlier_export(run.paths["meta"], config.export_packed)
     # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
@@ -741,6 +742,24 @@ def _recorded_output_files(meta_path: Path) -> set[Path]:
         return {Path(name).resolve() for name in recorded if isinstance(name, str)}
     except (OSError, ValueError, AttributeError):
         return set()
+
+
+def _warn_of_an_earlier_export(meta_path: Path, exporting: Path | None) -> None:
+    """An earlier run's --export-packed folder holds the sequences of its order: a run that does not export there
+    again leaves it describing another order, which a trainer reading it would train on. Said, not removed (a
+    trainer may be reading it)."""
+    from .packed_export import MARKER
+
+    try:
+        folder = json.loads(meta_path.read_text()).get("packed_export", {}).get("folder")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(folder, str) or not (Path(folder) / MARKER).is_file():
+        return
+    if exporting is not None and Path(folder).resolve() == exporting.resolve():
+        return
+    log.warning("%s holds the packed sequences of an earlier run's order, not this one's: rerun with --export-packed "
+                "%s to replace them, or remove the folder", folder, folder)
 
 
 def _remove_files_this_run_does_not_write(run: Run) -> None:

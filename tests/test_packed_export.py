@@ -106,3 +106,23 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
 
 def _is_slice(piece, document):
     return any(document[i: i + len(piece)] == piece for i in range(len(document) - len(piece) + 1))
+
+
+def test_a_rerun_without_the_export_says_the_earlier_one_is_of_another_order(tmp_path, corpus, tiny_model_dir,
+                                                                             caplog):
+    """A new user appended records and reran without --export-packed: the export of the earlier order stayed,
+    unmentioned. Now a warning names it (not removed: a trainer may be reading it); exporting there again or
+    the same folder's next export says nothing."""
+    import logging
+
+    src, _ = corpus
+    packed = tmp_path / "packed"
+    common = ["--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
+              "--n-clusters", 6, "--seq-len", SEQ_LEN, "--no-plot"]
+    assert curate(*common, "--export-packed", packed) == 0
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--export-packed", packed) == 0
+        assert "earlier run's order" not in caplog.text
+        assert curate(*common) == 0
+    assert f"{packed} holds the packed sequences of an earlier run's order, not this one's" in caplog.text
+    assert (packed / "packed.json").is_file()
