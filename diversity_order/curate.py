@@ -253,6 +253,7 @@ def curate(config: CurateConfig) -> CurateResult | None:
         plot(run)
         meta = write_metadata(run)
         sweep_stale_temps()  # a killed run's temp files beside what this run wrote (never a live run's)
+        log.info("%s", run.timer.finished_line())
         return CurateResult(meta, run.labels, run.order, run.counts, run.embeddings, run.paths,
                             timings=run.timer.seconds)
     finally:

@@ -277,6 +277,11 @@ class StageTimer:
         self.peak_rss_mb: dict[str, float] = {}
         self.beside: set[str] = set()  # stages that ran side by side with others
         self._thread = threading.local()
+        self.created = time.perf_counter()
+
+    def finished_line(self) -> str:
+        """The run's last log line: its wall time since this timer was made, and its peak memory."""
+        return f"Done in {_clock(time.perf_counter() - self.created)} (h:mm:ss), {memory_text()}"
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:

@@ -5,6 +5,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def test_whole_run_with_stderr_to_a_file_logs_progress(tmp_path, tiny_model_dir,
     assert len(lines) >= 2 and "ETA" in lines[0] and "tokens/s" in lines[0] and "peak RSS" in lines[0]
     assert "240 of 240 documents (100%)" in lines[-1]
     assert "\r" not in text  # no tqdm bar drawn into the file
+    assert re.search(r"INFO +Done in \d+:\d\d:\d\d \(h:mm:ss\), peak RSS \d+\.\d GiB$", text.rstrip()), text[-300:]
 
 
 def test_output_locations_are_checked_before_any_work(tmp_path, tiny_model_dir, topical_jsonl, capsys):
