@@ -598,7 +598,8 @@ def order(run: Run) -> None:
     config = run.config
     if config.compare_strategies:
         _compare_strategies(run)
-    with run.timer.stage(f"Ordering ({config.ordering})"):
+    # (a first run compiles the ordering's numba kernels here: a minute or more with nothing else to say)
+    with run.timer.stage(f"Ordering ({config.ordering})"), heartbeat(f"Ordering ({config.ordering})"):
         run.order = ORDERINGS[config.ordering](run.labels, run.counts, config.n_clusters, run.options)
 
 
@@ -643,7 +644,8 @@ def _compare_strategies(run: Run) -> None:
     if options.scores is None:
         log.info("Score orderings (%s) are left out of the comparison: give --score-field NAME to include them",
                  ", ".join(SCORE_ORDERINGS))
-    with run.timer.stage(f"Comparing {len(names)} orderings at seq-len {', '.join(f'{v:,}' for v in seq_lens)}"):
+    comparing = f"Comparing {len(names)} orderings at seq-len {', '.join(f'{v:,}' for v in seq_lens)}"
+    with run.timer.stage(comparing), heartbeat(comparing):
         rows, curves = ordering_report.compare_strategies(run.labels, run.counts, config.n_clusters, seq_lens,
                                                           options, names)
         report, table = ordering_report.write_report(outputs.output_stem(config.output), rows, curves, config.n_clusters,

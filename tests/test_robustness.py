@@ -452,6 +452,27 @@ def test_a_step_without_progress_of_its_own_logs_that_it_is_alive(monkeypatch, c
     assert not [r for r in caplog.records if "still running" in r.getMessage()]
 
 
+def test_the_ordering_stage_says_it_is_alive(tmp_path, tiny_model_dir, topical_jsonl, monkeypatch, caplog):
+    """A new user's first run spent 76 s compiling the ordering's kernels with no line in the log: the ordering
+    (and the comparison) stages beat like the other silent steps (an ordering made slow here stands for that)."""
+    import time as time_module
+
+    from diversity_order import curate as curate_module
+
+    real = curate_module.ORDERINGS["stratified"]
+
+    def slow(*args):
+        time_module.sleep(0.4)
+        return real(*args)
+
+    monkeypatch.setitem(curate_module.ORDERINGS, "stratified", slow)
+    monkeypatch.setenv("DIVERSITY_ORDER_PROGRESS_SECONDS", "0.1")
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    assert curate("--input", topical_jsonl, "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+                  "--n-clusters", 4, "--no-plot") == 0
+    assert "Ordering (stratified): still running after" in caplog.text
+
+
 def test_compiling_the_packages_kernels_is_said_once_and_only_for_its_own(caplog):
     # The first run after installing spends up to a minute compiling, with nothing else in the log.
     from numba import njit
