@@ -654,9 +654,17 @@ def _compare_strategies(run: Run) -> None:
     # (Markdown in the file; in a terminal its bold marks are noise)
     chosen = f"--ordering {config.ordering}" + (" (the default)" if config.ordering == CurateConfig.ordering else "")
     print(table.replace("**", ""), f"--stats-only: nothing written; {chosen} is the order the statistics describe."
-          if config.stats_only else f"{config.output} is written in {chosen}'s order.", sep="\n", flush=True)
+          if config.stats_only else f"{_written_names(config)} written in {chosen}'s order.", sep="\n", flush=True)
     log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
     run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: _recorded_path(v) for k, v in report.items()}}
+
+
+def _written_names(config: CurateConfig) -> str:
+    """The curated file, or its shards, as a sentence's subject ("B.jsonl is", "B-00000-of-00003 ... are")."""
+    if config.output_shards == 1:
+        return f"{config.output} is"
+    shards = writers.shard_paths(config.output, config.output_shards)
+    return f"{shards[0]} ... {shards[-1].name} are"
 
 
 def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | None:

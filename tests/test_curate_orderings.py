@@ -226,3 +226,13 @@ def test_balanced_interleaves_balance_field_categories_inside_each_cluster():
         expected = np.arange(1, in_cluster.size + 1)[:, None] * totals / in_cluster.size
         worst = max(worst, float(np.abs(prefix - expected).max()))
     assert worst > 2
+
+
+def test_the_comparison_names_the_shards_it_wrote(tmp_path, tiny_model_dir, scored_jsonl, capsys):
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--seq-len", 2000, "--compare-strategies", "--output-shards", 2, "--no-plot") == 0
+    assert capsys.readouterr().out.rstrip().endswith(
+        f"{tmp_path / 'cur-00000-of-00002.jsonl'} ... cur-00001-of-00002.jsonl are written in --ordering stratified "
+        "(the default)'s order.")
+    assert not out.exists() and (tmp_path / "cur-00001-of-00002.jsonl").is_file()
