@@ -691,4 +691,4 @@ def test_indexing_in_processes_logs_one_progress_line_for_all(tmp_path, monkeypa
         index = records.scan_files([src], "text", progress=False, workers=2)[0]
     assert len(index) == 5000
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Indexing in.jsonl (2 processes)")]
-    assert lines and lines[-1].split(": ")[1].startswith("19 of 19 MB (100%)"), lines  # the 19.6 MiB file
+    assert lines and lines[-1].split(": ")[1].startswith("20 of 20 MB (100%)"), lines  # 20.1 MB (10^6 bytes)
