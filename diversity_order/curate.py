@@ -661,10 +661,13 @@ def _compare_strategies(run: Run) -> None:
 
 def _written_names(config: CurateConfig) -> str:
     """The curated file, or its shards, as a sentence's subject ("B.jsonl is", "B-00000-of-00003 ... are")."""
-    if config.output_shards == 1:
-        return f"{config.output} is"
     shards = writers.shard_paths(config.output, config.output_shards)
-    return f"{shards[0]} ... {shards[-1].name} are"
+    return f"{_files_named(shards)} {'is' if len(shards) == 1 else 'are'}"
+
+
+def _files_named(paths: list[Path]) -> str:
+    """One file's path, or the first's and the last's name ("B-00000-of-00003.jsonl ... B-00002-of-00003.jsonl")."""
+    return str(paths[0]) if len(paths) == 1 else f"{paths[0]} ... {Path(paths[-1]).name}"
 
 
 def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | None:
@@ -703,8 +706,9 @@ def write_outputs(run: Run) -> None:
     """The curated data (unless --stats-only), the labels and order it was written with (where
     ``settle_output_paths`` says), and the packed sequences (--export-packed)."""
     config = run.config
-    earlier = _recorded_output_files(run.paths["meta"])
-    _warn_of_an_earlier_export(run.paths["meta"], config.export_packed)
+    earlier_meta = _earlier_meta(run.paths["meta"])
+    earlier = _recorded_output_files(earlier_meta)
+    _warn_of_an_earlier_export(earlier_meta, config.export_packed)
     # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
@@ -727,8 +731,7 @@ def write_outputs(run: Run) -> None:
         on_disk, payload = sum(Path(path).stat().st_size for path, _ in written), sum(size for _, size in written)
         compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
         log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
-                 config.written_kind, config.output if len(written) == 1 else
-                 f"{written[0][0]} ... {written[-1][0].name}")
+                 config.written_kind, config.output if len(written) == 1 else _files_named([path for path, _ in written]))
     save_npy(run.paths["labels"], run.labels)
     save_npy(run.paths["order"], run.order)
     if config.export_packed is not None:
@@ -746,25 +749,29 @@ def _recorded_path(path) -> str:
     return str(Path(path).absolute())
 
 
-def _recorded_output_files(meta_path: Path) -> set[Path]:
-    """The curated files an earlier run's metadata at ``meta_path`` lists (``output_files``), resolved."""
+def _earlier_meta(meta_path: Path) -> dict:
+    """An earlier run's metadata at ``meta_path`` ({} where there is none, or it cannot be read as an object)."""
     try:
-        recorded = json.loads(meta_path.read_text()).get("output_files") or []
-        return {Path(name).resolve() for name in recorded if isinstance(name, str)}
-    except (OSError, ValueError, AttributeError):
-        return set()
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
-def _warn_of_an_earlier_export(meta_path: Path, exporting: Path | None) -> None:
+def _recorded_output_files(earlier_meta: dict) -> set[Path]:
+    """The curated files an earlier run's metadata lists (``output_files``), resolved."""
+    recorded = earlier_meta.get("output_files")
+    return {Path(name).resolve() for name in recorded if isinstance(name, str)} if isinstance(recorded, list) else set()
+
+
+def _warn_of_an_earlier_export(earlier_meta: dict, exporting: Path | None) -> None:
     """An earlier run's --export-packed folder holds the sequences of its order: a run that does not export there
     again leaves it describing another order, which a trainer reading it would train on. Said, not removed (a
     trainer may be reading it)."""
     from .packed_export import MARKER
 
-    try:
-        folder = json.loads(meta_path.read_text()).get("packed_export", {}).get("folder")
-    except (OSError, ValueError, AttributeError):
-        return
+    export = earlier_meta.get("packed_export")
+    folder = export.get("folder") if isinstance(export, dict) else None
     if not isinstance(folder, str) or not (Path(folder) / MARKER).is_file():
         return
     if exporting is not None and Path(folder).resolve() == exporting.resolve():
