@@ -38,6 +38,19 @@ def topical_records(per_topic=40, seed=0, long_every=0):
     return records
 
 
+def plain_deal_long(docs, counts):
+    """How a pool deals its long documents (``pools.deal_long``), as lists: the shortest (stable by length,
+    so ties in ``docs`` order) at the two ends, alternating front and back, shortest outermost, while they
+    hold at most a fifth of all their tokens; the others in ``docs`` order between."""
+    total = sum(counts[d] for d in docs)
+    ends = []
+    for d in sorted(docs, key=lambda d: counts[d]):
+        if 5 * (sum(counts[e] for e in ends) + counts[d]) > total:
+            break
+        ends.append(d)
+    return ends[0::2] + [d for d in docs if d not in ends] + ends[1::2][::-1]
+
+
 def write_jsonl(path, records, trailing_newline=True):
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     path.write_text("\n".join(lines) + ("\n" if trailing_newline else ""), encoding="utf-8")

@@ -1,7 +1,7 @@
 """Rule 7 of ``paced`` (diversity_order/orderings/grouping.py): large documents grouped into shared windows,
 packing whole, against plain loops written from the rule: the groups (least room that holds the document
 and lacks its cluster, first come first served among equal rooms, at most MAX_CHECKED looked at), their
-keys (organ-pipe slots), their placing among the other documents' windows (opening a window, never in the
+keys (slots dealt as a pool's long documents), their placing among the other documents' windows (opening a window, never in the
 first or last BOUNDARY_FRACTION of tokens), and paced's use of them (only where the windows keep
 stratified's clusters per window); on random inputs from hypothesis
 with zero-token documents and documents longer than a window; plus a hand-worked case.
@@ -13,6 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import plain_deal_long
 from diversity_order import diversity
 from diversity_order.orderings import ORDERINGS, OrderingOptions, grouping, last_window, paced
 
@@ -49,16 +50,17 @@ def plain_groups(labels, counts, seq_len):
     return [g["members"] for g in groups]
 
 
-def plain_keys(labels, counts, groups):
-    """Each group's largest document's slot (j + 1/2) / n among its cluster's large documents, dealt by
-    ascending length (ties by position) to slots 0, n - 1, 1, n - 2, ..."""
+def plain_keys(labels, counts, groups, seed):
+    """Each group's first document's slot (j + 1/2) / n among its cluster's grouped documents, taken in a
+    seeded shuffle (the grouped documents, in group order, permuted by the seed's permutation) and dealt
+    as ``plain_deal_long`` deals them."""
     key = {}
-    large = [d for g in groups for d in g]
-    for c in set(labels[d] for d in large):
-        mine = sorted((d for d in large if labels[d] == c), key=lambda d: (counts[d], d))
-        n = len(mine)
-        for r, d in enumerate(mine):
-            key[d] = ((r // 2 if r % 2 == 0 else n - 1 - r // 2) + 0.5) / n
+    grouped = [d for g in groups for d in g]
+    shuffled = [grouped[i] for i in np.random.default_rng(seed).permutation(len(grouped))]
+    for c in set(labels[d] for d in grouped):
+        deck = plain_deal_long([d for d in shuffled if labels[d] == c], counts)
+        for j, d in enumerate(deck):
+            key[d] = (j + 0.5) / len(deck)
     return [key[g[0]] for g in groups]
 
 
@@ -119,8 +121,8 @@ def corpora(draw, max_docs=80):
 
 
 @settings(max_examples=300, deadline=None)
-@given(corpora(max_docs=200))
-def test_groups_and_keys_match_plain_loops(corpus):
+@given(corpora(max_docs=200), st.integers(0, 2**32 - 1))
+def test_groups_and_keys_match_plain_loops(corpus, seed):
     labels, counts, _, seq_len = corpus
     groups = grouping.group_large(labels, counts, seq_len)
     got = [row[row >= 0].tolist() for row in groups]
@@ -129,8 +131,8 @@ def test_groups_and_keys_match_plain_loops(corpus):
         assert (counts[g] % seq_len).sum() <= seq_len and len(set(labels[g].tolist())) == len(g)
         assert all(t < seq_len for t in counts[g[1:]])  # only the first may be longer than a window
     if got:
-        assert grouping.group_keys(labels, counts, groups).tolist() == plain_keys(labels.tolist(), counts.tolist(),
-                                                                                 got)
+        assert grouping.group_keys(labels, counts, groups, seed).tolist() == plain_keys(
+            labels.tolist(), counts.tolist(), got, seed)
     # every leader and every large document lands in a group, which rule 7 decides from before grouping
     in_groups = np.zeros(labels.size, dtype=bool)
     in_groups[groups[groups >= 0]] = True
@@ -163,7 +165,7 @@ def test_placing_matches_plain_loop(corpus, seed):
     large = set(groups[groups >= 0].tolist())
     rest = np.array([i for i in np.random.default_rng(seed).permutation(labels.size) if i not in large],
                     dtype=np.int64)
-    keys = grouping.group_keys(labels, counts, groups)
+    keys = grouping.group_keys(labels, counts, groups, seed)
     total = int(counts.sum())
     got = grouping.place_groups(rest, counts, groups, keys, seq_len, total)
     lists = [row[row >= 0].tolist() for row in groups]
@@ -197,7 +199,7 @@ def test_paced_groups_large_documents_only_where_rule_7_applies(corpus, seed):
     if (not paced.windows_saturated(labels.size, seq_len, n_clusters, total) and large.size >= 2
             and not paced.windows_saturated(rest.size, seq_len, n_clusters, total - int(counts[large].sum()))):
         rest_order = rest[paced._rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, 0)]
-        want = grouping.place_groups(rest_order, counts, groups, grouping.group_keys(labels, counts, groups),
+        want = grouping.place_groups(rest_order, counts, groups, grouping.group_keys(labels, counts, groups, seed),
                                      seq_len, total)
     if want is not None:  # None: no window start with the head and the tail of the order either side
         want = last_window.mend_last_window(want, labels, counts, seq_len, n_clusters)  # then rule 9

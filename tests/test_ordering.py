@@ -125,3 +125,31 @@ def test_random_pools_differ_by_seed_and_remove_input_drift():
     assert first.tolist() != second.tolist()
     # The input-order pool keeps 0..999; a shuffled pool's first half draws about equally from both halves of the input.
     assert 200 < (first[:500] < 500).sum() < 300
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 2, 3, 5, 8, 100, 5000]), max_size=40), st.integers(0, 2**32 - 1))
+def test_long_documents_are_dealt_as_the_plain_loop_deals_them(lengths, seed):
+    """``deal_long``: the shortest at the two ends while they hold a fifth of the tokens, the rest in the
+    given order between (few distinct lengths make ties common)."""
+    from conftest import plain_deal_long
+    from diversity_order.orderings.pools import deal_long
+
+    counts = np.asarray(lengths, dtype=np.int64)
+    docs = np.random.default_rng(seed).permutation(counts.size).astype(np.int64)
+    deck = np.full(counts.size, -1, dtype=np.int64)
+    deal_long(docs, counts, np.argsort(counts[docs], kind="stable"), deck)
+    assert deck.tolist() == plain_deal_long(docs.tolist(), counts.tolist())
+
+
+def test_hand_dealt_long_documents():
+    """Six documents of 1, 2, 3, 10, 40 and 44 tokens (100 in all), given in the order 40, 3, 44, 1, 10, 2:
+    1, 2 and 3 hold 6 tokens, 1-10 hold 16 <= 20, and 40 would make 56 > 20, so 1 and 3 go to the front, 2
+    and 10 to the back (shortest outermost), and 40 then 44 between, in the given order."""
+    from diversity_order.orderings.pools import deal_long
+
+    counts = np.array([1, 2, 3, 10, 40, 44], dtype=np.int64)
+    docs = np.array([4, 2, 5, 0, 3, 1], dtype=np.int64)
+    deck = np.empty(6, dtype=np.int64)
+    deal_long(docs, counts, np.argsort(counts[docs], kind="stable"), deck)
+    assert counts[deck].tolist() == [1, 3, 40, 44, 10, 2]

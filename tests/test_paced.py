@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from conftest import plain_deal_long
 from diversity_order import diversity
 from diversity_order.orderings import ORDERINGS, OrderingOptions, ends, paced, polish
 
@@ -36,10 +37,10 @@ def greedy_order(labels, counts, n_clusters, seq_len, split, seed=42):
 
 
 def plain_paced_pools(shuffled, labels, counts, n_clusters):
-    """Rule 1: per cluster, short (<= mean) documents in shuffled order and long ones in organ-pipe
-    order of length (ties in shuffled order); a walk from the pool's first slot and one from its last, in
-    turn in proportion to their shares of the slots (meeting at floor(n (2k + 1) / 2K)), each taking the
-    next long document (the front from the pipe's start, the back from its end) when it is behind its own
+    """Rule 1: per cluster, short (<= mean) documents in shuffled order, long ones dealt from shuffled order
+    into a deck by ``plain_deal_long``; a walk from the pool's first slot and one from its last, in turn in
+    proportion to their shares of the slots (meeting at floor(n (2k + 1) / 2K)), each taking the
+    next long document (the front from the deck's start, the back from its end) when it is behind its own
     j * mean schedule by at least half of that document's excess, else the next short one (the front from
     the start of the short ones, the back from their end)."""
     members, pool_starts = [], []
@@ -49,19 +50,18 @@ def plain_paced_pools(shuffled, labels, counts, n_clusters):
         n_k, total = len(docs), sum(counts[i] for i in docs)
         # Everything scaled by n_k, so "above the mean" and the schedule error are exact integers.
         short = [i for i in docs if counts[i] * n_k <= total]
-        ascending = sorted((i for i in docs if counts[i] * n_k > total), key=lambda i: counts[i])  # stable
-        pipe = ascending[0::2] + ascending[1::2][::-1]
+        deck = plain_deal_long([i for i in docs if counts[i] * n_k > total], counts)
         front_slots = n_k * (2 * k + 1) // (2 * n_clusters)
         back_slots = n_k - front_slots
         walks = {"front": [], "back": []}
         error = {"front": 0, "back": 0}  # n_k * (the walk's tokens so far) - (its documents so far) * total
-        while short or pipe:
+        while short or deck:
             walk = "front" if back_slots == 0 or (front_slots > 0 and len(walks["front"]) * back_slots
                                                   <= len(walks["back"]) * front_slots) else "back"
             end = 0 if walk == "front" else -1
             # the next long document when the walk is behind by at least half of its excess
-            if pipe and (not short or 2 * error[walk] + (n_k * counts[pipe[end]] - total) <= 0):
-                doc = pipe.pop(end)
+            if deck and (not short or 2 * error[walk] + (n_k * counts[deck[end]] - total) <= 0):
+                doc = deck.pop(end)
             else:
                 doc = short.pop(end)
             walks[walk].append(doc)
@@ -601,13 +601,13 @@ def test_rules_10_and_11_are_kept_only_where_they_lower_the_shift_within_the_all
 
 
 def test_rule_10_may_cost_clusters_per_window_while_half_the_lead_over_stratified_stays():
-    """A corpus (seeded: 600 documents, 12 clusters, log-normal lengths, six of 300-900 tokens) where the
+    """A corpus (seeded: 600 documents, 12 clusters, log-normal lengths, twelve of 300-900 tokens) where the
     order rule 10 makes has 0.05 clusters per window fewer than rules 1-9's and more than half their lead
     over stratified: it is kept, and its boundary shift is lower."""
-    rng = np.random.default_rng(21)
+    rng = np.random.default_rng(56)
     labels = rng.integers(0, 12, 600).astype(np.int64)
     counts = np.minimum(rng.lognormal(3.0, 1.0, 600), 400).astype(np.int64) + 1
-    for i in rng.choice(600, 6, replace=False):
+    for i in rng.choice(600, 12, replace=False):
         counts[i] = rng.integers(300, 900)
     options = OrderingOptions(seq_len=512, packing="whole", seed=42)
     before = paced._rules_1_to_9(labels, counts, 12, options, clear_ends=False)

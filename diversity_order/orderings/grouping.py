@@ -19,8 +19,9 @@ others' windows are full of clusters already, taking the large documents out of 
    a window (its leader's remainder counted), its leader or largest document first.
 2. The other documents are ordered by rules 1-5 (``paced``'s greedy and trades).
 3. The groups go between those documents' windows, evenly by count, in the order of their first
-   document's slot among its cluster's grouped documents dealt as rule 1 deals long ones (shortest at
-   both ends, longest in the middle); each at the first window start from its aimed one on where its
+   document's slot among its cluster's grouped documents, seeded-shuffled and dealt as rule 1 deals long
+   ones (the shortest at both ends while they hold a fifth of the tokens, the others anywhere between, so
+   large documents come all through an epoch); each at the first window start from its aimed one on where its
    first document does not fit in the open window (a leader never does), so the group opens a window (the documents after
    it fill the room it leaves); and only where at least ``BOUNDARY_FRACTION`` of all tokens lie before
    and after them, so the head and the tail of the order, which meet at the epoch boundary, hold the
@@ -37,7 +38,7 @@ from numba import njit
 
 from ..diversity import BOUNDARY_FRACTION
 from ..packing import WHOLE, advance, place
-from .pools import from_both_ends, order_by
+from .pools import deal_long, grouped_stable, order_by
 
 # A document of at least this share of a window is large (set on the tuning corpora among 0.1-0.3;
 # BENCHMARKS.md, "Rule 7").
@@ -246,22 +247,33 @@ def group_large(labels: np.ndarray, token_counts: np.ndarray, seq_len: int) -> n
                   np.asarray(labels, dtype=np.int64), int(seq_len), max_members)
 
 
-def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Step 3's key of each group: its largest document's slot (j + 1/2) / n among its cluster's n large
-    documents, dealt shortest at both ends and longest in the middle (ties in length by input position)."""
+def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray, seed: int) -> np.ndarray:
+    """Step 3's key of each group: its first document's slot (j + 1/2) / n among its cluster's n grouped
+    documents, taken in a seeded shuffle and dealt as rule 1 deals a pool's long ones (``pools.deal_long``)."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
-    large = groups[groups >= 0]
-    by_cluster = order_by(large, labels[large], counts[large])
-    cluster = labels[by_cluster]
-    first = np.flatnonzero(np.concatenate(([True], cluster[1:] != cluster[:-1])))
-    sizes = np.diff(np.append(first, by_cluster.size))
-    n = np.repeat(sizes, sizes)
-    rank = np.arange(by_cluster.size) - np.repeat(first, sizes)
-    slot = from_both_ends(rank, n)
+    grouped = groups[groups >= 0]
+    shuffled = grouped[np.random.default_rng(seed).permutation(grouped.size)]
+    pool_starts = np.zeros(int(labels.max(initial=0)) + 2, dtype=np.int64)
+    np.cumsum(np.bincount(labels[shuffled], minlength=pool_starts.size - 1), out=pool_starts[1:])
+    pools = shuffled[grouped_stable(labels[shuffled], pool_starts)]
+    # every pool's documents by length at once (ties by place in the pool): one sort, not one per pool
+    by_length = order_by(np.arange(pools.size), labels[pools], counts[pools])
     key = np.zeros(labels.size, dtype=np.float64)
-    key[by_cluster] = (slot + 0.5) / n
+    _dealt_keys(pools, pool_starts, counts, by_length, key)
     return key[groups[:, 0]]
+
+
+@njit(cache=True, nogil=True)
+def _dealt_keys(pools, pool_starts, token_counts, by_length, key):
+    """Each pool of ``pools`` dealt by ``deal_long`` (``by_length``: all pools' positions in length order,
+    pool by pool), the slot j of n writing (j + 1/2) / n into ``key``."""
+    for k in range(pool_starts.shape[0] - 1):
+        lo, hi = pool_starts[k], pool_starts[k + 1]
+        deck = np.empty(hi - lo, dtype=np.int64)
+        deal_long(pools[lo:hi], token_counts, by_length[lo:hi] - lo, deck)
+        for j in range(hi - lo):
+            key[deck[j]] = (j + 0.5) / (hi - lo)
 
 
 def place_groups(rest_order: np.ndarray, token_counts: np.ndarray, groups: np.ndarray, keys: np.ndarray,

@@ -18,9 +18,11 @@ allowances likewise, "Large documents off the ends"):
    plus m below: neither end of a pool runs long, and what the two ends leave lands where the walks meet
    (one walk from the start let a pool's last documents run long, and the tail of the order with them:
    on a chat corpus whose source files were a tenth of the first or last 5% of the tokens, the boundary
-   shift). The long documents are dealt shortest at both ends, longest in the middle, so a document too
-   long for its neighbours to balance stays away from the start and the end of the order, which meet at
-   the epoch boundary.
+   shift). Each walk deals its shortest long documents first, until those at the two ends hold a fifth of
+   the pool's long documents' tokens, then the others in shuffled order, so a document too long for its
+   neighbours to balance stays away from the start and the end of the order, which meet at the epoch
+   boundary, and long documents come all through the epoch (dealt longest in the middle, 52-72% of their
+   tokens fell in the middle fifth of the order: a length curriculum).
 2. Clusters are paced by document count (diversity). Slot j of a pool of n is keyed (j + 1/2) / n,
    the spacing stratified gives; merging the pools by key (ties to the lower cluster) gives each
    document a *due position*: the tokens merged before it.
@@ -110,7 +112,7 @@ from .exchange import exchange_pass
 from .grouping import group_keys, group_large, grouped_documents, place_groups
 from .last_window import mend_last_window
 from .options import OrderingOptions
-from .pools import cluster_pools, from_both_ends, order_by
+from .pools import cluster_pools, deal_long, order_by
 from .recut import recut_pass
 from .split_trades import split_trade_pass
 from .window_greedy import stratified_order
@@ -168,12 +170,8 @@ def _pace_pool(docs, token_counts, out, front_slots):
         else:
             short[a] = d
             a += 1
-    # Organ pipe: ascending length rank r goes to slot r // 2 (r even) or n_long - 1 - r // 2 (r odd); the
-    # front walk deals it from its start, the back walk from its end, both shortest first.
-    ascending = long_docs[np.argsort(token_counts[long_docs], kind="mergesort")]
-    pipe = np.empty(n_long, dtype=np.int64)
-    for r in range(n_long):
-        pipe[from_both_ends(r, n_long)] = ascending[r]
+    deck = np.empty(n_long, dtype=np.int64)
+    deal_long(long_docs, token_counts, np.argsort(token_counts[long_docs], kind="mergesort"), deck)
     back_slots = n_k - front_slots
     short_lo, short_hi = 0, short.shape[0] - 1  # the short documents left: the front takes from lo, the back from hi
     long_lo, long_hi = 0, n_long - 1
@@ -184,8 +182,8 @@ def _pace_pool(docs, token_counts, out, front_slots):
         from_front = back_slots == 0 or (front_slots > 0 and front * back_slots <= back * front_slots)
         error = front_error if from_front else back_error
         j = long_lo if from_front else long_hi
-        if long_lo <= long_hi and (short_lo > short_hi or 2 * error + (n_k * token_counts[pipe[j]] - total) <= 0):
-            d = pipe[j]
+        if long_lo <= long_hi and (short_lo > short_hi or 2 * error + (n_k * token_counts[deck[j]] - total) <= 0):
+            d = deck[j]
             if from_front:
                 long_lo += 1
             else:
@@ -755,5 +753,5 @@ def _with_large_grouped(labels, counts, n_clusters, options, shares, total, clea
     # (rule 10: the groups go off the head and the tail, so the boundary stretches are the others' documents)
     rest_order = rest[_rules_1_to_5(labels[rest], counts[rest], n_clusters, options, shares, WHOLE, clear_ends,
                                     total)]
-    keys = group_keys(labels, counts, groups)
+    keys = group_keys(labels, counts, groups, options.seed)
     return place_groups(rest_order, counts, groups, keys, options.seq_len, total)
