@@ -270,7 +270,10 @@ def plot_umap_side_by_side(path: Path, shallow: np.ndarray, deep: np.ndarray, re
         if np.count_nonzero(sizes) <= 60:
             _name_clusters(ax, [f"{name[0].lower()}{c}" for c in np.flatnonzero(sizes)],
                            cluster_label_anchors(xy, labels, sizes), sizes[sizes > 0])
-        ax.set_title(f"{name} embeddings ({x.shape[1]} dims), coloured by {name.lower()} clusters "
+        # k-means may have run on a PCA of the embeddings: say so beside their own width
+        pca = result.report[name.lower()]["pca"]
+        space = f"{x.shape[1]} dims" + (f", clustered on PCA {pca['n_components']}" if pca else "")
+        ax.set_title(f"{name} embeddings ({space}), coloured by {name.lower()} clusters "
                      f"({name[0].lower()}0, {name[0].lower()}1, ...)")
         ax.set_xticks([])
         ax.set_yticks([])

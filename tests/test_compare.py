@@ -116,6 +116,18 @@ def test_script_json_and_plots(tmp_path, monkeypatch, capsys):
             assert image.format == "PNG" and image.width > 400
 
 
+def test_side_by_side_titles_say_where_pca_was_used(tmp_path, monkeypatch):
+    """Each panel gives its embeddings' width and, where k-means ran on a PCA of them, the PCA's."""
+    x, _ = blobs(n_per=30)
+    deep = np.concatenate([x, np.random.default_rng(3).normal(size=(x.shape[0], 4)).astype(np.float32)], axis=1)
+    result = cmp.compare(x, deep, n_clusters=4, pca_deep_only=3)
+    titles = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: titles.extend(ax.get_title() for ax in fig.axes))
+    plots.plot_umap_side_by_side(tmp_path / "cmp.png", x, deep, result, projector=lambda a: a[:, :2])
+    assert titles[0].startswith(f"Shallow embeddings ({x.shape[1]} dims), coloured")
+    assert titles[1].startswith(f"Deep embeddings ({deep.shape[1]} dims, clustered on PCA 3), coloured")
+
+
 def test_script_errors_are_one_line(tmp_path, capsys):
     np.save(tmp_path / "a.npy", np.ones((5, 3), np.float32))
     np.save(tmp_path / "b.npy", np.ones((6, 3), np.float32))
