@@ -177,7 +177,7 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
                                                    batch_docs, progress, ctx, embedding_dtype, hold_rows)
                 count_rows = _without(count_rows, embedded, len(index))
             if count_rows.size:
-                log.info("Counting tokens of %d new or changed record(s) of %d", count_rows.size, len(index))
+                log.info("Counting tokens of %d record(s) of %d", count_rows.size, len(index))
                 kept = (kept_rows.counts_target(paths), count_key, fps) if ctx.active else None
                 _, new_counts = _tokenize_rows(ctx, index, count_rows, tokenizer, None, batch_docs, progress,
                                                finished=work.counting, kept=kept)
@@ -286,7 +286,7 @@ def _embeddings(index: RecordIndex, path: Path, work: _WorkSoFar, model: ModelPa
         found.copy_into(work.fill.rows)
         work.filled = found.hit.copy()
     if embed_rows.size:
-        log.info("Embedding %d new or changed record(s) of %d (tokenized once for counts and vectors)",
+        log.info("Embedding %d record(s) of %d (tokenized once for counts and vectors)",
                  embed_rows.size, len(index))
         out = work.fill.rows if work.fill is not None else None
         _, new_counts = _tokenize_rows(ctx, index, embed_rows, tokenizer, model.table().weight, batch_docs,

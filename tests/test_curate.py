@@ -100,7 +100,7 @@ def test_incremental_runs_recompute_only_what_changed(tmp_path, tiny_model_dir, 
     embed_spy.clear()
     assert curate(*args) == 0
     assert embed_spy == [([60, 61, 62], True)]
-    assert "Embedding 3 new or changed record(s) of 63" in caplog.text
+    assert "Embedding 3 record(s) of 63" in caplog.text
     second = np.load(tmp_path / "d_cur_embeddings.npy")
     np.testing.assert_array_equal(second[:60], first)
 

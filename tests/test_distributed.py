@@ -64,7 +64,7 @@ def test_torchrun_two_cpu_ranks_equals_single_process(tmp_path, tiny_model_dir, 
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
     assert log.count("Token counts and embeddings (2 ranks) done") == 1  # every rank times it; only rank 0 logs
-    assert "Embedding 150 new or changed record(s) of 150 on 2 ranks" in log and "Rank 0 of 2: " in log
+    assert "Embedding 150 record(s) of 150 on 2 ranks" in log and "Rank 0 of 2: " in log
     assert log.count("Joining the process group (2 processes, gloo, rendezvous ") == 1  # before it waits
     assert "Indexing d.jsonl (this rank's part): " in log  # rank 0's progress is of its part, not the file
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
@@ -97,7 +97,7 @@ def test_records_appended_or_prepended_after_a_run_are_embedded_by_both_ranks(tm
     torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
     write_jsonl(multi / "d.jsonl", records)  # 90 records appended: the file's second half and more
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
-    assert "Embedding 90 new or changed record(s) of 150 on 2 ranks" in log
+    assert "Embedding 90 record(s) of 150 on 2 ranks" in log
     assert "New records handed between ranks" in log
     own = re.search(r"Rank 0 of 2: (\d+) record\(s\)", log)  # without the hand-over rank 0 embeds none
     assert own and 30 <= int(own.group(1)) <= 60, log[-3000:]
@@ -112,7 +112,7 @@ def test_records_appended_or_prepended_after_a_run_are_embedded_by_both_ranks(tm
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
-    assert "Embedding 50 new or changed record(s) of 200 on 2 ranks" in log
+    assert "Embedding 50 record(s) of 200 on 2 ranks" in log
     assert "New records handed between ranks" in log
     own = re.search(r"Rank 0 of 2: (\d+) record\(s\)", log)
     assert own and 15 <= int(own.group(1)) <= 35, log[-3000:]
@@ -196,7 +196,7 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
 
     log = rerun_log(args)
     assert f"Embeddings: {kept} of {n} rows kept by an interrupted torchrun run are now c_embeddings.npy" in log
-    assert f"Embedding {n - kept} new or changed record(s) of {n}" in log
+    assert f"Embedding {n - kept} record(s) of {n}" in log
     for name in ["c.jsonl", "c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy"]:
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     assert not list(cut.glob("c_embeddings.kept*"))
@@ -211,7 +211,7 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
         assert parts[0]["computed"].size == 16 and kept < n and not (cut / "d_token_counts.npy").exists()
         log = rerun_log(args)
         assert f"Token counts: {kept} of {n} rows kept by an interrupted torchrun run are now in d_token_counts.npy" in log
-        assert f"Counting tokens of {n - kept} new or changed record(s) of {n}" in log
+        assert f"Counting tokens of {n - kept} record(s) of {n}" in log
         assert (cut / "d_token_counts.npy").read_bytes() == (whole / "d_token_counts.npy").read_bytes()
 
     # Only counting (--load-embeddings: the vectors come from elsewhere), stopped the same way: the counts kept.
@@ -361,10 +361,10 @@ def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(t
     for step, recs in enumerate([records, edited]):
         index, model, counts, vectors = through_shared(recs)
         if not step:
-            assert f"Embedding {len(records)} new or changed record(s)" in caplog.text
+            assert f"Embedding {len(records)} record(s) of {len(records)}" in caplog.text
         else:
             assert f"{len(edited) - 2} of {len(edited)} rows reused from c_embeddings.npy" in caplog.text
-            assert "Embedding 2 new or changed record(s)" in caplog.text
+            assert f"Embedding 2 record(s) of {len(edited)}" in caplog.text
         plain = tmp_path / f"plain{step}"
         plain.mkdir()
         plain_index, plain_model = _index_and_model(plain, recs, tiny_model_dir)
@@ -383,14 +383,14 @@ def test_shared_embeddings_equal_the_single_process_cache_and_reuse_moved_rows(t
         assert not list(shared.glob(".*.tmp"))
 
     _, _, counts, vectors = through_shared(edited, name="other")  # another output name: the registry has every row
-    assert np.array_equal(vectors, want) and "new or changed" not in caplog.text
+    assert np.array_equal(vectors, want) and " record(s) of " not in caplog.text
     assert f"{len(edited)} row(s) taken from" in caplog.text and "nothing to embed" in caplog.text
 
     (shared / "d_token_counts.cache.json").unlink()  # vectors cached, counts not: only counted, nothing embedded
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")  # (else the plain runs' registered counts fill in)
     _, _, counts, vectors = through_shared(edited)
     assert np.array_equal(counts, want_counts) and np.array_equal(vectors, want)
-    assert f"Counting tokens of {len(edited)} new or changed" in caplog.text and "Embedding " not in caplog.text.replace(
+    assert f"Counting tokens of {len(edited)} record(s) of" in caplog.text and "Embedding " not in caplog.text.replace(
         "Embedding table", "")
 
 
@@ -465,7 +465,7 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     write_jsonl(nodes / "d.jsonl", edited)
     log = two_nodes(["--input", nodes / "d.jsonl", "--output", nodes / "c.jsonl", *common])
     assert f"{len(edited) - 1} of {len(edited)} rows reused from c_embeddings.npy" in log
-    assert "Embedding 1 new or changed record(s) of 150 on 2 ranks" in log
+    assert "Embedding 1 record(s) of 150 on 2 ranks" in log
     assert "k-means fitted on 100 sampled rows of 150" in log
     for name in ["c.jsonl", "c_labels.npy", "c_order.npy", "c_embeddings.npy", "d_token_counts.npy"]:
         assert (nodes / name).read_bytes() == (single / name).read_bytes(), name

@@ -222,7 +222,7 @@ def test_ctrl_c_while_embedding_keeps_the_rows_done_and_a_rerun_embeds_only_the_
     caplog.clear()
     with caplog.at_level(logging.INFO):
         assert run_main(curate_dataset.main, args) == 0
-    assert f"Embedding {n - kept} new or changed record(s) of {n}" in caplog.text
+    assert f"Embedding {n - kept} record(s) of {n}" in caplog.text
     assert caches.filled_rows(cut / "c_embeddings.npy") is None
     for name in ("c_embeddings.npy", "d_token_counts.npy", "c_labels.npy", "c_order.npy", "c.jsonl"):
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
@@ -268,7 +268,7 @@ def test_sigterm_while_embedding_keeps_the_rows_done(tmp_path, tiny_model_dir):
     rerun = subprocess.run([sys.executable, "curate_dataset.py", *map(str, args)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"Embedding {len(records) - 48} new or changed record(s) of {len(records)}" in rerun.stderr
+    assert f"Embedding {len(records) - 48} record(s) of {len(records)}" in rerun.stderr
     assert caches.filled_rows(tmp_path / "c_embeddings.npy") is None
 
 
@@ -300,7 +300,7 @@ def test_ctrl_c_while_only_counting_tokens_keeps_the_counts_done(tmp_path, tiny_
     monkeypatch.setattr(DocumentTokenizer, "encode_texts", real)
     with caplog.at_level(logging.INFO):
         assert run_main(curate_dataset.main, args) == 0
-    assert f"Counting tokens of {n - 32} new or changed record(s) of {n}" in caplog.text
+    assert f"Counting tokens of {n - 32} record(s) of {n}" in caplog.text
     assert caches.filled_rows(tmp_path / "d_token_counts.npy") is None
     counts = np.load(tmp_path / "d_token_counts.npy")
     (tmp_path / "d_token_counts.npy").unlink()
