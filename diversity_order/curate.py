@@ -207,6 +207,7 @@ class Run:
     similarity: dict = field(default_factory=dict)
     comparison: dict | None = None
     packed: dict | None = None  # what --export-packed wrote
+    stale_packed_export: str | None = None  # an earlier run's export folder, of another order
     curated_files: list = field(default_factory=list)
     parquet_schema: object = None  # JSONL converted to Parquet: the set's columns, checked before the long work
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
@@ -708,7 +709,7 @@ def write_outputs(run: Run) -> None:
     config = run.config
     earlier_meta = _earlier_meta(run.paths["meta"])
     earlier = _recorded_output_files(earlier_meta)
-    _warn_of_an_earlier_export(earlier_meta, config.export_packed)
+    run.stale_packed_export = _warn_of_an_earlier_export(earlier_meta, config.export_packed)
     # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
@@ -764,20 +765,22 @@ def _recorded_output_files(earlier_meta: dict) -> set[Path]:
     return {Path(name).resolve() for name in recorded if isinstance(name, str)} if isinstance(recorded, list) else set()
 
 
-def _warn_of_an_earlier_export(earlier_meta: dict, exporting: Path | None) -> None:
+def _warn_of_an_earlier_export(earlier_meta: dict, exporting: Path | None) -> str | None:
     """An earlier run's --export-packed folder holds the sequences of its order: a run that does not export there
     again leaves it describing another order, which a trainer reading it would train on. Said, not removed (a
-    trainer may be reading it)."""
+    trainer may be reading it); the folder said, for this run's metadata, so that every later run says it too
+    while the folder is there."""
     from .packed_export import MARKER
 
     export = earlier_meta.get("packed_export")
-    folder = export.get("folder") if isinstance(export, dict) else None
+    folder = export.get("folder") if isinstance(export, dict) else earlier_meta.get("stale_packed_export")
     if not isinstance(folder, str) or not (Path(folder) / MARKER).is_file():
-        return
+        return None
     if exporting is not None and Path(folder).resolve() == exporting.resolve():
-        return
+        return None
     log.warning("%s holds the packed sequences of an earlier run's order, not this one's: rerun with --export-packed "
                 "%s to replace them, or remove the folder", folder, folder)
+    return folder
 
 
 def _remove_files_this_run_does_not_write(run: Run) -> None:
@@ -924,6 +927,7 @@ def write_metadata(run: Run) -> dict:
         "special_tokens_per_document": run.special_tokens_per_document,
         "packing": config.ordering_options.packing,
         "packed_export": run.packed,
+        "stale_packed_export": run.stale_packed_export,
         "pca": run.pca_info.as_dict() if run.pca_info else None,
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample,
                        **({"plan": run.cluster_plan.as_dict()} if run.cluster_plan else {})},
