@@ -357,7 +357,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     kinds = DocumentKinds()
     for piece in source.pieces:
         for document in source._documents(piece):
-            kinds.saw(len(sizes), not isinstance(document, str))
+            kinds.saw(len(sizes), document)
             # Each text encoded once, for its fingerprint (records.text_fingerprint's bytes) and its size.
             encoded = fields_mod.fingerprint_text(document).encode("utf-8", "surrogatepass")
             digests += hashlib.blake2b(encoded, digest_size=8).digest()

@@ -438,7 +438,7 @@ def _chat_template_used(run: Run) -> dict | None:
                     "first conversation: %s): plain texts are tokenized as they are, without the chat template; give "
                     "every record the same kind", field, kinds.conversations, run.n, run.index.where(kinds.first_text_row),
                     run.index.where(kinds.first_conversation_row))
-    _warn_unknown_roles(run, kinds.first_conversation_row)
+    _warn_unknown_roles(run, kinds)
     source = chat_template_source(Path(run.config.model_dir)) if run.config.model_dir is not None else None
     if source is not None:
         log.info("Conversations in '%s': each rendered with the chat template of %s (blake2b %s) before its tokens are "
@@ -446,23 +446,13 @@ def _chat_template_used(run: Run) -> dict | None:
     return source
 
 
-ROLE_CHECK_RECORDS = 2_000  # the conversations read for their roles: a naming is a whole dataset's, not one record's
-
-
-def _warn_unknown_roles(run: Run, first: int) -> None:
-    """Roles a chat template may not know (ShareGPT's human/gpt kept in role/content messages), counted in the
-    first ``ROLE_CHECK_RECORDS`` records from the first conversation, said with where each is first."""
-    from .fields import unknown_roles
-
-    found: dict[str, list[int]] = {}  # role -> [conversations holding it, first row]
-    for batch, documents in run.index.iter_documents(np.arange(first, min(run.n, first + ROLE_CHECK_RECORDS))):
-        for row, document in zip(batch.tolist(), documents):
-            for role in unknown_roles(document):
-                found.setdefault(role, [0, row])[0] += 1
-    if found:
-        read = min(run.n - first, ROLE_CHECK_RECORDS)
-        listing = ", ".join(f"'{role}' in {count:,} of the first {read:,} records (the first: {run.index.where(row)})"
-                            for role, (count, row) in sorted(found.items(), key=lambda item: (-item[1][0], item[0])))
+def _warn_unknown_roles(run: Run, kinds: records.DocumentKinds) -> None:
+    """Roles a chat template may not know (ShareGPT's human/gpt kept in role/content messages), as the index
+    counted them in every conversation, said with where each is first."""
+    if kinds.unknown_roles:
+        listing = ", ".join(f"'{role}' in {count:,} of the {kinds.conversations:,} conversations (the first: "
+                            f"{run.index.where(row)})" for role, (count, row)
+                            in sorted(kinds.unknown_roles.items(), key=lambda item: (-item[1][0], item[0])))
         log.warning("'%s' has roles other than %s: %s. The chat template renders them as it renders a role it was not "
                     "written for (many, as a role of that name); rename them if they mean user and assistant",
                     run.config.text_field, "/".join(sorted(KNOWN_ROLES)), listing)

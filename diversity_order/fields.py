@@ -32,6 +32,9 @@ class Conversation:
 
     messages_json: str
     where: str = dataclass_field(default="", compare=False)
+    # its roles outside KNOWN_ROLES, found while the messages are checked (reading the JSON again took half as
+    # long as parsing the record)
+    unknown_roles: frozenset = dataclass_field(default=frozenset(), compare=False)
 
     @property
     def messages(self) -> list[dict]:
@@ -50,7 +53,14 @@ def lookup(record: dict, path: str):
     return value
 
 
+# Roles chat templates are written for (OpenAI's and the Hugging Face templates' names); another (ShareGPT's
+# human/gpt, a typo) is rendered however the template renders an unknown role, often as a role of that name.
+KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function", "ipython"})
+NO_ROLES = frozenset()
+
+
 def _conversation(value: list, where: str, field: str) -> Conversation:
+    unknown = []
     for i, message in enumerate(value):
         if isinstance(message, dict) and "from" in message and "value" in message and "role" not in message:
             raise UserError(f"{where}: field '{field}[{i}]' is a ShareGPT message ({{\"from\": ..., \"value\": ...}}); "
@@ -62,21 +72,17 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
             kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
             what = "content" if isinstance(message["role"], str) else "role"
             raise UserError(f"{where}: field '{field}[{i}]' has a {what} that is a JSON {kind}, expected a string")
+        if message["role"] not in KNOWN_ROLES:
+            unknown.append(message["role"])
     if not value:
         raise UserError(f"{where}: field '{field}' is an empty conversation")
-    return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")), where)
+    return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")), where,
+                        frozenset(unknown) if unknown else NO_ROLES)
 
 
-# Roles chat templates are written for (OpenAI's and the Hugging Face templates' names); another (ShareGPT's
-# human/gpt, a typo) is rendered however the template renders an unknown role, often as a role of that name.
-KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function", "ipython"})
-
-
-def unknown_roles(document: str | Conversation) -> set[str]:
+def unknown_roles(document: str | Conversation) -> frozenset[str]:
     """The roles of a conversation outside ``KNOWN_ROLES`` (a plain text has none)."""
-    if not isinstance(document, Conversation):
-        return set()
-    return {message["role"] for message in document.messages} - KNOWN_ROLES
+    return document.unknown_roles if isinstance(document, Conversation) else NO_ROLES
 
 
 def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Conversation:

@@ -387,19 +387,25 @@ MAX_RECORD_BYTES = (1 << 32) - 1
 @dataclass
 class DocumentKinds:
     """How many records' text field holds a conversation, and the first row holding each kind (-1: none),
-    rows counted from the index's (or range's) first record: a field should hold one kind throughout."""
+    rows counted from the index's (or range's) first record: a field should hold one kind throughout. And the
+    roles a chat template may not know (``fields.unknown_roles``), each with [conversations holding it, the
+    first such row], counted as the records are indexed: a mix may name its roles differently source by source."""
 
     conversations: int = 0
     first_text_row: int = -1
     first_conversation_row: int = -1
+    unknown_roles: dict = field(default_factory=dict)
 
-    def saw(self, row: int, conversation: bool) -> None:
-        if conversation:
-            self.conversations += 1
-            if self.first_conversation_row < 0:
-                self.first_conversation_row = row
-        elif self.first_text_row < 0:
-            self.first_text_row = row
+    def saw(self, row: int, document: str | fields.Conversation) -> None:
+        if isinstance(document, str):
+            if self.first_text_row < 0:
+                self.first_text_row = row
+            return
+        self.conversations += 1
+        if self.first_conversation_row < 0:
+            self.first_conversation_row = row
+        for role in fields.unknown_roles(document):
+            self.unknown_roles.setdefault(role, [0, row])[0] += 1
 
     @staticmethod
     def joined(parts: list[tuple[int, DocumentKinds]]) -> DocumentKinds:
@@ -410,6 +416,8 @@ class DocumentKinds:
                 out.first_text_row = first + kinds.first_text_row
             if out.first_conversation_row < 0 <= kinds.first_conversation_row:
                 out.first_conversation_row = first + kinds.first_conversation_row
+            for role, (count, row) in kinds.unknown_roles.items():
+                out.unknown_roles.setdefault(role, [0, first + row])[0] += count
         return out
 
 
@@ -825,7 +833,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
                             raise UserError(f"{path}:{line_number}: a line of {len(content):,} bytes, more than "
                                             f"the {MAX_RECORD_BYTES:,} one record may hold; split the record")
                         text = read(content, line_number)
-                        kinds.saw(len(starts), not isinstance(text, str))
+                        kinds.saw(len(starts), text)
                         if not isinstance(text, str):  # a conversation: its canonical JSON
                             text = fields.fingerprint_text(text)
                         try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost

@@ -68,6 +68,22 @@ def test_dotted_joined_and_conversation_fields(parquet_file):
     assert isinstance(document, fields.Conversation) and document.messages == records[7]["messages"]
     expected = fields.extract(json.loads(json.dumps(records[7])), ("messages",), lambda: "", str)
     assert chats.fingerprints[7] == text_fingerprint(fields.fingerprint_text(expected))
+    assert chats.kinds.conversations == len(records) and chats.kinds.unknown_roles == {}
+
+
+def test_roles_a_template_may_not_know_are_counted_in_every_file(tmp_path):
+    """ShareGPT roles in the second file only: counted there, the first row given in the whole input."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def chat(user, assistant):
+        return {"messages": [{"role": user, "content": "q"}, {"role": assistant, "content": "a"}]}
+
+    pq.write_table(pa.Table.from_pylist([chat("user", "assistant")] * 5), tmp_path / "a.parquet")
+    pq.write_table(pa.Table.from_pylist([chat("user", "assistant"), chat("human", "gpt"), chat("human", "assistant")]),
+                   tmp_path / "b.parquet")
+    source = open_arrow_source([tmp_path / "a.parquet", tmp_path / "b.parquet"], "parquet", ("messages",))
+    assert source.kinds.unknown_roles == {"human": [2, 6], "gpt": [1, 6]}
 
 
 def test_datasets_folder_in_and_out(tmp_path):

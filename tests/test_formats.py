@@ -188,12 +188,9 @@ def test_a_field_mixing_conversations_and_plain_text_is_warned_of(tmp_path, demo
     assert not any("has roles other than" in r.getMessage() for r in caplog.records)  # user and assistant only
 
 
-def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog,
-                                                           monkeypatch):
+def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
     """ShareGPT's human/gpt kept in role/content messages: said once, with how many and where the first is; the
     run goes on (the template renders them, and a trainer with the same template sees the same text)."""
-    from diversity_order import curate as curate_module
-
     roles = [("system", "user", "assistant")] * 40 + [("human", "gpt")] * 15 + [("human", "assistant")] * 5
     rows = [{"messages": [{"role": role, "content": r["text"][:200]} for role in kinds]}
             for r, kinds in zip(demo_records, roles)]
@@ -205,14 +202,19 @@ def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records
                   "--model-dir", chat_model_dir, "--n-clusters", 4) == 0
     said = [r.getMessage() for r in caplog.records if "has roles other than" in r.getMessage()]
     assert len(said) == 1
-    assert f"'human' in 20 of the first 61 records (the first: {src}:42), 'gpt' in 15 of the first 61" in said[0]
+    assert (f"'human' in 20 of the 61 conversations (the first: {src}:42), 'gpt' in 15 of the 61 conversations "
+            f"(the first: {src}:42)") in said[0]
     assert "'tool'" not in said[0] and "'developer'" not in said[0]
-    # Only the first ROLE_CHECK_RECORDS records are read: a dataset names its roles throughout.
+    # Every conversation is counted as the records are indexed, wherever it lies (tests/test_records.py checks
+    # the counts against a plain loop): one late conversation naming its roles otherwise is said too.
+    late = rows[:41] + [{"messages": [{"role": "user", "content": "q"}, {"role": "gpt", "content": "a"}]}]
+    src = tmp_path / "late.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in late))
     caplog.clear()
-    monkeypatch.setattr(curate_module, "ROLE_CHECK_RECORDS", 41)
     assert curate("--input", src, "--text-field", "messages", "--output", tmp_path / "p" / "c.jsonl",
                   "--model-dir", chat_model_dir, "--n-clusters", 4) == 0
-    assert not any("has roles other than" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "has roles other than" in r.getMessage()]
+    assert len(said) == 1 and f"'gpt' in 1 of the 42 conversations (the first: {src}:42)" in said[0]
 
 
 def test_dotted_and_joined_fields(tmp_path, demo_records, tiny_model_dir):

@@ -67,7 +67,7 @@ def test_index_locations_and_line_numbers_equal_a_plain_loop_over_the_lines(tmp_
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.sampled_from(["record", "long", "chat", "blank", "spaces", "crlf"]), min_size=1, max_size=25),
+@given(st.lists(st.sampled_from(["record", "long", "chat", "gpt", "blank", "spaces", "crlf"]), min_size=1, max_size=25),
        st.booleans(), st.booleans(), st.lists(st.floats(0, 1), max_size=5))
 def test_indexing_byte_ranges_and_joining_them_equals_one_pass(tmp_path_factory, kinds, bom, final_newline, cuts):
     """Processes that each index one byte range (cut anywhere: inside a record, on a newline, in a
@@ -75,7 +75,9 @@ def test_indexing_byte_ranges_and_joining_them_equals_one_pass(tmp_path_factory,
     from diversity_order.records import IndexPart, index_from_parts, index_of_part, scan_range
 
     lines = {"blank": b"", "spaces": b" \t ", "crlf": b"\r"}
-    content = [lines.get(kind, b'{"text": [{"role": "user", "content": "c%d"}]}' % i if kind == "chat" else
+    chat = {"chat": b'{"text": [{"role": "user", "content": "c%d"}]}',
+            "gpt": b'{"text": [{"role": "human", "content": "h"}, {"role": "gpt", "content": "g%d"}]}'}
+    content = [lines.get(kind, chat[kind] % i if kind in chat else
                          b'{"text": "t%d%s"}' % (i, b"x" * (300 if kind == "long" else 0)))
                for i, kind in enumerate(kinds)]
     content.append(b'{"text": "last"}')
@@ -93,11 +95,15 @@ def test_indexing_byte_ranges_and_joining_them_equals_one_pass(tmp_path_factory,
     assert sum(len(part) for part in parts) == len(whole)
     # conversations or plain texts: the count and each kind's first record, as a plain loop over the records
     record_kinds = [kind for kind in kinds if kind not in lines] + ["record"]
-    chats = [row for row, kind in enumerate(record_kinds) if kind == "chat"]
-    texts = [row for row, kind in enumerate(record_kinds) if kind != "chat"]
+    chats = [row for row, kind in enumerate(record_kinds) if kind in ("chat", "gpt")]
+    texts = [row for row, kind in enumerate(record_kinds) if kind not in ("chat", "gpt")]
+    # and the roles a chat template may not know: [conversations holding each, the first]
+    gpt = [row for row, kind in enumerate(record_kinds) if kind == "gpt"]
+    roles = {"human": [len(gpt), gpt[0]], "gpt": [len(gpt), gpt[0]]} if gpt else {}
     for index in (whole, joined):
         assert (index.kinds.conversations, index.kinds.first_conversation_row, index.kinds.first_text_row) == \
             (len(chats), chats[0] if chats else -1, texts[0])
+        assert index.kinds.unknown_roles == roles
     first = 0  # each range on its own (a torchrun rank's own records): the same records, lines and texts
     for part in parts:
         own = index_of_part(src, "text", part)
