@@ -21,8 +21,8 @@ allowances likewise, "Large documents off the ends"):
    shift). Each walk deals its shortest long documents first, until those at the two ends hold a fifth of
    the pool's long documents' tokens, then the others in shuffled order, so a document too long for its
    neighbours to balance stays away from the start and the end of the order, which meet at the epoch
-   boundary, and long documents come all through the epoch (dealt longest in the middle, 52-72% of their
-   tokens fell in the middle fifth of the order: a length curriculum).
+   boundary, and long documents come all through the epoch (when every pool dealt its longest in the middle,
+   52-72% of their tokens fell in the middle fifth of the order: a length curriculum).
 2. Clusters are paced by document count (diversity). Slot j of a pool of n is keyed (j + 1/2) / n,
    the spacing stratified gives; merging the pools by key (ties to the lower cluster) gives each
    document a *due position*: the tokens merged before it.

@@ -24,7 +24,7 @@ def from_both_ends(i, n):
 # Long documents are dealt to a pool's slots shortest at both ends while those hold at most 1 / END_LONG_PARTS
 # of the long documents' tokens (the ends of the order, which meet at the epoch boundary, stay short), the
 # others in shuffled order between, so long documents come all through an epoch (BENCHMARKS.md, "Where long
-# documents sit": dealt longest in the middle, 52-72% of their tokens fell in the middle fifth of the order).
+# documents sit": dealt longest in the middle, 52-72% of their tokens had fallen in the middle fifth).
 END_LONG_PARTS = 5
 
 
