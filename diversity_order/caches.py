@@ -602,7 +602,13 @@ class RowCheck:
 
     misplaced: tuple[int, int] | None  # (i, j): position i's text is at row j; the first such position
     unmatched: int  # positions whose text is at no row (edited records, say)
-    comparable: bool  # at least half of the texts are among the rows (else other texts: nothing to check)
+    comparable: bool  # at least COMPARABLE_SHARE of the texts are among the rows (else other texts: nothing to check)
+
+
+# Rows made from another text field match almost no text (a few empty or repeated ones at most); a tenth found
+# means the same documents, however many others there are (matrices of two overlapping samples met 48% and
+# were taken by position, every document with another one's vector).
+COMPARABLE_SHARE = 0.1
 
 
 def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCheck:
@@ -611,7 +617,8 @@ def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCh
     found = match_rows(rows_fingerprints, fingerprints)
     elsewhere = np.flatnonzero((found >= 0) & (rows_fingerprints != fingerprints))
     misplaced = (int(elsewhere[0]), int(found[elsewhere[0]])) if elsewhere.size else None
-    return RowCheck(misplaced, int((found < 0).sum()), 2 * int((found >= 0).sum()) >= fingerprints.size)
+    return RowCheck(misplaced, int((found < 0).sum()),
+                    int((found >= 0).sum()) >= COMPARABLE_SHARE * fingerprints.size)
 
 
 def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: str, row: str, position: str,

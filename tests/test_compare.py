@@ -161,6 +161,12 @@ def test_files_whose_rows_are_in_different_orders_are_refused(tmp_path, capsys, 
     with caplog.at_level("WARNING"):
         assert compare_clusterings.run_main(compare_clusterings.main, args) == 0
     assert "are mostly not those of --shallow's rows" in caplog.text
+    # Two overlapping samples (as a new user made: the first and the last part of a file, 48% shared): the
+    # shared documents sit at other rows, so every document would be compared with another one's vector.
+    shift = x.shape[0] * 3 // 5
+    np.save(tmp_path / "d.fingerprints.npy", np.concatenate([fingerprints[shift:], fingerprints[:shift] + np.uint64(1)]))
+    assert compare_clusterings.run_main(compare_clusterings.main, args) == 2
+    assert f"the rows are not in the order of --shallow's rows (row {shift} is --deep's row 0," in capsys.readouterr().err
 
 
 def test_an_output_folder_that_cannot_be_made_is_said_before_the_work(tmp_path, capsys, monkeypatch):
