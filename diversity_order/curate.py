@@ -207,7 +207,7 @@ class Run:
     similarity: dict = field(default_factory=dict)
     comparison: dict | None = None
     packed: dict | None = None  # what --export-packed wrote
-    stale_packed_export: str | None = None  # an earlier run's export folder, of another order
+    earlier_packed_export: str | None = None  # an earlier run's export folder, not replaced by this run
     curated_files: list = field(default_factory=list)
     parquet_schema: object = None  # JSONL converted to Parquet: the set's columns, checked before the long work
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
@@ -699,7 +699,7 @@ def write_outputs(run: Run) -> None:
     config = run.config
     earlier_meta = _earlier_meta(run.paths["meta"])
     earlier = _recorded_output_files(earlier_meta)
-    run.stale_packed_export = _warn_of_an_earlier_export(earlier_meta, config.export_packed)
+    run.earlier_packed_export = _warn_of_an_earlier_export(earlier_meta, run)
     # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
@@ -755,21 +755,29 @@ def _recorded_output_files(earlier_meta: dict) -> set[Path]:
     return {Path(name).resolve() for name in recorded if isinstance(name, str)} if isinstance(recorded, list) else set()
 
 
-def _warn_of_an_earlier_export(earlier_meta: dict, exporting: Path | None) -> str | None:
+def _warn_of_an_earlier_export(earlier_meta: dict, run: Run) -> str | None:
     """An earlier run's --export-packed folder holds the sequences of its order: a run that does not export there
-    again leaves it describing another order, which a trainer reading it would train on. Said, not removed (a
-    trainer may be reading it); the folder said, for this run's metadata, so that every later run says it too
-    while the folder is there."""
-    from .packed_export import MARKER
+    again and orders otherwise (or packs at another length) leaves it describing another order, which a trainer
+    reading it would train on. Said, not removed (a trainer may be reading it). Returns the folder while it holds
+    an export this run does not replace, for this run's metadata, so every later run compares with it too."""
+    from .packed_export import MARKER, order_digest
 
+    config = run.config
     export = earlier_meta.get("packed_export")
-    folder = export.get("folder") if isinstance(export, dict) else earlier_meta.get("stale_packed_export")
+    folder = export.get("folder") if isinstance(export, dict) else earlier_meta.get("earlier_packed_export")
     if not isinstance(folder, str) or not (Path(folder) / MARKER).is_file():
         return None
-    if exporting is not None and Path(folder).resolve() == exporting.resolve():
+    if config.export_packed is not None and Path(folder).resolve() == config.export_packed.resolve():
         return None
-    log.warning("%s holds the packed sequences of an earlier run's order, not this one's: rerun with --export-packed "
-                "%s to replace them, or remove the folder", folder, folder)
+    try:
+        held = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError):
+        held = {}
+    same = (isinstance(held, dict) and held.get("order_blake2b") == order_digest(run.order)
+            and held.get("seq_len") == config.seq_len and held.get("count_special_tokens") == config.count_special_tokens)
+    if not same:
+        log.warning("%s holds the packed sequences of an earlier run's order, not this one's: rerun with "
+                    "--export-packed %s to replace them, or remove the folder", folder, folder)
     return folder
 
 
@@ -917,7 +925,7 @@ def write_metadata(run: Run) -> dict:
         "special_tokens_per_document": run.special_tokens_per_document,
         "packing": config.ordering_options.packing,
         "packed_export": run.packed,
-        "stale_packed_export": run.stale_packed_export,
+        "earlier_packed_export": run.earlier_packed_export,
         "pca": run.pca_info.as_dict() if run.pca_info else None,
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample,
                        **({"plan": run.cluster_plan.as_dict()} if run.cluster_plan else {})},

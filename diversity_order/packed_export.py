@@ -20,6 +20,7 @@ Each Parquet row (``DIR/packed-00000-of-0000N.parquet``, loadable with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,6 +37,11 @@ from .runtime import Progress
 SEQUENCES_PER_SHARD = 16384
 DOCUMENTS_PER_READ = 4096
 MARKER = "packed.json"
+
+
+def order_digest(order: np.ndarray) -> str:
+    """The order an export holds, as a digest a later run compares its own order with."""
+    return hashlib.blake2b(np.ascontiguousarray(order, dtype="<i8").tobytes(), digest_size=16).hexdigest()
 
 
 def check_folder(folder: Path) -> None:
@@ -141,7 +147,8 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
                 bar.update(len(rows))
         dropped = packer.finish()
         flush(1)
-        meta = {"seq_len": seq_len, "sequences": written, "shards": shard, "tokens": written * seq_len,
+        meta = {"seq_len": seq_len, "order_blake2b": order_digest(order), "sequences": written, "shards": shard,
+                "tokens": written * seq_len,
                 "tokens_dropped": dropped, "count_special_tokens": special_mode, "tokenizer": tokenizer.fingerprint,
                 "unique_clusters_per_sequence": {"mean": float(np.mean(unique)) if unique else 0.0,
                                                  "min": int(min(unique)) if unique else 0},

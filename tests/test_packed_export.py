@@ -111,8 +111,9 @@ def _is_slice(piece, document):
 def test_a_rerun_without_the_export_says_the_earlier_one_is_of_another_order(tmp_path, corpus, tiny_model_dir,
                                                                              caplog):
     """A new user appended records and reran without --export-packed: the export of the earlier order stayed,
-    unmentioned. Now a warning names it on that run and every later one (not removed: a trainer may be reading
-    it); exporting there again or the same folder's next export says nothing."""
+    unmentioned. Now a warning names it on that run and every later one whose order differs from the one it
+    holds (not removed: a trainer may be reading it); a run of the same order, or exporting there again, says
+    nothing."""
     import logging
 
     src, _ = corpus
@@ -120,13 +121,17 @@ def test_a_rerun_without_the_export_says_the_earlier_one_is_of_another_order(tmp
     common = ["--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
               "--n-clusters", 6, "--seq-len", SEQ_LEN, "--no-plot"]
     assert curate(*common, "--export-packed", packed) == 0
+    said = f"{packed} holds the packed sequences of an earlier run's order, not this one's"
     with caplog.at_level(logging.WARNING):
         assert curate(*common, "--export-packed", packed) == 0
-        assert "earlier run's order" not in caplog.text
-        assert curate(*common) == 0
-        said = f"{packed} holds the packed sequences of an earlier run's order, not this one's"
+        assert curate(*common, "--output-shards", 2) == 0  # the same order (a second user saw it warned of)
+        assert said not in caplog.text
+        assert curate(*common, "--ordering", "random") == 0
         assert said in caplog.text
         caplog.clear()
-        assert curate(*common) == 0  # and so does every later run while the folder is there
+        assert curate(*common, "--ordering", "random", "--seed", 7) == 0  # and so does every later run
         assert said in caplog.text
+        caplog.clear()
+        assert curate(*common, "--export-packed", packed) == 0  # the folder's order again: nothing to say
+        assert said not in caplog.text
     assert (packed / "packed.json").is_file()
