@@ -91,9 +91,16 @@ def _is_pattern(text: str) -> bool:
 
 
 def _folder_files(folder: Path) -> tuple[str, list[Path]]:
-    """The data files of a plain folder (searched recursively; hidden files, such as temps, left out)."""
-    found = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
-                                                                           p.relative_to(folder).parts))
+    """The data files of a plain folder (searched recursively; hidden files, such as temps, left out, and so are
+    --export-packed folders inside it: a curate run's output folder reads back as its shards)."""
+    from .packed_export import MARKER
+
+    exports = {p.parent for p in folder.rglob(MARKER)}
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.parent not in exports
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    if exports:
+        log.info("--input %s: %s left out (packed sequences an --export-packed wrote, not records)", folder,
+                 ", ".join(str(p) for p in sorted(exports)))
     parquet = [p for p in found if p.name.endswith(PARQUET_SUFFIX)]
     jsonl = [p for p in found if is_jsonl_name(p.name)]
     # Plain .json files beside other data files are metadata (a curate run's B_meta.json, B_clusters.json,
@@ -106,7 +113,8 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
                  "Parquet" if parquet else ".jsonl/.ndjson")
     if parquet and jsonl:
         raise UserError(f"--input {folder}: holds both Parquet ({parquet[0].name}) and JSONL ({jsonl[0].name}) files; "
-                        f"give one format (e.g. a glob such as {folder}/*.parquet)")
+                        f"give one format (e.g. a glob such as {parquet[0].parent}/*.parquet or "
+                        f"{jsonl[0].parent}/*{''.join(jsonl[0].suffixes)})")
     if not parquet and not jsonl:
         raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl[.gz|.zst] files (nor a datasets "
                         "folder written by save_to_disk)")

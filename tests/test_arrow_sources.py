@@ -3,6 +3,7 @@ input's format and schema, rows in the curated order, and clear errors."""
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +131,19 @@ def test_a_null_in_a_plain_string_column_is_one_clear_error(tmp_path):
     pq.write_table(pa.table({"text": ["a", "b", None, "d"]}), path, row_group_size=2)
     with pytest.raises(UserError, match=r"nulls\.parquet row 2: field 'text' is a JSON null, expected a string"):
         open_arrow_source([path], "parquet", ("text",))
+
+
+def test_a_folder_of_two_formats_is_refused_with_a_glob_that_matches(tmp_path):
+    """The hint names a glob for each format that finds its files (it named the top folder's before)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from diversity_order.sources import resolve_inputs
+
+    (tmp_path / "sub").mkdir()
+    pq.write_table(pa.Table.from_pylist([{"text": "a"}]), tmp_path / "sub" / "a.parquet")
+    (tmp_path / "b.jsonl.gz").write_bytes(b"")
+    with pytest.raises(UserError, match="holds both") as refused:
+        resolve_inputs([tmp_path])
+    globs = [word.rstrip(")") for word in str(refused.value).split() if "*" in word]
+    assert [len(list(Path(g).parent.glob(Path(g).name))) for g in globs] == [1, 1]

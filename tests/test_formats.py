@@ -350,20 +350,24 @@ def test_more_shards_than_records_are_written_empty_with_a_warning(tmp_path, dem
 
 
 def test_a_sharded_runs_output_folder_is_an_input_again(tmp_path, demo_jsonl, tiny_model_dir, caplog):
-    """The folder of a run's shards also holds its metadata and cache manifests (.json): not records."""
+    """The folder of a run's shards also holds its metadata and cache manifests (.json): not records; and, where
+    the run exported its packed sequences into it, their folder (Parquet of token ids): not records either (a
+    new user's read-back was refused as a folder of two formats, with a glob hint that matched nothing)."""
     import logging
 
     want = sorted(Path(demo_jsonl).read_bytes().splitlines())
     for name in ("c.jsonl", "c.parquet"):
         folder = tmp_path / name.split(".")[1]
+        export = ("--export-packed", folder / "packed") if name == "c.jsonl" else ()
         assert curate("--input", demo_jsonl, "--output", folder / name, "--output-shards", 2, "--model-dir",
-                      tiny_model_dir, *COMMON) == 0
+                      tiny_model_dir, *COMMON, *export) == 0
         assert (folder / "c_meta.json").is_file() and list(folder.glob("*.cache.json"))
         caplog.clear()
         with caplog.at_level(logging.INFO):
             assert curate("--input", folder, "--output", tmp_path / f"again_{name}.jsonl", "--model-dir",
                           tiny_model_dir, *COMMON) == 0
         assert ".json file(s) left out" in caplog.text
+        assert (f"{folder / 'packed'} left out (packed sequences" in caplog.text) == bool(export)
         back = (tmp_path / f"again_{name}.jsonl").read_bytes().splitlines()
         assert sorted(json.dumps(json.loads(line), sort_keys=True) for line in back) == \
             sorted(json.dumps(json.loads(line), sort_keys=True) for line in want)
