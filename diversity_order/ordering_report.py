@@ -55,7 +55,7 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
             quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters, windows,
                                                  options.packing)
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality,
-                         "uniformity_bound": bound})
+                         "uniformity_bound": bound, **_field_measures(token_counts, seq_len, order, options)})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
         random_row = next((r for r in rows if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
         if random_row and uniformity_out_of_reach(bound, random_row["uniformity_mean"]):
@@ -63,6 +63,38 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                         "shuffle's %.4f): their lengths and clusters force at least %.4f", f"{seq_len:,}",
                         UNIFORMITY_RATIO, random_row["uniformity_mean"], bound)
     return rows, curves
+
+
+def _field_measures(token_counts: np.ndarray, seq_len: int, order: np.ndarray, options: OrderingOptions) -> dict:
+    """Each --balance-field's categories' token-share uniformity and boundary shift under ``order`` (as
+    ``fields``), measured as the clusters' are; {} without one."""
+    if options.balance_groups is None:
+        return {}
+    out = {}
+    for column, field in enumerate(options.balance_fields):
+        ids = options.balance_groups[:, column]
+        q = diversity.ordering_quality(ids, token_counts, seq_len, order, int(ids.max()) + 1, packing=options.packing)
+        out[field] = {"uniformity_mean": q["uniformity_mean"], "boundary_shift": q["boundary_shift"]}
+    return {"fields": out}
+
+
+def _field_tables(at: dict[str, dict]) -> list[str]:
+    """Per --balance-field, each ordering's uniformity and shift of its categories, and their ratio to the
+    random shuffle's (the field is only read by the orderings that say so)."""
+    lines = []
+    random_row = at.get("random", {})
+    for field in next(iter(at.values())).get("fields", {}):
+        lines += ["", f"Field '{field}' (its categories' token shares, as the clusters' above; lower is better; "
+                      "x: against the random shuffle):", "",
+                  "| ordering | uniformity mean | x | boundary shift | x |", "|---|---:|---:|---:|---:|"]
+        base = random_row.get("fields", {}).get(field)
+        for name, row in at.items():
+            q = row["fields"][field]
+            ratios = [f"{q[m] / base[m]:.2f}" if base and base[m] > 0 else "-" for m in ("uniformity_mean",
+                                                                                       "boundary_shift")]
+            lines.append(f"| {name} | {q['uniformity_mean']:.4f} | {ratios[0]} | {q['boundary_shift']:.4f} | "
+                         f"{ratios[1]} |")
+    return lines
 
 
 # The bar an ordering has to clear at each seq_len, against the default (stratified) and a random
@@ -161,6 +193,7 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
                          f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
                          f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.3f} |")
+        lines += _field_tables(at)
         if seq_len in wins:
             verdict = f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
             near = sorted((at[name]["uniformity_mean"], name) for name, ok in met[seq_len].items()

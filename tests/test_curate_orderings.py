@@ -158,6 +158,32 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
                                                    "--balance-field", "sourc")
 
 
+def test_compare_strategies_measures_the_balance_field_under_every_ordering(tmp_path, tiny_model_dir, scored_jsonl,
+                                                                           capsys):
+    """A user balancing sources could not see, per ordering, how balanced the sources were (a new user found
+    that orderings which ignore the field balanced it as well): each length's table now has the field's."""
+    out = tmp_path / "cur.jsonl"
+    assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                  "--seq-len", 2000, "--compare-strategies", "--balance-field", "source", "--no-plot") == 0
+    printed = capsys.readouterr().out
+    assert "Field 'source' (its categories' token shares" in printed
+    report = json.loads((tmp_path / "cur_strategies.json").read_text())
+    labels, _, _ = _outputs(tmp_path)
+    counts = np.load(tmp_path / "scored_token_counts.npy")
+    lines = scored_jsonl.read_bytes().splitlines()
+    sources = np.array([["web", "code", "books"].index(json.loads(line)["source"]) for line in lines])
+    options = OrderingOptions(seq_len=2000, balance_groups=sources[:, None])
+    by_name = {row["ordering"]: row for row in report["rows"]}
+    for name, row in by_name.items():
+        order = ORDERINGS[name](labels, counts, 5, options)
+        q = diversity.ordering_quality(sources, counts, 2000, order, 3)
+        assert row["fields"]["source"] == {"uniformity_mean": q["uniformity_mean"],
+                                           "boundary_shift": q["boundary_shift"]}, name
+    shuffle = by_name["random"]["fields"]["source"]["uniformity_mean"]
+    paced = by_name["paced"]["fields"]["source"]["uniformity_mean"]
+    assert f"| paced | {paced:.4f} | {paced / shuffle:.2f} |" in printed
+
+
 def test_balanced_beats_stratified_and_random_on_the_topical_corpus(tmp_path, tiny_model_dir):
     # Source-grouped input with long documents: what the balanced ordering is for.
     path = write_jsonl(tmp_path / "grouped.jsonl", topical_records(per_topic=60, long_every=9))
