@@ -998,14 +998,21 @@ def read_scores(index, field: str) -> np.ndarray:
     """A finite number per record from ``field`` (float64); a missing or non-numeric value is a UserError."""
     values = index.field_values(field)
     scores = np.empty(len(values), dtype=np.float64)
+    bad = []  # every record without a number: fixing them one run at a time is what a user should not have to do
     for row, value in enumerate(values):
         number = _finite_number(value)
         if number is None:
-            where = index.where(row)
-            found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
-                     else f"the value {json.dumps(value)[:40]}")
-            raise UserError(f"{where}: --score-field {field} needs a finite number in every record; found {found}")
-        scores[row] = number
+            bad.append(row)
+        else:
+            scores[row] = number
+    if bad:
+        row, value = bad[0], values[bad[0]]
+        found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
+                 else f"the value {json.dumps(value)[:40]}")
+        more = f" ({len(bad):,} of the {len(values):,} records lack one; the last: {index.where(bad[-1])})" \
+            if len(bad) > 1 else ""
+        raise UserError(f"{index.where(row)}: --score-field {field} needs a finite number in every record; found "
+                        f"{found}{more}")
     return scores
 
 

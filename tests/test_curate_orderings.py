@@ -147,6 +147,13 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     write_jsonl(scored_jsonl, records)
     assert f'error: {scored_jsonl}:4: --score-field quality needs a finite number in every record; found the value "high"' \
         == run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
+    # Several: how many and the last are said too, so one run finds the extent (a new user fixed them one by one).
+    for i in (6, 9):
+        del records[i]["quality"]
+    write_jsonl(scored_jsonl, records)
+    err = run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
+    assert err.startswith(f'error: {scored_jsonl}:4: ') and len(err.splitlines()) == 1
+    assert f"(3 of the {len(records):,} records lack one; the last: {scored_jsonl}:10)" in err
     with pytest.raises(SystemExit) as exit_info:  # argparse's usage errors are one line too
         curate(*base, "--segment-percentages", "30,x")
     err = capsys.readouterr().err.strip()
