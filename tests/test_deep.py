@@ -178,7 +178,7 @@ def test_non_oom_errors_propagate(data, tiny_model_dir, tmp_path):
         deep.extract(_config(data[0], tmp_path / "e.npy", tiny_model_dir), forward=forward)
 
 
-def test_resume_after_interrupt_equals_uninterrupted(data, tiny_model_dir, baseline, baseline_bs2, tmp_path):
+def test_resume_after_interrupt_equals_uninterrupted(data, tiny_model_dir, baseline, baseline_bs2, tmp_path, caplog):
     out = tmp_path / "emb.npy"
     calls = {"n": 0}
 
@@ -194,6 +194,8 @@ def test_resume_after_interrupt_equals_uninterrupted(data, tiny_model_dir, basel
     assert not out.exists()
     done = np.load(out.parent / "emb.npy.partial.done.npy")
     assert 0 < done.sum() < done.size
+    # said as it stops (a new user saw only "interrupted"; the count came from the rerun)
+    assert f"Interrupted: {int(done.sum())} of {done.size} rows of this share are checkpointed" in caplog.text
 
     computed = []
 

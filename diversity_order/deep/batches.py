@@ -151,8 +151,9 @@ class BatchLoop:
             if result.docs:
                 with contextlib.suppress(Exception):
                     self.partial.checkpoint()
-            if isinstance(exc, Terminated):
-                log.warning("Terminated (SIGTERM): %d of %d rows of this share are checkpointed; rerun to resume",
+            if isinstance(exc, (Terminated, KeyboardInterrupt)):  # what a rerun starts from, said now
+                log.warning("%s: %d of %d rows of this share are checkpointed; rerun to resume",
+                            "Terminated (SIGTERM)" if isinstance(exc, Terminated) else "Interrupted",
                             int(self.partial.saved.sum()), self.partial.done.size)
             raise
 
