@@ -85,6 +85,17 @@ def unknown_roles(document: str | Conversation) -> frozenset[str]:
     return document.unknown_roles if isinstance(document, Conversation) else NO_ROLES
 
 
+def missing_field_hint(record: dict) -> str:
+    """For a record without the text field: where it holds a conversation under another key (a chat source in a
+    mix of plain ones), how to read it; else ""."""
+    for key, value in record.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict) and ("role" in value[0] or
+                                                                                 "from" in value[0]):
+            return (f"; its '{key}' holds a conversation, which --text-field {key} reads (a run reads one field: "
+                    "give chat and plain records one field name, or curate them apart)")
+    return ""
+
+
 def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Conversation:
     """The document of ``record``: one field's text or conversation, or several fields' texts joined.
 
@@ -96,7 +107,8 @@ def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Co
         value = lookup(record, field)
         if value is MISSING:
             raise UserError(f"{where()}: no field '{field}' (this record has keys: {keys_text(record)}); choose the "
-                            "text field with --text-field (a dotted path such as meta.body reads nested objects)")
+                            "text field with --text-field (a dotted path such as meta.body reads nested objects)"
+                            + missing_field_hint(record))
         if isinstance(value, str):
             parts.append(value)
         elif isinstance(value, list) and len(fields) == 1:

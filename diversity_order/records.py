@@ -546,7 +546,8 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
             return text
         if text is _MISSING and "." not in text_field:
             raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
-                            f"{_keys_text(record)}); choose the text field with --text-field")
+                            f"{_keys_text(record)}); choose the text field with --text-field"
+                            + fields.missing_field_hint(record))
         text_field = (text_field,)  # a conversation, or a value fields.extract refuses in the same words
     return fields.extract(record, text_field, lambda: f"{path}:{line_number}", _keys_text)
 

@@ -398,6 +398,15 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     corrupt = tmp_path / "corrupt.parquet"
     corrupt.write_bytes(parquet.read_bytes()[:200])
     assert f"{corrupt}: not a Parquet file that can be read" in run_error(capsys, "--input", corrupt, *base)
+    # A chat source beside plain ones (a new user's fine-tuning mix): the error says how the chat one is read.
+    plain, chat = tmp_path / "plain.jsonl", tmp_path / "chat.jsonl"
+    plain.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in demo_records[:20]))
+    chat.write_text(json.dumps({"id": 1, "messages": [{"role": "user", "content": "q"},
+                                                      {"role": "assistant", "content": "a"}]}) + "\n")
+    err = run_error(capsys, "--input", plain, "--input", chat, *base)
+    assert err.startswith(f"error: {chat}:1: no field 'text' (this record has keys: id, messages)")
+    assert err.endswith("its 'messages' holds a conversation, which --text-field messages reads (a run reads one "
+                        "field: give chat and plain records one field name, or curate them apart)")
     assert "no file matches this pattern" in run_error(capsys, "--input", tmp_path / "none" / "*.parquet", *base)
     chat = tmp_path / "chat.jsonl"
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
