@@ -583,6 +583,17 @@ def require_filled(data_path: Path, what: str) -> None:
                         "rerun the curate_dataset.py command that wrote it (same --input and --output) to complete it")
 
 
+def written_key(data_path: Path) -> dict | None:
+    """The key the set at ``data_path`` was stored under (what its rows were made with), or None where it has no
+    readable manifest."""
+    try:
+        meta = json.loads(files_for(data_path).marker.read_text())
+    except (OSError, ValueError):
+        return None
+    key = meta.get("key") if isinstance(meta, dict) else None
+    return key if isinstance(key, dict) else None
+
+
 def written_fingerprints(data_path: Path) -> np.ndarray | None:
     """The fingerprints written beside ``data_path`` (``NAME.fingerprints.npy``: one uint64 per row, the text
     each row was made from), or None where there are none or they cannot be read."""

@@ -50,6 +50,23 @@ def check_same_order(shallow_path: Path, deep_path: Path) -> None:
                              "--shallow's rows")
 
 
+def token_limits(shallow_path: Path, deep_path: Path) -> dict[str, int | None]:
+    """How many of each document's tokens each file's rows were made from, by the manifests written beside them
+    (``max_len``: extract_deep_embeddings.py's --max-tokens or the model's length; curate's shallow embeddings
+    read whole documents: None), said where they differ: documents longer than the limit are then compared on
+    different text, which lowers the agreement by itself."""
+    limits = {}
+    for name, path in (("shallow", shallow_path), ("deep", deep_path)):
+        key = caches.written_key(path)
+        limits[name] = key.get("max_len") if isinstance(key, dict) and isinstance(key.get("max_len"), int) else None
+    if limits["shallow"] != limits["deep"]:
+        said = {name: f"the first {limit:,} tokens of each document" if limit else "whole documents"
+                for name, limit in limits.items()}
+        log.warning("--shallow's rows were made from %s, --deep's from %s: documents longer than that are compared "
+                    "on different text, which lowers ARI and NMI by itself", said["shallow"], said["deep"])
+    return limits
+
+
 def drop_non_finite(shallow: np.ndarray, deep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Rows with NaN/inf in either matrix are left out of both (a NaN row has no cluster);
     returns (shallow, deep, kept row indices, counts)."""

@@ -116,6 +116,30 @@ def test_script_json_and_plots(tmp_path, monkeypatch, capsys):
             assert image.format == "PNG" and image.width > 400
 
 
+def test_rows_made_from_different_token_limits_are_said(tmp_path, caplog):
+    """Deep embeddings of the first 48 tokens against shallow ones of whole documents (a new user's run): the
+    comparison says so, by the manifests beside the files, and records each limit."""
+    from diversity_order import caches
+
+    x, _ = blobs(n_per=30)
+    fingerprints = np.arange(x.shape[0], dtype=np.uint64)
+    caches.store(tmp_path / "s.npy", {"kind": "shallow"}, fingerprints, x)
+    caches.store(tmp_path / "d.npy", {"kind": "deep", "max_len": 48}, fingerprints, x)
+    with caplog.at_level("WARNING"):
+        assert compare_clusterings.main(["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"),
+                                         "--n-clusters", "4", "--json", str(tmp_path / "r.json")]) == 0
+    assert "--shallow's rows were made from whole documents, --deep's from the first 48 tokens of each document" \
+        in caplog.text
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["shallow"]["token_limit"] is None and report["deep"]["token_limit"] == 48
+    caplog.clear()
+    caches.store(tmp_path / "s.npy", {"kind": "shallow", "max_len": 48}, fingerprints, x)
+    with caplog.at_level("WARNING"):
+        assert compare_clusterings.main(["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"),
+                                         "--n-clusters", "4"]) == 0
+    assert "were made from" not in caplog.text
+
+
 def test_side_by_side_titles_say_where_pca_was_used(tmp_path, monkeypatch):
     """Each panel gives its embeddings' width and, where k-means ran on a PCA of them, the PCA's."""
     x, _ = blobs(n_per=30)

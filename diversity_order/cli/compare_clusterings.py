@@ -55,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     shallow = load_matrix(args.shallow, "--shallow")
     deep = load_matrix(args.deep, "--deep")
     cmp.check_same_order(args.shallow, args.deep)
+    limits = cmp.token_limits(args.shallow, args.deep)
     result = cmp.compare(shallow, deep, args.n_clusters, args.pca_components, args.pca_deep_only, args.seed)
     result.report["shallow"]["path"] = str(args.shallow)
     result.report["deep"]["path"] = str(args.deep)
+    for name, limit in limits.items():
+        result.report[name]["token_limit"] = limit
     print(cmp.format_report(result.report))
     if args.plot is not None:
         kept = result.kept_rows
