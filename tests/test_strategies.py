@@ -628,3 +628,21 @@ def test_compile_time_in_an_ordering_s_run_is_left_out_of_its_time(monkeypatch):
     slow["compile"] = False
     rows, _ = strategies.compare_strategies(labels, counts, 1, [1024], OrderingOptions(), ["original"])
     assert rows[0]["seconds"] >= 0.39
+
+
+def test_token_balanced_says_when_its_pools_make_it_slow(monkeypatch, caplog):
+    """Its time grows with documents x pools (cluster x length bin x field category): a field of many
+    categories took minutes at 400,000 documents, silently; past the threshold it says so first."""
+    from diversity_order.orderings import token_share
+
+    labels = np.arange(200) % 5
+    counts = np.arange(200) % 17 + 1
+    options = replace(OrderingOptions(seq_len=64), balance_fields=("source",),
+                      balance_groups=(np.arange(200) % 40)[:, None])
+    with caplog.at_level("WARNING"):
+        ORDERINGS["token-balanced"](labels, counts, 5, options)
+    assert "every step compares every pool" not in caplog.text
+    monkeypatch.setattr(token_share, "SLOW_POOL_STEPS", 200 * 10)
+    with caplog.at_level("WARNING"):
+        ORDERINGS["token-balanced"](labels, counts, 5, options)
+    assert "token-balanced: 200 documents in " in caplog.text and "every step compares every pool" in caplog.text
