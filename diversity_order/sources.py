@@ -95,7 +95,7 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
     --export-packed folders inside it: a curate run's output folder reads back as its shards)."""
     from .packed_export import MARKER
 
-    exports = {p.parent for p in folder.rglob(MARKER)}
+    exports = {p.parent for p in folder.rglob(MARKER) if p.parent != folder and any(p.parent.glob("packed-*.parquet"))}
     found = sorted(p for p in folder.rglob("*") if p.is_file() and p.parent not in exports
                    and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     if exports:
