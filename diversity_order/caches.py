@@ -563,13 +563,19 @@ def with_unfilled(fingerprints: np.ndarray, filled: np.ndarray | None) -> np.nda
     return np.where(filled, fingerprints, np.uint64(unfilled_fingerprint(fingerprints)))
 
 
-def filled_rows(data_path: Path) -> tuple[int, int] | None:
-    """(rows filled, rows) of the set at ``data_path`` when an interrupted run stored it part-filled; else None."""
+def _written_manifest(data_path: Path) -> dict:
+    """The manifest written beside ``data_path`` ({} where there is none, or it cannot be read as an object)."""
     try:
         meta = json.loads(files_for(data_path).marker.read_text())
     except (OSError, ValueError):
-        return None
-    if isinstance(meta, dict) and isinstance(meta.get("filled"), int) and isinstance(meta.get("rows"), int):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def filled_rows(data_path: Path) -> tuple[int, int] | None:
+    """(rows filled, rows) of the set at ``data_path`` when an interrupted run stored it part-filled; else None."""
+    meta = _written_manifest(data_path)
+    if isinstance(meta.get("filled"), int) and isinstance(meta.get("rows"), int):
         return meta["filled"], meta["rows"]
     return None
 
@@ -586,11 +592,7 @@ def require_filled(data_path: Path, what: str) -> None:
 def written_key(data_path: Path) -> dict | None:
     """The key the set at ``data_path`` was stored under (what its rows were made with), or None where it has no
     readable manifest."""
-    try:
-        meta = json.loads(files_for(data_path).marker.read_text())
-    except (OSError, ValueError):
-        return None
-    key = meta.get("key") if isinstance(meta, dict) else None
+    key = _written_manifest(data_path).get("key")
     return key if isinstance(key, dict) else None
 
 

@@ -38,7 +38,7 @@ from numba import njit
 
 from ..diversity import BOUNDARY_FRACTION
 from ..packing import WHOLE, advance, place
-from .pools import deal_long, grouped_stable, order_by
+from .pools import cluster_pools, deal_long, order_by
 
 # A document of at least this share of a window is large (set on the tuning corpora among 0.1-0.3;
 # BENCHMARKS.md, "Rule 7").
@@ -253,10 +253,9 @@ def group_keys(labels: np.ndarray, token_counts: np.ndarray, groups: np.ndarray,
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     grouped = groups[groups >= 0]
-    shuffled = grouped[np.random.default_rng(seed).permutation(grouped.size)]
-    pool_starts = np.zeros(int(labels.max(initial=0)) + 2, dtype=np.int64)
-    np.cumsum(np.bincount(labels[shuffled], minlength=pool_starts.size - 1), out=pool_starts[1:])
-    pools = shuffled[grouped_stable(labels[shuffled], pool_starts)]
+    members, pool_starts = cluster_pools(labels[grouped], counts[grouped], int(labels.max(initial=0)) + 1,
+                                         "random", seed)
+    pools = grouped[members]
     # every pool's documents by length at once (ties by place in the pool): one sort, not one per pool
     by_length = order_by(np.arange(pools.size), labels[pools], counts[pools])
     key = np.zeros(labels.size, dtype=np.float64)
