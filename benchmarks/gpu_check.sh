@@ -22,7 +22,7 @@
 # failing step is recorded and the next one runs. Writes to $OUT: gpu_check.log (everything),
 # gpu_check_summary.json (each step's exit code and seconds, plus every result), env.json, deep_512.json,
 # batch_sizes.json, deep_2048.json, extract_compare.json, curate_compare.json, curate_kept_compare.json,
-# curate_counts_compare.json, cluster.json.
+# curate_counts_compare.json, curate_chat_compare.json, cluster.json.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -184,7 +184,7 @@ main() {
     grep -q 'the rows the ranks embedded so far are kept in' '$WORK/c_kept/stopped.log'"
   step curate_resumed_pg 150 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/c_kept' '$PY' -m torch.distributed.run \
     --standalone --nproc_per_node 1 '$HELP' forced-pg --curate -- $cargs --output '$WORK/c_kept/out.parquet' \
-    2> '$WORK/c_kept/resumed.log' && grep 'kept by an interrupted torchrun run\|new or changed' '$WORK/c_kept/resumed.log'"
+    2> '$WORK/c_kept/resumed.log' && grep 'kept by an interrupted torchrun run\|Embedding .* record(s) of' '$WORK/c_kept/resumed.log'"
   step curate_kept_compare 60 "$PY" "$HELP" compare-curated "$OUT/curate_kept_compare.json" \
     "$WORK/c_single/out.parquet" "$WORK/c_kept/out.parquet"
   step curate_counts_pg 150 env DIVERSITY_ORDER_CACHE_DIR="$WORK/c_ext" \
@@ -192,6 +192,22 @@ main() {
     --load-embeddings "$WORK/c_single/out_embeddings.npy" --output "$WORK/c_ext/out.parquet"
   step curate_counts_compare 60 "$PY" "$HELP" compare-curated "$OUT/curate_counts_compare.json" \
     "$WORK/c_single/out.parquet" "$WORK/c_ext/out.parquet"
+
+  # 4d. Conversations (--text-field messages) whose last quarter names its roles human/gpt: the roles counted
+  #     at indexing travel in each rank's part of the index (gathered on the backend); the warning must name
+  #     them with the first such record, and the files must equal one process's.
+  mkdir -p "$WORK/c_chat"
+  "$PY" "$HELP" chat-corpus "$CORPUS" "$WORK/c_chat/chat.jsonl" --docs "${GPU_CHECK_CHAT_DOCS:-600}"
+  local chat="--input $WORK/c_chat/chat.jsonl --text-field messages --model-dir $MODEL --device $DEVICE \
+    --output-format parquet --output-shards 2 --seq-len 4096 --no-plot --no-progress"
+  local roles="grep \"roles other than .*'human' in .* (the first: .*chat.jsonl:$((${GPU_CHECK_CHAT_DOCS:-600} * 3 / 4 + 1)))\""
+  step curate_chat_single 150 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/c_chat/r1' '$PY' curate_dataset.py $chat \
+    --output '$WORK/c_chat/single.parquet' 2> '$WORK/c_chat/single.log' && $roles '$WORK/c_chat/single.log'"
+  step curate_chat_pg 150 bash -c "env DIVERSITY_ORDER_CACHE_DIR='$WORK/c_chat/r2' '$PY' -m torch.distributed.run \
+    --standalone --nproc_per_node 1 '$HELP' forced-pg --curate -- $chat --output '$WORK/c_chat/ranks.parquet' \
+    2> '$WORK/c_chat/ranks.log' && $roles '$WORK/c_chat/ranks.log'"
+  step curate_chat_compare 60 "$PY" "$HELP" compare-curated "$OUT/curate_chat_compare.json" \
+    "$WORK/c_chat/single.parquet" "$WORK/c_chat/ranks.parquet"
 
   # 5. The tests that touch devices and torchrun (the real-model ones are marked slow and skip).
   local xdist=""

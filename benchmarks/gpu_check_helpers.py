@@ -9,6 +9,7 @@
     python3 benchmarks/gpu_check_helpers.py forced-pg [--curate] [--stop-at-batch N] -- ARGS...   # extract (or curate)
         with a 1-process group joined; --stop-at-batch: SIGTERM to torchrun as the tokenizer starts batch N
     python3 benchmarks/gpu_check_helpers.py compare-curated OUT.json A.parquet B.parquet   # two curate runs' outputs
+    python3 benchmarks/gpu_check_helpers.py chat-corpus TEXT.jsonl OUT.jsonl [--docs 600]   # conversations, two role styles
     python3 benchmarks/gpu_check_helpers.py batch-rates OUT.json BATCH_SIZE LOG [BATCH_SIZE LOG ...]
     python3 benchmarks/gpu_check_helpers.py cluster-base OUT.npy [--rows 50000 --dim 576 --centres 60]
     python3 benchmarks/gpu_check_helpers.py summary OUT_DIR STEPS.tsv [PYTEST_JUNIT.xml]
@@ -134,6 +135,17 @@ def corpus(out: str, docs: int = 5000) -> None:
                     print(f"{out}: {written} documents")
                     return
     print(f"{out}: {written} documents")
+
+
+def chat_corpus(src: str, out: str, docs: int = 600) -> None:
+    """The first ``docs`` records of a text JSONL as conversations (user: the record's number, assistant: its
+    text); the last quarter name their roles ShareGPT's way (human/gpt), as a second source of a mix might."""
+    with open(src) as f, open(out, "w") as g:
+        for i, line in zip(range(docs), f):
+            user, assistant = ("human", "gpt") if i >= docs * 3 // 4 else ("user", "assistant")
+            g.write(json.dumps({"messages": [{"role": user, "content": f"Explain piece {i}."},
+                                             {"role": assistant, "content": json.loads(line)["text"]}]}) + "\n")
+    print(f"{out}: {min(docs, i + 1)} conversations")
 
 
 def json_tail(stdout_file: str, out: str) -> None:
@@ -404,6 +416,8 @@ def main() -> int:
         model(rest[0], rest[1], tiny="--tiny" in rest)
     elif command == "corpus":
         corpus(rest[0], int(rest[rest.index("--docs") + 1]) if "--docs" in rest else 5000)
+    elif command == "chat-corpus":
+        chat_corpus(rest[0], rest[1], int(rest[rest.index("--docs") + 1]) if "--docs" in rest else 600)
     elif command == "json-tail":
         json_tail(rest[0], rest[1])
     elif command == "compare":
