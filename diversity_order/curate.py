@@ -251,6 +251,9 @@ def curate(config: CurateConfig) -> CurateResult | None:
             for function, *args in last_stages:
                 function(*args)
         report_measures(run)
+        if not config.no_plot:
+            # Drawing can take a minute (UMAP): a run stopped there still leaves metadata for the files it wrote.
+            write_metadata(run, plots_drawn=False)
         plot(run)
         meta = write_metadata(run)
         sweep_stale_temps()  # a killed run's temp files beside what this run wrote (never a live run's)
@@ -704,7 +707,7 @@ def write_outputs(run: Run) -> None:
     # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
     with contextlib.suppress(FileNotFoundError):
         run.paths["meta"].unlink()
-    _remove_files_this_run_does_not_write(run)
+    _remove_earlier_plots_and_comparison(run)
     if not config.stats_only:
         if config.output_shards > run.n:
             log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
@@ -781,13 +784,19 @@ def _warn_of_an_earlier_export(earlier_meta: dict, run: Run) -> str | None:
     return folder
 
 
-def _remove_files_this_run_does_not_write(run: Run) -> None:
+def _remove_earlier_plots_and_comparison(run: Run) -> None:
     """An earlier run's plots and strategy comparison for this output describe its records and order: a run that
     writes none of its own (--no-plot, no --compare-strategies) removes them, saying so, rather than leave them
-    beside files they no longer match. (The 2-D projection cache stays: it is trusted only for its embeddings.)"""
+    beside files they no longer match; one that draws plots removes the earlier ones now, as it replaces the
+    files they describe, since it draws its own last. (The 2-D projection cache stays: it is trusted only for
+    its embeddings.)"""
     config = run.config
     report = ordering_report.report_paths(outputs.output_stem(config.output))
-    stale = [run.paths["ordering_plot"], run.paths["cloud_plot"]] if config.no_plot else []
+    plot_files = [run.paths[name] for name in PLOT_PATHS]
+    if not config.no_plot:  # redrawn after the metadata: a run stopped before then must not leave the earlier ones
+        for path in plot_files:
+            path.unlink(missing_ok=True)
+    stale = plot_files if config.no_plot else []
     if not config.stats_only:  # (a --stats-only trial's plots are its own, B_stats-only_*; its comparison is not)
         if not config.compare_strategies:
             stale += [report["markdown"], report["json"], report["plot"]]
@@ -878,6 +887,10 @@ def describe(run: Run) -> None:
     log.info("What the clusters are: %s", run.paths["clusters_md"])
 
 
+# The run's plots, by their names in run.paths (the strategy comparison's plot is ordering_report's).
+PLOT_PATHS = ("ordering_plot", "cloud_plot")
+
+
 def plot(run: Run) -> None:
     config, paths = run.config, run.paths
     if config.no_plot:
@@ -892,8 +905,9 @@ def plot(run: Run) -> None:
     log.info("Plots: %s, %s", paths["ordering_plot"], paths["cloud_plot"])
 
 
-def write_metadata(run: Run) -> dict:
-    """``B_meta.json``: the original toolkit's keys, then ours."""
+def write_metadata(run: Run, plots_drawn: bool = True) -> dict:
+    """``B_meta.json``: the original toolkit's keys, then ours. ``plots_drawn`` False: written before the plots,
+    which it records as not drawn (``plot_files`` null), and rewritten once they are."""
     config, paths = run.config, run.paths
     sizes = np.bincount(run.labels, minlength=config.n_clusters)
     by_size = sorted(np.flatnonzero(sizes).tolist(), key=lambda k: (-sizes[k], k))
@@ -938,6 +952,8 @@ def write_metadata(run: Run) -> dict:
         "cluster_sizes": {str(k): int(sizes[k]) for k in by_size},
         "empty_documents": int((run.counts == 0).sum()),
         "stats_only": config.stats_only,
+        "plot_files": ([] if config.no_plot else [_recorded_path(paths[name]) for name in PLOT_PATHS])
+        if plots_drawn else None,
         "labels_file": _recorded_path(paths["labels"]),
         "order_file": _recorded_path(paths["order"]),
         "timings_seconds": run.timer.seconds,
@@ -946,7 +962,8 @@ def write_metadata(run: Run) -> dict:
         "stages_side_by_side": sorted(run.timer.beside),  # their wall times overlap; their CPU is their thread's
     }
     save_json(paths["meta"], meta)
-    log.info("Metadata: %s", paths["meta"])
+    if plots_drawn:
+        log.info("Metadata: %s", paths["meta"])
     return meta
 
 

@@ -175,6 +175,37 @@ def test_a_run_without_plots_or_comparison_removes_the_earlier_runs(tmp_path, ti
     assert "Removed" not in caplog.text
 
 
+def test_a_run_stopped_while_drawing_leaves_metadata_and_none_of_the_earlier_plots(tmp_path, tiny_model_dir,
+                                                                                   topical_jsonl, monkeypatch):
+    """Plots come last and can take a minute (UMAP): a run stopped while drawing them leaves metadata for the
+    files it wrote, its plots recorded as not drawn, and no plot of the earlier run's order beside them."""
+    from diversity_order import plots
+
+    common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000,
+              "--output", tmp_path / "a.jsonl"]
+    assert curate(*common) == 0
+    names = [tmp_path / "a_ordering_comparison.png", tmp_path / "a_cluster_cloud.png"]
+    assert json.loads((tmp_path / "a_meta.json").read_text())["plot_files"] == [str(path) for path in names]
+    earlier_plot = names[0].read_bytes()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "plot_cluster_cloud", stopped)
+    assert curate(*common, "--ordering", "random") == 130
+    meta = json.loads((tmp_path / "a_meta.json").read_text())
+    assert meta["plot_files"] is None and meta["ordering"] == "random"
+    assert meta["output_files"] == [str(tmp_path / "a.jsonl")]
+    order = np.load(tmp_path / "a_order.npy")
+    records = topical_jsonl.read_text().splitlines()
+    assert (tmp_path / "a.jsonl").read_text().splitlines() == [records[i] for i in order]
+    assert not names[1].exists()
+    assert names[0].read_bytes() != earlier_plot  # drawn by the stopped run, before the stop
+    monkeypatch.undo()
+    assert curate(*common, "--no-plot") == 0  # and a run without plots records none
+    assert json.loads((tmp_path / "a_meta.json").read_text())["plot_files"] == []
+
+
 def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, topical_jsonl, caplog):
     caplog.set_level(logging.INFO)
     common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--no-plot"]
