@@ -74,6 +74,29 @@ def _colour_strip(labels_in_order: np.ndarray, counts_in_order: np.ndarray, colo
     return colors[labels_in_order[doc]][np.newaxis, :, :]
 
 
+# Past this many windows a line per window is a solid band (a user's million windows, a few thousand pixels): each
+# curve is then its mean over bins of consecutive windows, with the 10th-90th percentile of each bin shaded.
+MOST_WINDOWS_DRAWN = 2000
+WINDOW_BINS = 500
+BAND_PERCENTILES = (10, 90)
+
+
+def binned_windows(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per bin of consecutive windows (at most ``bins``, as equal as they divide): its centre on the window
+    axis, the mean, and the BAND_PERCENTILES of its values (non-negative integers; the lowest value whose
+    share of the bin at or below it reaches the percentile)."""
+    values = np.asarray(values, dtype=np.int64)
+    bins = max(1, min(bins, values.size))
+    edges = np.linspace(0, values.size, bins + 1).round().astype(np.int64)
+    which = np.repeat(np.arange(bins), np.diff(edges))
+    sizes = np.diff(edges)
+    mean = np.bincount(which, weights=values, minlength=bins) / sizes
+    span = int(values.max()) + 1 if values.size else 1
+    below = np.bincount(which * span + values, minlength=bins * span).reshape(bins, span).cumsum(axis=1)
+    low, high = ((below * 100 >= q * sizes[:, None]).argmax(axis=1) for q in BAND_PERCENTILES)
+    return (edges[:-1] + edges[1:]) / 2, mean, low, high
+
+
 def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.ndarray, order: np.ndarray,
                              n_clusters: int, diversity_before: np.ndarray, diversity_after: np.ndarray,
                              summary_before: dict, summary_after: dict, seq_len: int,
@@ -99,8 +122,19 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
         ax.set_yticks([])
         ax.set_title(text, fontsize=10)
     ax = axes[2]
-    ax.plot(np.arange(diversity_before.size) + 0.5, diversity_before, lw=1, color="tab:red", label="input order")
-    ax.plot(np.arange(diversity_after.size) + 0.5, diversity_after, lw=1, color="tab:blue", label="curated order")
+    most = max(diversity_before.size, diversity_after.size)
+    binned = most > MOST_WINDOWS_DRAWN
+    for values, color, name in ((diversity_before, "tab:red", "input order"), (diversity_after, "tab:blue", "curated order")):
+        if binned:
+            x, mean, low, high = binned_windows(values, WINDOW_BINS)
+            ax.fill_between(x, low, high, color=color, alpha=0.2, lw=0)
+            ax.plot(x, mean, lw=1.2, color=color, label=name)
+        else:
+            ax.plot(np.arange(values.size) + 0.5, values, lw=1, color=color, label=name)
+    if binned:
+        per_bin = most / min(WINDOW_BINS, most)
+        ax.set_title(f"mean over each ~{per_bin:,.0f} windows, shaded: their {BAND_PERCENTILES[0]}th to "
+                     f"{BAND_PERCENTILES[1]}th percentile (a line per window would fill the panel)", fontsize=9)
     ax.axhline(n_clusters, ls="--", color="grey", lw=1, label=f"K = {n_clusters}")
     ax.set_xlabel(f"position in the data, in training sequences of {seq_len:,} tokens")
     ax.set_ylabel("unique clusters in sequence")

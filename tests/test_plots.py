@@ -2,13 +2,18 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from diversity_order import plots
 from diversity_order.diversity import summarize_windows, window_diversity
 from diversity_order.plots import (
+    BAND_PERCENTILES,
+    MOST_WINDOWS_DRAWN,
+    WINDOW_BINS,
     _colour_strip,
+    binned_windows,
     cluster_colors,
     cluster_label_anchors,
     plot_cluster_cloud,
@@ -44,6 +49,48 @@ def test_plots_are_written(tmp_path):
     for name in ("o.png", "bars.png", "cloud.png"):
         with Image.open(tmp_path / name) as image:
             assert image.format == "PNG" and image.width > 600
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(0, 40), min_size=1, max_size=300), bins=st.integers(1, 60))
+@example(values=list(range(10)), bins=1)  # a percentile falling exactly on a value's share
+def test_binned_windows_equal_a_plain_loop(values, bins):
+    """Consecutive bins of windows, as equal as they divide, each with its mean and percentiles (the lowest
+    value whose share of the bin at or below it reaches the percentile: numpy's inverted CDF)."""
+    centres, mean, low, high = binned_windows(np.array(values), bins)
+    edges = [0]
+    for centre in centres:
+        edges.append(round(2 * centre - edges[-1]))
+    sizes = np.diff(edges)
+    assert edges[-1] == len(values) and len(sizes) == min(bins, len(values))
+    assert sizes.min() >= 1 and sizes.max() - sizes.min() <= 1
+    for i, (start, stop) in enumerate(zip(edges[:-1], edges[1:])):
+        chunk = values[start:stop]
+        assert mean[i] == pytest.approx(sum(chunk) / len(chunk))
+        assert low[i] == np.percentile(chunk, BAND_PERCENTILES[0], method="inverted_cdf")
+        assert high[i] == np.percentile(chunk, BAND_PERCENTILES[1], method="inverted_cdf")
+
+
+@pytest.mark.parametrize("windows", [MOST_WINDOWS_DRAWN // 2, MOST_WINDOWS_DRAWN * 3])
+def test_many_windows_are_drawn_as_bins_with_a_band(tmp_path, monkeypatch, windows):
+    """A line per window past a few thousand windows fills the panel: the curves become a mean per bin of
+    windows with a shaded band; fewer windows keep their line each."""
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 8, windows * 4)
+    counts = np.full(labels.size, 250)
+    order = rng.permutation(labels.size)
+    before, after = window_diversity(labels, counts, 1000), window_diversity(labels, counts, 1000, order)
+    plot_ordering_comparison(tmp_path / "o.png", labels, counts, order, 8, before, after,
+                             summarize_windows(before), summarize_windows(after), 1000)
+    curves = drawn[0].axes[2]
+    points = sorted(len(line.get_xdata()) for line in curves.get_lines() if line.get_label().endswith("order"))
+    if windows > MOST_WINDOWS_DRAWN:
+        assert points == [WINDOW_BINS, WINDOW_BINS] and len(curves.collections) == 2
+        assert "percentile" in curves.get_title()
+    else:
+        assert points == [windows, windows] and not curves.collections
 
 
 def test_a_cluster_label_sits_on_one_of_its_points():
