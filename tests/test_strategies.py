@@ -312,6 +312,9 @@ def test_token_balanced_takes_the_f3_minimising_pool_head(docs, bins, length_wei
     options = OrderingOptions(seed=seed, length_bins=bins, length_weight=length_weight,
                               balance_groups=balance_groups, balance_weight=data.draw(st.sampled_from([0.5, 1.0, 2.0])))
     _check_token_balanced(labels, counts, k, options)
+    # Scored in runs on every core (here from the first pool), each step takes the same pool, ties included.
+    args = np.array(labels, dtype=np.int64), np.array(counts, dtype=np.int64), k, options
+    assert np.array_equal(token_balanced_order(*args, parallel_pools=1), token_balanced_order(*args))
 
 
 def test_token_balanced_f3_on_a_larger_input_with_balance_groups():

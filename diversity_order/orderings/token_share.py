@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .options import OrderingOptions
 from .pools import grouped_stable
@@ -19,8 +20,11 @@ from .pools import grouped_stable
 log = logging.getLogger(__name__)
 
 # Each step compares the head of every pool: documents x pools past this take minutes (400,000 documents in
-# 70,000 pools, a 200-category --balance-field: 166 s on 2 cores; 100,000 in 39,000: 20 s).
+# 64,000 pools, a 200-category --balance-field: 119 s on one core, 70 s on two; BENCHMARKS.md).
 SLOW_POOL_STEPS = 10**10
+# From this many pools left a step scores them in runs, one per core (below, starting the runs costs more than
+# it saves).
+PARALLEL_POOLS = 4096
 
 
 def length_bins(token_counts: np.ndarray, n_bins: int) -> np.ndarray:
@@ -58,8 +62,43 @@ def _characteristics(labels, token_counts, n_clusters, options: OrderingOptions)
     return groups, family_of_group, np.asarray(weights, dtype=np.float64), int(sum(sizes))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pool_score(p, pool_starts, taken, member_counts, pool_groups, placed, targets, total, cross, tau_sq, weights):
+    length = float(member_counts[pool_starts[p] + taken[p]])
+    score = 0.0
+    for f in range(weights.shape[0]):
+        g = pool_groups[p, f]
+        error = placed[g] - targets[g] * total
+        score += weights[f] * (length * (-2.0 * cross[f] + length * tau_sq[f])
+                               + 2.0 * length * (error - targets[g] * length) + length * length)
+    return score
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _best_slot_in_runs(active, n_active, pool_starts, taken, member_counts, pool_groups, placed, targets, total, cross,
+                       tau_sq, weights, run_best, run_score):
+    # The active pools cut into consecutive runs scored at once, one per core; the lowest score wins, ties to
+    # the lowest slot, as one loop over every slot would choose.
+    runs = run_best.shape[0]
+    size = (n_active + runs - 1) // runs
+    for r in prange(runs):
+        best, best_score = -1, 0.0
+        for slot in range(r * size, min((r + 1) * size, n_active)):
+            score = _pool_score(active[slot], pool_starts, taken, member_counts, pool_groups, placed, targets, total,
+                                cross, tau_sq, weights)
+            if best < 0 or score < best_score:
+                best, best_score = slot, score
+        run_best[r], run_score[r] = best, best_score
+    best, best_score = -1, 0.0
+    for r in range(runs):
+        if run_best[r] >= 0 and (best < 0 or run_score[r] < best_score):
+            best, best_score = run_best[r], run_score[r]
+    return best
+
+
 @njit(cache=True, nogil=True)
-def _token_share_greedy(members, pool_starts, pool_groups, member_counts, targets, family_of_group, weights):
+def _token_share_greedy(members, pool_starts, pool_groups, member_counts, targets, family_of_group, weights,
+                        parallel_pools, runs):
     # Minimises f = sum_f w_f sum_{j in f} [(T_j + c_j) - tau_j (S + l)]^2 over the head documents
     # of the non-empty pools, exactly, in O(pools * families) per step: with e_j = T_j - tau_j S,
     # adding a document of length l in group g of each family changes f by
@@ -78,23 +117,22 @@ def _token_share_greedy(members, pool_starts, pool_groups, member_counts, target
     total = 0.0  # S
     cross = np.empty(n_families, dtype=np.float64)
     order = np.empty(n, dtype=np.int64)
+    run_best = np.empty(max(runs, 1), dtype=np.int64)
+    run_score = np.empty(max(runs, 1), dtype=np.float64)
     for step in range(n):
         for f in range(n_families):
             cross[f] = tau_placed[f] - total * tau_sq[f]  # sum_j tau_j e_j
-        best_slot = -1
-        best_score = 0.0
-        for slot in range(n_active):
-            p = active[slot]
-            position = pool_starts[p] + taken[p]
-            length = float(member_counts[position])
-            score = 0.0
-            for f in range(n_families):
-                g = pool_groups[p, f]
-                error = placed[g] - targets[g] * total
-                score += weights[f] * (length * (-2.0 * cross[f] + length * tau_sq[f])
-                                       + 2.0 * length * (error - targets[g] * length) + length * length)
-            if best_slot < 0 or score < best_score:
-                best_slot, best_score = slot, score
+        if n_active >= parallel_pools:
+            best_slot = _best_slot_in_runs(active, n_active, pool_starts, taken, member_counts, pool_groups, placed,
+                                           targets, total, cross, tau_sq, weights, run_best, run_score)
+        else:
+            best_slot = -1
+            best_score = 0.0
+            for slot in range(n_active):
+                score = _pool_score(active[slot], pool_starts, taken, member_counts, pool_groups, placed, targets,
+                                    total, cross, tau_sq, weights)
+                if best_slot < 0 or score < best_score:
+                    best_slot, best_score = slot, score
         p = active[best_slot]
         position = pool_starts[p] + taken[p]
         taken[p] += 1
@@ -112,9 +150,11 @@ def _token_share_greedy(members, pool_starts, pool_groups, member_counts, target
 
 
 def token_balanced_order(
-    labels: np.ndarray, token_counts: np.ndarray, n_clusters: int, options: OrderingOptions = OrderingOptions()
+    labels: np.ndarray, token_counts: np.ndarray, n_clusters: int, options: OrderingOptions = OrderingOptions(),
+    *, parallel_pools: int = PARALLEL_POOLS
 ) -> np.ndarray:
-    """Keep every cluster's (and length bin's, and balance field's) token share on track."""
+    """Keep every cluster's (and length bin's, and balance field's) token share on track. ``parallel_pools``: from
+    this many pools left, each step scores them on every core (tests use fewer)."""
     labels = np.asarray(labels, dtype=np.int64)
     counts = np.asarray(token_counts, dtype=np.int64)
     if labels.size == 0:
@@ -132,7 +172,7 @@ def token_balanced_order(
     if labels.size * n_pools > SLOW_POOL_STEPS:
         log.warning("token-balanced: %s documents in %s pools (one per combination of cluster, length bin and "
                     "--balance-field category that occurs); every step compares every pool, so this takes minutes "
-                    "(400,000 documents in 70,000 pools: about 3 on 2 cores); fewer categories or --length-bins 1 "
+                    "(400,000 documents in 64,000 pools: 2 on two cores); fewer categories or --length-bins 1 "
                     "make fewer pools", f"{labels.size:,}", f"{n_pools:,}")
     shuffled = np.random.default_rng(options.seed).permutation(labels.size)
     pool_starts = np.zeros(n_pools + 1, dtype=np.int64)
@@ -140,4 +180,4 @@ def token_balanced_order(
     members = shuffled[grouped_stable(pool_of_doc[shuffled].astype(np.int64), pool_starts)]
     pool_groups = np.ascontiguousarray(groups[members[pool_starts[:-1]]])
     return _token_share_greedy(members, pool_starts, pool_groups, counts[members], targets, family_of_group,
-                               weights)
+                               weights, parallel_pools, numba.get_num_threads())
