@@ -43,6 +43,7 @@ from .errors import MAX_COUNT, EveryRankError, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .fields import DEFAULT_TEXT_FIELD, KNOWN_ROLES, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
+from .orderings.options import flag_of
 from .projection import projection_or_none
 from .runtime import StageTimer, heartbeat, side_by_side, start
 
@@ -1037,11 +1038,18 @@ def _say_records_longer_than_a_window(counts: np.ndarray, seq_len: int, packing:
 
 
 def _warn_unused_flags(config: CurateConfig) -> None:
-    """A flag set away from its default that the chosen ordering never reads is almost always a mistake."""
-    if config.compare_strategies:
-        return  # the comparison runs every ordering, so every flag is read by one of them
+    """A flag set away from its default that the chosen ordering never reads is almost always a mistake; with
+    --compare-strategies the orderings that read it are compared with it, but the curated file still follows
+    --ordering (a user seeing the field balanced in the comparison took it for the file's)."""
     for flag, users in registry.unused_flags(config.ordering, config.ordering_options):
-        log.warning("%s is not used by --ordering %s (it is read by %s)", flag, config.ordering, ", ".join(users))
+        measured = "; its token shares are still measured" if flag == BALANCE_FIELD_FLAG else ""
+        compared = (f"; the comparison runs {'them' if len(users) > 1 else 'it'} with it, but the curated file "
+                    f"follows --ordering {config.ordering}") if config.compare_strategies else ""
+        log.warning("%s is not used by --ordering %s (it is read by %s)%s%s", flag, config.ordering, ", ".join(users),
+                    compared, measured)
+
+
+BALANCE_FIELD_FLAG = flag_of("balance_fields")
 
 
 def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> OrderingOptions:
@@ -1055,8 +1063,8 @@ def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> Order
         log.info("Scores from '%s': min %g, median %g, max %g", options.score_field, scores.min(), np.median(scores),
                  scores.max())
     groups = None
-    balancing = config.compare_strategies or "balance_fields" in SPECS[config.ordering].reads
-    if options.balance_fields and balancing:
+    # Read whatever the ordering: a field no record has is an error, and every run measures the field's shares.
+    if options.balance_fields:
         columns = []
         for name in options.balance_fields:
             ids, categories = records.read_categories(index, name)

@@ -163,6 +163,30 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     assert "--length-weight" in run_error(capsys, *base, "--length-weight", "inf")
     assert "no record has this field" in run_error(capsys, *base, "--ordering", "token-balanced",
                                                    "--balance-field", "sourc")
+    # Whatever the ordering: a misspelt field passed with the default ordering and with paced (a new user's run).
+    for ordering in ("stratified", "paced"):
+        assert "no record has this field" in run_error(capsys, *base, "--ordering", ordering, "--balance-field", "sourc")
+
+
+def test_a_balance_field_the_ordering_ignores_is_measured_and_said(tmp_path, tiny_model_dir, scored_jsonl, caplog):
+    """paced does not read --balance-field: it is said, also with --compare-strategies (whose tables, balancing
+    the field under other orderings, read as if the file were), and the field's shares are measured all the same."""
+    base = ["--input", scored_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 5, "--seq-len", 2000, "--no-plot",
+            "--ordering", "paced", "--balance-field", "source"]
+    for extra in ([], ["--compare-strategies"]):
+        caplog.clear()
+        assert curate(*base, *extra, "--output", tmp_path / "cur.jsonl") == 0
+        said = [r.getMessage() for r in caplog.records if "--balance-field is not used by --ordering paced" in r.getMessage()]
+        assert len(said) == 1 and said[0].endswith("its token shares are still measured")
+        assert ("the curated file follows --ordering paced" in said[0]) == bool(extra)
+        labels, order, meta = _outputs(tmp_path)
+        counts = np.load(tmp_path / "scored_token_counts.npy")
+        lines = scored_jsonl.read_bytes().splitlines()
+        sources = np.array([["web", "code", "books"].index(json.loads(line)["source"]) for line in lines])
+        q = diversity.ordering_quality(sources, counts, 2000, order, 3)
+        got = meta["balance_field_quality"]["source"]["curated"]
+        assert got["uniformity_mean"] == pytest.approx(q["uniformity_mean"])
+        assert got["boundary_shift"] == pytest.approx(q["boundary_shift"])
 
 
 def test_compare_strategies_measures_the_balance_field_under_every_ordering(tmp_path, tiny_model_dir, scored_jsonl,
