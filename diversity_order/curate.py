@@ -951,7 +951,7 @@ def write_metadata(run: Run, plots_drawn: bool = True) -> dict:
         "strategy_comparison": run.comparison,
         "similarity_stats": run.similarity,
         "cluster_sizes": {str(k): int(sizes[k]) for k in by_size},
-        "empty_documents": int((run.counts == 0).sum()),
+        "empty_documents": int((run.counts == run.special_tokens_per_document).sum()),  # no tokens of their own
         "stats_only": config.stats_only,
         "plot_files": ([] if config.no_plot else [_recorded_path(paths[name]) for name in PLOT_PATHS])
         if plots_drawn else None,

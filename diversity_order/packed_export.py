@@ -60,6 +60,7 @@ class _Packer:
         self.starts: list[int] = []
         self.rows: list[int] = []
         self.done: list[tuple[list[int], list[int], list[int]]] = []
+        self.last_closed_row = -1  # the row of the last piece of the last full sequence
 
     def add(self, row: int, ids: list[int]) -> None:
         if not ids:  # a zero-token document belongs to the window of the token before it
@@ -76,13 +77,18 @@ class _Packer:
             self.ids.extend(ids[position: position + take])
             position += take
 
-    def finish(self) -> int:
-        """Close the last sequence if full; returns the tokens left over (dropped)."""
+    def finish(self) -> tuple[int, int]:
+        """Close the last sequence if full; returns the tokens left over (dropped) and the documents all of whose
+        tokens they hold (the first of them may have begun in the last full sequence)."""
         if len(self.ids) == self.seq_len:
             self._close()
-        return len(self.ids)
+        rows = set(self.rows)
+        rows.discard(self.last_closed_row)  # in the tail too: it began in the last full sequence
+        return len(self.ids), len(rows)
 
     def _close(self) -> None:
+        if self.rows:
+            self.last_closed_row = self.rows[-1]
         self.done.append((self.ids, self.starts, self.rows))
         self.ids, self.starts, self.rows = [], [], []
 
@@ -145,11 +151,12 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
                     packer.add(row, ids)
                 flush(SEQUENCES_PER_SHARD)
                 bar.update(len(rows))
-        dropped = packer.finish()
+        dropped, documents_dropped = packer.finish()
         flush(1)
         meta = {"seq_len": seq_len, "order_blake2b": order_digest(order), "sequences": written, "shards": shard,
                 "tokens": written * seq_len,
-                "tokens_dropped": dropped, "count_special_tokens": special_mode, "tokenizer": tokenizer.fingerprint,
+                "tokens_dropped": dropped, "documents_dropped": documents_dropped, "count_special_tokens": special_mode,
+                "tokenizer": tokenizer.fingerprint,
                 "unique_clusters_per_sequence": {"mean": float(np.mean(unique)) if unique else 0.0,
                                                  "min": int(min(unique)) if unique else 0},
                 "files": sorted(p.name for p in staging.glob("packed-*.parquet"))}
@@ -160,4 +167,4 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {**meta, "folder": str(folder)}
+    return {**meta, "folder": str(Path(folder).absolute())}

@@ -79,6 +79,7 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
     summary = json.loads((packed / "packed.json").read_text())
     meta = json.loads((tmp_path / "o" / "c_meta.json").read_text())
     assert len(data) == summary["sequences"] == meta["total_tokens"] // SEQ_LEN
+    assert meta["empty_documents"] == 1  # record 7's text has no tokens, though its count holds the EOS
     assert all(len(ids) == SEQ_LEN for ids in data["input_ids"])
     # The tokens: every document's ids plus its EOS, in the curated order, cut every SEQ_LEN tokens.
     tokenizer = DocumentTokenizer(tiny_model_dir)
@@ -86,6 +87,10 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
     stream = [t for row in order for t in tokenizer.encode(records[row]["text"]) + eos]
     assert [t for ids in data["input_ids"] for t in ids] == stream[: len(data) * SEQ_LEN]
     assert summary["tokens_dropped"] == len(stream) - len(data) * SEQ_LEN
+    # Documents left out whole: those beginning at or past the last full sequence's end (each has its EOS).
+    lengths = [len(tokenizer.encode(records[row]["text"])) + len(eos) for row in order]
+    begins = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    assert summary["documents_dropped"] == int((begins >= len(data) * SEQ_LEN).sum())
     # Boundaries: each piece's tokens are its document's, and the diversity is what the run reports.
     unique, _ = window_counts(labels, np.load(tmp_path / "data_token_counts.npy") + 1, SEQ_LEN, order, "split")
     recomputed = [len(set(labels[rows].tolist())) for rows in data["document_rows"]]
@@ -135,3 +140,20 @@ def test_a_rerun_without_the_export_says_the_earlier_one_is_of_another_order(tmp
         assert curate(*common, "--export-packed", packed) == 0  # the folder's order again: nothing to say
         assert said not in caplog.text
     assert (packed / "packed.json").is_file()
+
+
+def test_the_export_folder_is_recorded_absolute(tmp_path, corpus, tiny_model_dir, monkeypatch, caplog):
+    """Every path in the metadata is absolute: a relative --export-packed was recorded as given (a new user saw
+    "out/packed" beside absolute paths), so a later run from another folder could not find the export to warn of."""
+    import logging
+
+    src, _ = corpus
+    common = ["--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
+              "--n-clusters", 6, "--seq-len", SEQ_LEN, "--no-plot"]
+    monkeypatch.chdir(tmp_path)
+    assert curate(*common, "--export-packed", "packed") == 0
+    assert json.loads((tmp_path / "o" / "c_meta.json").read_text())["packed_export"]["folder"] == str(tmp_path / "packed")
+    monkeypatch.chdir(tmp_path / "o")
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--ordering", "random") == 0
+    assert f"{tmp_path / 'packed'} holds the packed sequences of an earlier run's order" in caplog.text
