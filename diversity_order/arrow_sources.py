@@ -53,7 +53,6 @@ class _Piece:
     index: int
     first: int
     rows: int
-    nbytes: int
 
 
 @dataclass
@@ -330,6 +329,22 @@ def dataset_folder_files(folder: Path) -> list[Path]:
     return files
 
 
+def schema_difference(first, other) -> str:
+    """The first way ``other`` differs from ``first``, in words: a column one lacks, another type, another order."""
+    for column in first:
+        if column.name not in other.names:
+            return f"no column '{column.name}'"
+        found = next(f for f in other if f.name == column.name)
+        if not found.type.equals(column.type):
+            return f"'{column.name}' is {found.type}, not {column.type}"
+    extra = [name for name in other.names if name not in first.names]
+    if extra:
+        return f"a column '{extra[0]}' the first lacks"
+    if other.names != first.names:
+        return f"the columns in another order: {', '.join(other.names[:8])}"
+    return "the same columns, other metadata or nullability"
+
+
 def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...], folder: Path | None = None,
                       progress=None) -> ArrowTableSource:
     """Index ``files``: their pieces, and each row's fingerprint and size (one streaming pass)."""
@@ -341,20 +356,23 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     for number, path in enumerate(source.files):
         stat = path.stat()
         source.stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
-        for index, (rows, nbytes) in enumerate(_pieces_of(path, kind, pa)):
-            source.pieces.append(_Piece(number, index, first, rows, nbytes))
+        for index, rows in enumerate(_rows_of_pieces(path, kind, pa)):
+            source.pieces.append(_Piece(number, index, first, rows))
             first += rows
         file_schema = _file_schema(path, kind, pa)
         if schema is None:
             schema = file_schema
         elif not file_schema.equals(schema):
-            raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s; give files of one schema")
+            raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s "
+                            f"({schema_difference(schema, file_schema)}); give files of one schema")
     missing = [f for f in text_fields if f.split(".")[0] not in schema.names and f not in schema.names]
     if missing:
         raise UserError(f"--input {source.name}: no column '{missing[0]}' (columns: {', '.join(schema.names[:10])}); "
                         "choose the text field with --text-field")
     digests = bytearray()
     kinds = DocumentKinds()
+    if progress is not None:
+        progress.set_total(first)
     for piece in source.pieces:
         for document in source._documents(piece):
             kinds.saw(len(sizes), document)
@@ -363,7 +381,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             digests += hashlib.blake2b(encoded, digest_size=8).digest()
             sizes.append(len(encoded) + 16)
         if progress is not None:
-            progress.update(piece.nbytes)
+            progress.update(piece.rows)
     if not sizes:
         raise UserError(f"--input {source.name}: no rows")
     source.kinds = kinds
@@ -379,14 +397,14 @@ def _file_schema(path: Path, kind: str, pa):
         return pa.ipc.open_stream(source).schema
 
 
-def _pieces_of(path: Path, kind: str, pa) -> list[tuple[int, int]]:
-    """(rows, bytes) of each row group or record batch of ``path``."""
+def _rows_of_pieces(path: Path, kind: str, pa) -> list[int]:
+    """The rows of each row group or record batch of ``path``."""
     try:
         if kind == "parquet":
             meta = pa.parquet.ParquetFile(path).metadata
-            return [(meta.row_group(i).num_rows, meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
+            return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         with pa.memory_map(str(path)) as source:
-            return [(b.num_rows, b.nbytes) for b in pa.ipc.open_stream(source)]
+            return [b.num_rows for b in pa.ipc.open_stream(source)]
     except (OSError, pa.ArrowException) as exc:
         what = "a Parquet file" if kind == "parquet" else "an Arrow stream file"
         raise UserError(f"{path}: not {what} that can be read ({str(exc).splitlines()[0]})") from None

@@ -72,6 +72,13 @@ class Progress:
             self._bar = tqdm(total=total, desc=desc, unit="B" if bytes_like else rate_unit.rstrip("s") or "it",
                              unit_scale=bytes_like, unit_divisor=1000, leave=False)
 
+    def set_total(self, total: int) -> None:
+        """The total, once known (after the loop started, e.g. the rows of files whose metadata was read)."""
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     def update(self, n: int, work: int = 0) -> None:
         self.done += n
         self.work += work

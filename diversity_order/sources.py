@@ -36,7 +36,7 @@ import numpy as np
 from . import arrays, records
 from .arrow_sources import dataset_folder_files, is_dataset_folder, open_arrow_source
 from .errors import UserError
-from .runtime import MB, Progress
+from .runtime import Progress
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +216,9 @@ def _open_whole(inputs: Inputs, field, progress: bool):
     if inputs.kind == "jsonl":
         return _jsonl_source(records.scan_files(inputs.files, field, progress=progress), inputs.name)
     text_fields = field if isinstance(field, tuple) else (field,)
-    # Counted in uncompressed row-group bytes, which the files' sizes do not tell: no total.
-    with Progress(None, f"Indexing {inputs.describe()}", unit="MB", rate_unit="MB", bar=progress,
-                  scale=MB) as bar:
+    # Counted in records (the files' metadata gives the total; their bytes, encoded and compressed, are not the
+    # records' bytes the log gives after).
+    with Progress(None, f"Indexing {inputs.describe()}", unit="records", rate_unit="records", bar=progress) as bar:
         return open_arrow_source(inputs.files, inputs.kind, text_fields, inputs.folder, progress=bar)
 
 

@@ -4,6 +4,7 @@ in shards; special tokens counted; one clear line for bad input in each format."
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -395,6 +396,18 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"body": r["text"]} for r in demo_records[:20]]), parquet)
     assert "no column 'text' (columns: body)" in run_error(capsys, "--input", parquet, *base)
+    # Files of two schemas: the error says how the second differs (a new user's score column was a string in one).
+    scored = [pa.table({"text": ["a", "b"], "quality": [0.5, 0.7]}), pa.table({"text": ["c"], "quality": ["high"]}),
+              pa.table({"text": ["d"]}), pa.table({"text": ["e"], "quality": [0.1], "lang": ["en"]})]
+    for i, table in enumerate(scored):
+        (tmp_path / "mixed").mkdir(exist_ok=True)
+        pq.write_table(table, tmp_path / "mixed" / f"part-{i}.parquet")
+    for i, difference in ((1, "'quality' is string, not double"), (2, "no column 'quality'"),
+                          (3, "a column 'lang' the first lacks")):
+        assert run_error(capsys, "--input", tmp_path / "mixed" / "part-0.parquet", "--input",
+                         tmp_path / "mixed" / f"part-{i}.parquet", *base) == (
+            f"error: --input {tmp_path / 'mixed' / f'part-{i}.parquet'}: its columns differ from "
+            f"{tmp_path / 'mixed' / 'part-0.parquet'}'s ({difference}); give files of one schema")
     corrupt = tmp_path / "corrupt.parquet"
     corrupt.write_bytes(parquet.read_bytes()[:200])
     assert f"{corrupt}: not a Parquet file that can be read" in run_error(capsys, "--input", corrupt, *base)
@@ -464,6 +477,8 @@ def test_incremental_run_on_parquet_embeds_only_new_rows(tmp_path, demo_records,
     pq.write_table(pa.Table.from_pylist(demo_records[:200]), parquet, row_group_size=64)
     assert curate("--input", parquet, "--output", tmp_path / "o" / "c.parquet", "--model-dir", tiny_model_dir,
                   *COMMON) == 0
+    # Indexing counts records, not the files' encoded bytes (a new user read "0.44 MB" beside "6.4 MB of records")
+    assert re.search(r"Indexing \S*d\.parquet: 64 of 200 records \(32%\)", caplog.text)  # its first row group
     edited = [dict(r) for r in demo_records]
     edited[5]["text"] += " edited"
     del edited[10]
