@@ -470,7 +470,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     if reason:
         parts = [reason if files.data.name in reason else f"{files.data.name}: {reason}"]
     else:
-        parts = [f"{int(hit.sum())} of {n} rows reused from {files.data.name}"
+        parts = [_reused(hit, source, files.data.name)
                  + (" (stored part-filled by an interrupted run)" if "filled" in named.meta else "")
                  + _left_out(named, fingerprints)]
     if filled.any():
@@ -533,6 +533,15 @@ def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.
     hit = (pos < cached_fingerprints.size) & (cached_fingerprints[order[clipped]] == fingerprints)
     source[hit] = order[clipped[hit]]
     return source
+
+
+def _reused(hit: np.ndarray, source: np.ndarray, name: str) -> str:
+    """How many records' rows a stored set gave, said for the log; records sharing a text share its row, so more
+    records than the set has rows can be given one (said, or the count reads as wrong)."""
+    reused = int(np.count_nonzero(hit))
+    repeated = reused - int(np.unique(source[hit]).size)
+    return (f"{reused} of {hit.size} rows reused from {name}"
+            + (f" ({repeated} of them records whose text another record has too)" if repeated else ""))
 
 
 def _left_out(stored, fingerprints: np.ndarray) -> str:
@@ -990,7 +999,7 @@ def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *,
         source = match_rows(found.fingerprints, fingerprints)
         hit = source >= 0
         sets.append((files, source))
-        parts.append(f"{int(hit.sum())} of {n} rows reused from {files.data.name}" + _left_out(found, fingerprints))
+        parts.append(_reused(hit, source, files.data.name) + _left_out(found, fingerprints))
     if not hit.all():
         filler, filler_source = _best_other([], files, key, expect, fingerprints, hit, registry)
         if filler is not None:
