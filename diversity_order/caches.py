@@ -72,7 +72,8 @@ CHUNK_DIGEST_BYTES = DIGESTS[DIGEST_NAME]().digest_size  # what ``chunk_digests`
 IDENTITY = ("size", "mtime_ns", "inode")
 REGISTRY_FILE = "registry.jsonl"
 # How a log names rows reused from a cache another run wrote elsewhere (found through the registry).
-FROM_ANOTHER_RUN = "another run's cache for the same model and settings; its rows matched to these records by text"
+FROM_ANOTHER_RUN = ("another run's cache for the same model and settings, found through the cache registry; its rows "
+                    "matched to these records by text; DIVERSITY_ORDER_CACHE_DIR='' turns the registry off")
 REGISTRY_COMPACT_LINES = 1000  # rewrite the registry without duplicates and gone sets beyond this many lines
 COPY_CHUNK_ROWS = 65536  # rows a lazy lookup copies at a time (CacheLookup.copy_into)
 

@@ -423,6 +423,7 @@ def test_a_new_output_name_reuses_the_embeddings_of_the_old_one(tmp_path, tiny_m
     assert curate(*common, "--output", tmp_path / "other" / "b.jsonl") == 0
     assert embed_spy == []  # nothing embedded: the rows of a_embeddings.npy were found by content
     assert "30 row(s) taken from" in caplog.text and "a_embeddings.npy" in caplog.text
+    assert "DIVERSITY_ORDER_CACHE_DIR='' turns the registry off" in caplog.text  # how not to share, said where it is
     np.testing.assert_array_equal(np.load(tmp_path / "other" / "b_embeddings.npy"),
                                   np.load(tmp_path / "a_embeddings.npy"))
     assert (tmp_path / "other" / "b.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
