@@ -43,7 +43,7 @@ from .errors import MAX_COUNT, EveryRankError, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .fields import DEFAULT_TEXT_FIELD, KNOWN_ROLES, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, random_order, registry
-from .orderings.options import flag_of
+from .orderings.options import flag_fields, flag_of
 from .projection import projection_or_none
 from .runtime import StageTimer, heartbeat, side_by_side, start
 
@@ -593,9 +593,24 @@ def order(run: Run) -> None:
     config = run.config
     if config.compare_strategies:
         _compare_strategies(run)
+    log.info("Ordering %s with %s", config.ordering, _ordering_settings(config))
     # (a first run compiles the ordering's numba kernels here: a minute or more with nothing else to say)
     with run.timer.stage(f"Ordering ({config.ordering})"), heartbeat(f"Ordering ({config.ordering})"):
         run.order = ORDERINGS[config.ordering](run.labels, run.counts, config.n_clusters, run.options)
+
+
+def _ordering_settings(config: CurateConfig) -> str:
+    """The flags the chosen ordering reads, as given or as its defaults (e.g. saw's --sections 3), for the log: the
+    per-ordering defaults were otherwise only in the metadata."""
+    flags = {f.name: f.metadata["flag"] for f in flag_fields()} | {"seq_len": "--seq-len"}
+
+    def shown(value) -> str:
+        if isinstance(value, (list, tuple)):
+            return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "none"
+        return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+    settings = registry.options_meta(config.ordering, config.ordering_options)
+    return ", ".join(f"{flags.get(name, name)} {shown(value)}" for name, value in settings.items()) or "no settings"
 
 
 def measure(run: Run) -> None:

@@ -13,6 +13,7 @@ from diversity_order import diversity
 from diversity_order import ordering_report as strategies
 from diversity_order.cli import run_main
 from diversity_order.orderings import ORDERINGS, SCORE_ORDERINGS, OrderingOptions, applicable_orderings
+from diversity_order.orderings.options import flag_of
 
 
 def curate(*args):
@@ -41,8 +42,9 @@ def _outputs(folder, stem="cur"):
 
 
 @pytest.mark.parametrize("name", sorted(ORDERINGS))
-def test_every_ordering_writes_its_order(tmp_path, tiny_model_dir, scored_jsonl, name):
+def test_every_ordering_writes_its_order(tmp_path, tiny_model_dir, scored_jsonl, name, caplog):
     out = tmp_path / "cur.jsonl"
+    caplog.set_level(logging.INFO)
     assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
                   "--seq-len", 2000, "--no-plot", "--ordering", name, "--score-field", "quality",
                   "--jitter-window", 4, "--balance-field", "source") == 0
@@ -67,6 +69,14 @@ def test_every_ordering_writes_its_order(tmp_path, tiny_model_dir, scored_jsonl,
         if name in by_ordering:
             assert meta["ordering_options"][option] == by_ordering[name], option
     assert None not in meta["ordering_options"].values()
+    # The log says them too, by their flags (a new user found saw's sections and folds only in the metadata).
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"Ordering {name} with ")]
+    assert len(said) == 1
+    for option, value in meta["ordering_options"].items():
+        flag = "--seq-len" if option == "seq_len" else flag_of(option)
+        shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(value, list) else (
+            f"{value:g}" if isinstance(value, float) else str(value))
+        assert f"{flag} {shown or 'none'}" in said[0], option
 
 
 def test_compare_strategies_writes_table_json_and_plot(tmp_path, tiny_model_dir, scored_jsonl, capsys, caplog):
