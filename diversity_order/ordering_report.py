@@ -232,7 +232,7 @@ def report_paths(stem: Path) -> dict[str, Path]:
 def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, title: str, options: dict | None = None,
                  plot: bool = True) -> tuple[dict[str, Path], str]:
     """Write ``stem_strategies.md``, ``.json`` and (with ``plot``) ``.png``; return (the paths written, the table)."""
-    from .plots import plot_strategy_curves
+    from .plots import plot_strategy_distributions
 
     paths = report_paths(stem)
     if not plot:
@@ -246,5 +246,5 @@ def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, ti
                               "winners": {str(k): v for k, v in verdicts(rows).items()},
                               "u_out_of_reach": {str(k): v for k, v in u_out_of_reach_by_length(rows).items()}})
     if plot:
-        plot_strategy_curves(paths["plot"], curves, n_clusters, title)
+        plot_strategy_distributions(paths["plot"], curves, n_clusters, title)
     return paths, table

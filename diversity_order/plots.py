@@ -247,35 +247,49 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
     plt.close(fig)
 
 
-def plot_strategy_curves(path: Path, curves: dict, n_clusters: int, title: str) -> None:
-    """One panel per seq_len: unique clusters per window along the order, one line per ordering.
+def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title: str) -> None:
+    """One panel per seq_len, one row per ordering: how its windows' unique clusters spread. The box runs from
+    the 25th to the 75th percentile, the whiskers to the 10th and 90th, a tick marks the median and a diamond
+    the mean (its value at the right). Rows keep the comparison's order, top to bottom.
 
-    ``curves``: {(ordering, seq_len): per-window diversity}. Lines are smoothed over ~2% of the
-    windows so a dozen orderings stay readable; x is the position as a fraction of the order.
+    ``curves``: {(ordering, seq_len): per-window diversity}. (A line per ordering along the order, even
+    smoothed, was a tangle at nine orderings: one hid another.)
     """
     plt = pyplot()
     seq_lens = sorted({seq_len for _, seq_len in curves})
     names = list(dict.fromkeys(name for name, _ in curves))
-    fig, axes = plt.subplots(len(seq_lens), 1, figsize=(13, 3.6 * len(seq_lens)), squeeze=False)
+    panel = 1.2 + 0.34 * len(names)
+    fig, axes = plt.subplots(len(seq_lens), 1, figsize=(11, panel * len(seq_lens)), squeeze=False)
+    right = n_clusters * 1.13
     for ax, seq_len in zip(axes[:, 0], seq_lens):
-        for i, name in enumerate(names):
+        for row, name in enumerate(names):
             values = np.asarray(curves[(name, seq_len)], dtype=np.float64)
-            width = max(1, values.size // 50)
-            smooth = np.convolve(values, np.ones(width) / width, mode="valid") if values.size >= width else values
-            x = (np.arange(smooth.size) + width / 2) / max(values.size, 1)
+            if values.size == 0:
+                continue
+            low, q1, median, q3, high = np.percentile(values, [10, 25, 50, 75, 90])
             spec = SPECS.get(name)
+            color = spec.color if spec is not None else plt.get_cmap("tab20")(row % 20)
             bold = spec is not None and spec.highlight
-            color, line = (spec.color, spec.line) if spec is not None else (plt.get_cmap("tab20")(i % 20), "-")
-            ax.plot(x, smooth, lw=2.2 if bold else 1.2, alpha=1.0 if bold else 0.85, color=color, ls=line,
-                    label=f"{name} ({values.mean():.2f})", zorder=3 if bold else 2)
-        ax.set_title(f"seq-len {seq_len:,}: unique clusters per window, moving average over ~2% of the windows "
-                     f"(mean of all windows in the legend)", fontsize=10)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, None)
-        ax.set_ylabel("unique clusters")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7.5, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    axes[-1, 0].set_xlabel("position in the order (fraction of windows)")
+            ax.hlines(row, low, high, color=color, lw=1.4)
+            ax.barh(row, max(q3 - q1, 0.05), left=q1, height=0.56, color=color, alpha=0.55 if bold else 0.3,
+                    edgecolor=color, lw=1.2)
+            ax.vlines(median, row - 0.28, row + 0.28, color=color, lw=2.4)
+            ax.plot(values.mean(), row, marker="D", ms=4.5, color="black", zorder=3)
+            ax.text(right - n_clusters * 0.01, row, f"{values.mean():.2f}", va="center", ha="right", fontsize=8.5,
+                    fontweight="bold" if bold else "normal")
+        ax.set_yticks(range(len(names)))
+        ax.set_yticklabels(names, fontsize=9)
+        for label, name in zip(ax.get_yticklabels(), names):
+            spec = SPECS.get(name)
+            if spec is not None and spec.highlight:
+                label.set_fontweight("bold")
+        ax.set_ylim(len(names) - 0.5, -0.5)
+        ax.axvline(n_clusters, ls=":", color="grey", lw=1)
+        ax.set_xlim(0, right)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_title(f"seq-len {seq_len:,}: unique clusters per window (box: 25th-75th percentile, whiskers: "
+                     f"10th-90th, tick: median, diamond and right: mean; dotted: K)", fontsize=9.5)
+    axes[-1, 0].set_xlabel("unique clusters in a window")
     fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})")
     fig.tight_layout()
     save_figure(fig, path)

@@ -18,6 +18,7 @@ from diversity_order.plots import (
     cluster_label_anchors,
     plot_cluster_cloud,
     plot_ordering_comparison,
+    plot_strategy_distributions,
 )
 
 
@@ -91,6 +92,22 @@ def test_many_windows_are_drawn_as_bins_with_a_band(tmp_path, monkeypatch, windo
         assert "percentile" in curves.get_title()
     else:
         assert points == [windows, windows] and not curves.collections
+
+
+def test_the_strategy_plot_gives_each_ordering_a_row_with_its_mean(monkeypatch):
+    """Nine orderings as lines along the order were a tangle (a new user could not find paced-polished under
+    paced): each ordering is a row per length, in the comparison's order, with its windows' mean beside it."""
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    rng = np.random.default_rng(2)
+    names = ["stratified", "paced", "paced-polished", "random", "an-ordering-of-ones-own"]
+    curves = {(name, seq_len): rng.integers(1, 9, 40 + 7 * i) for i, name in enumerate(names) for seq_len in (64, 256)}
+    plot_strategy_distributions(None, curves, 8, "test")
+    panels = drawn[0].axes
+    assert [ax.get_title().split(":")[0] for ax in panels] == ["seq-len 64", "seq-len 256"]
+    for ax, seq_len in zip(panels, (64, 256)):
+        assert [label.get_text() for label in ax.get_yticklabels()] == names
+        assert [text.get_text() for text in ax.texts] == [f"{curves[(name, seq_len)].mean():.2f}" for name in names]
 
 
 def test_a_cluster_label_sits_on_one_of_its_points():
