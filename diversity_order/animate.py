@@ -266,7 +266,7 @@ def _render(fig) -> np.ndarray:
 
 
 def _inner_box(ax, height: int) -> tuple[int, int, int, int]:
-    """Pixel rows/cols (top, bottom, left, right; exclusive ends) inside an axes' frame."""
+    """Pixel rows/cols (top, bottom, left, right; exclusive ends) inside an axes' (or a legend's) frame."""
     box = ax.get_window_extent()
     left, right = int(np.ceil(box.x0)) + 1, int(np.floor(box.x1)) - 1
     top, bottom = height - int(np.floor(box.y1)) + 1, height - int(np.ceil(box.y0)) - 1
@@ -307,12 +307,14 @@ class BarFrames:
                          "not yet placed (dimmed, input order)", fontsize=10)
         ax = fig.add_subplot(gs[1])
         ax.set_xlim(0, self.n_axis)
-        ax.set_ylim(0, k + 1)
+        # No window holds more than K clusters: the band above K holds the legend, in one row, clear of the curve
+        # (drawn into the frames over the background, it ran through a legend inside the chart).
+        ax.set_ylim(0, k * 1.2 + 1)
         ax.plot(np.arange(self.before.size) + 0.5, self.before, color="0.8", lw=0.8, label="input order, per window")
         ax.axhline(sb["mean"], color="0.3", ls="--", lw=1.2, label=f"input order mean {sb['mean']:.2f}")
         ax.axhline(k, color="0.6", ls=":", lw=1, label=f"K = {k}")
         ax.plot([], [], color=CURVE_RGB / 255, lw=2, label=f"curated order (final mean {sa['mean']:.2f})")
-        ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+        ax.legend(loc="upper center", ncol=4, fontsize=8, framealpha=0.9)
         ax.set_xlabel(f"training window ({inputs.seq_len:,} tokens each)")
         ax.set_ylabel("unique clusters in window")
         fig.suptitle(f"Building the curated order: {self.n:,} documents, {self.total_tokens:,} tokens, K = {k} "
@@ -320,7 +322,8 @@ class BarFrames:
         self.background = _render(fig)
         self.bar_box = _inner_box(ax_bar, height)
         self.chart_box = _inner_box(ax, height)
-        ylim = ax.get_ylim()
+        self.legend_box = _inner_box(ax.get_legend(), height)
+        self.chart_ylim = ylim = ax.get_ylim()
         plt.close(fig)
 
         # Token axis: column j shows the document covering token position (j + 0.5) * total / W.

@@ -89,6 +89,13 @@ def test_reclusters_without_labels_and_curve_grows(run_files, caplog):
     red = [int((f[top:bottom, left:right] == animate.CURVE_RGB).all(-1).sum()) for f in frames]
     assert red == sorted(red) and red[0] < red[-1]
     assert bars.complete_windows(inputs.labels.size) == bars.after.size
+    # The legend sits above K, where no window's curve can reach (it once lay inside the chart, under the curve):
+    # a finished curve swinging between 0 and K clusters at every window crosses none of it.
+    bars.after[:] = np.where(np.arange(bars.after.size) % 2, inputs.n_clusters, 0)
+    bars._curve_mask(bars.chart_ylim)
+    l_top, l_bottom, l_left, l_right = bars.legend_box
+    assert top <= l_top < l_bottom <= bottom
+    assert not bars.curve[l_top - top - 1:l_bottom - top + 1, max(l_left - left, 0):l_right - left].any()
 
 
 def test_recomputes_the_chosen_ordering(run_files):
