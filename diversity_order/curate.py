@@ -593,7 +593,8 @@ def order(run: Run) -> None:
     config = run.config
     if config.compare_strategies:
         _compare_strategies(run)
-    log.info("Ordering %s with %s", config.ordering, _ordering_settings(config))
+    settings = _ordering_settings(config)
+    log.info("Ordering %s%s", config.ordering, f" with {settings}" if settings else " (it has no settings)")
     # (a first run compiles the ordering's numba kernels here: a minute or more with nothing else to say)
     with run.timer.stage(f"Ordering ({config.ordering})"), heartbeat(f"Ordering ({config.ordering})"):
         run.order = ORDERINGS[config.ordering](run.labels, run.counts, config.n_clusters, run.options)
@@ -610,7 +611,7 @@ def _ordering_settings(config: CurateConfig) -> str:
         return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
     settings = registry.options_meta(config.ordering, config.ordering_options)
-    return ", ".join(f"{flags.get(name, name)} {shown(value)}" for name, value in settings.items()) or "no settings"
+    return ", ".join(f"{flags.get(name, name)} {shown(value)}" for name, value in settings.items())
 
 
 def measure(run: Run) -> None:
