@@ -1075,7 +1075,10 @@ def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> Order
     scores = None
     wants_scores = config.compare_strategies or config.ordering in SCORE_ORDERINGS
     if options.score_field is not None and wants_scores:
-        scores = records.read_scores(index, options.score_field)
+        scores, lacking = records.read_scores(index, options.score_field, options.score_default)
+        if lacking:
+            log.warning("--score-field %s: %s of the %s records hold no finite number; they score %g (--score-default)",
+                        options.score_field, f"{lacking:,}", f"{scores.size:,}", options.score_default)
         log.info("Scores from '%s': min %g, median %g, max %g", options.score_field, scores.min(), np.median(scores),
                  scores.max())
     groups = None

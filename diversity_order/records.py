@@ -995,8 +995,9 @@ def _finite_number(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def read_scores(index, field: str) -> np.ndarray:
-    """A finite number per record from ``field`` (float64); a missing or non-numeric value is a UserError."""
+def read_scores(index, field: str, default: float | None = None) -> tuple[np.ndarray, int]:
+    """A finite number per record from ``field`` (float64), and how many records lacked one: a missing or
+    non-numeric value is ``default``, or without one a UserError."""
     values = index.field_values(field)
     scores = np.empty(len(values), dtype=np.float64)
     bad = []  # every record without a number: fixing them one run at a time is what a user should not have to do
@@ -1006,15 +1007,17 @@ def read_scores(index, field: str) -> np.ndarray:
             bad.append(row)
         else:
             scores[row] = number
-    if bad:
+    if bad and default is not None:
+        scores[bad] = default
+    elif bad:
         row, value = bad[0], values[bad[0]]
         found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
                  else f"the value {json.dumps(value)[:40]}")
         more = f" ({len(bad):,} of the {len(values):,} records lack one; the last: {index.where(bad[-1])})" \
             if len(bad) > 1 else ""
         raise UserError(f"{index.where(row)}: --score-field {field} needs a finite number in every record; found "
-                        f"{found}{more}")
-    return scores
+                        f"{found}{more}; --score-default X gives such records the score X")
+    return scores, len(bad)
 
 
 def read_categories(index, field: str) -> tuple[np.ndarray, list[str]]:

@@ -68,14 +68,15 @@ def test_every_ordering_writes_its_order(tmp_path, tiny_model_dir, scored_jsonl,
     for option, by_ordering in PER_ORDERING_DEFAULTS.items():
         if name in by_ordering:
             assert meta["ordering_options"][option] == by_ordering[name], option
-    assert None not in meta["ordering_options"].values()
+    # (--score-default alone is null when not given: records without a score are then an error)
+    assert None not in [value for option, value in meta["ordering_options"].items() if option != "score_default"]
     # The log says them too, by their flags (a new user found saw's sections and folds only in the metadata).
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"Ordering {name} ")]
     assert len(said) == 1 and (" with " in said[0]) == bool(meta["ordering_options"])
     for option, value in meta["ordering_options"].items():
         flag = "--seq-len" if option == "seq_len" else flag_of(option)
         shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(value, list) else (
-            f"{value:g}" if isinstance(value, float) else str(value))
+            f"{value:g}" if isinstance(value, float) else "none" if value is None else str(value))
         assert f"{flag} {shown or 'none'}" in said[0], option
 
 
@@ -155,7 +156,8 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     assert f"{scored_jsonl}:4:" in run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
     records[3]["quality"] = "high"
     write_jsonl(scored_jsonl, records)
-    assert f'error: {scored_jsonl}:4: --score-field quality needs a finite number in every record; found the value "high"' \
+    assert f'error: {scored_jsonl}:4: --score-field quality needs a finite number in every record; found the value ' \
+        '"high"; --score-default X gives such records the score X' \
         == run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
     # Several: how many and the last are said too, so one run finds the extent (a new user fixed them one by one).
     for i in (6, 9):
@@ -164,6 +166,8 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     err = run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality")
     assert err.startswith(f'error: {scored_jsonl}:4: ') and len(err.splitlines()) == 1
     assert f"(3 of the {len(records):,} records lack one; the last: {scored_jsonl}:10)" in err
+    assert "--score-default" in run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality",
+                                          "--score-default", "nan")
     with pytest.raises(SystemExit) as exit_info:  # argparse's usage errors are one line too
         curate(*base, "--segment-percentages", "30,x")
     err = capsys.readouterr().err.strip()
@@ -176,6 +180,27 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     # Whatever the ordering: a misspelt field passed with the default ordering and with paced (a new user's run).
     for ordering in ("stratified", "paced"):
         assert "no record has this field" in run_error(capsys, *base, "--ordering", ordering, "--balance-field", "sourc")
+
+
+def test_records_without_a_score_take_the_score_default(tmp_path, tiny_model_dir, scored_jsonl, caplog):
+    """A new user's quality field was null in 5% of the records: they had to rewrite their files. With
+    --score-default they score that value, said with their count, and the order is the one those scores give."""
+    records = [json.loads(line) for line in scored_jsonl.read_text().splitlines()]
+    for i in (2, 5):
+        del records[i]["quality"]
+    records[7]["quality"] = None
+    write_jsonl(scored_jsonl, records)
+    caplog.set_level(logging.INFO)
+    assert curate("--input", scored_jsonl, "--output", tmp_path / "cur.jsonl", "--model-dir", tiny_model_dir,
+                  "--n-clusters", 5, "--no-plot", "--ordering", "sorted", "--score-field", "quality",
+                  "--score-default", -1.5) == 0
+    assert f"--score-field quality: 3 of the {len(records)} records hold no finite number; they score -1.5" in caplog.text
+    scores = [-1.5 if r.get("quality") is None else r["quality"] for r in records]
+    labels, order, meta = _outputs(tmp_path)
+    counts = np.load(tmp_path / "scored_token_counts.npy")
+    expected = ORDERINGS["sorted"](labels, counts, 5, OrderingOptions(scores=np.array(scores, dtype=np.float64)))
+    assert order.tolist() == expected.tolist() and order[:3].tolist() == [2, 5, 7]
+    assert meta["ordering_options"]["score_default"] == -1.5
 
 
 def test_a_balance_field_the_ordering_ignores_is_measured_and_said(tmp_path, tiny_model_dir, scored_jsonl, caplog):

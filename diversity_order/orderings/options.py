@@ -66,6 +66,10 @@ class OrderingOptions:
     score_field: str | None = _flag(
         None, "--score-field", "numeric JSON field holding the per-document score of the score-based orderings",
         metavar="NAME")
+    score_default: float | None = _flag(
+        None, "--score-default",
+        "score given to records whose --score-field holds no finite number (missing, null, text); default: such "
+        "records are an error", type=float, metavar="X")
     balance_fields: tuple[str, ...] = _flag(
         (), "--balance-field",
         "categorical JSON field (source, language, ...) to balance as well as clusters; repeatable",
@@ -129,6 +133,8 @@ class OrderingOptions:
         if self.transition_ratio is not None:
             check_range(self.transition_ratio, "--transition-ratio", 0, 1, "a fraction of all documents")
         check_range(self.jitter_window, "--jitter-window", 0, MAX_COUNT, "0 = off")
+        if self.score_default is not None and not math.isfinite(self.score_default):
+            raise UserError(f"--score-default {self.score_default}: give a finite number")
         if self.score_order not in SCORE_ORDERS:
             raise UserError(f"--score-order {self.score_order}: choose one of {', '.join(SCORE_ORDERS)}")
         check_range(self.gumbel_temperature, "--gumbel-temperature", 0, math.inf, "0 = off")

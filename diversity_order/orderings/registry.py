@@ -27,7 +27,7 @@ Ordering = Callable[[np.ndarray, np.ndarray, int, OrderingOptions], np.ndarray]
 
 CLUSTER = "cluster"
 SCORE = "score"
-_SCORE_READS = ("score_field", "jitter_window")
+_SCORE_READS = ("score_field", "score_default", "jitter_window")
 _RANKED = (*_SCORE_READS, "score_order")  # every score ordering but segment, whose layout picks the ends
 
 
