@@ -739,6 +739,7 @@ def write_outputs(run: Run) -> None:
         run.curated_files = [_recorded_path(path) for path, _ in written]
         if config.written_kind != "arrow":
             _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
+        _remove_earlier_files_of_another_name(config.output, [path for path, _ in written], earlier, config.inputs.files)
         on_disk, payload = sum(Path(path).stat().st_size for path, _ in written), sum(size for _, size in written)
         compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
         log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
@@ -850,6 +851,24 @@ def _remove_other_shard_sets(output: Path, shards: int, earlier: set[Path], inpu
                     kept[0].name, f" ... {kept[-1].name}" if len(kept) > 1 else "",
                     "this run read them" if all(path.resolve() in read for path in kept)
                     else "no earlier run's metadata lists them as its output")
+
+
+def _remove_earlier_files_of_another_name(output: Path, written: list, earlier: set[Path], inputs: list[Path]) -> None:
+    """An earlier run for this output (the same metadata, labels and order files) that wrote its curated files
+    under another name (c.jsonl.gz, then c.jsonl.zst) left them beside the files this run's order describes: the
+    same records again, in an order nothing describes any more. Removed with a warning: only files beside the
+    output that the earlier run's metadata lists, none this run wrote or read."""
+    now = {Path(path).resolve() for path in written}
+    read = {path.resolve() for path in inputs}
+    folder = output.parent.resolve()
+    stale = sorted(path for path in earlier
+                   if path not in now and path not in read and path.parent == folder and path.is_file())
+    for path in stale:
+        path.unlink()
+    if stale:
+        log.warning("Removed %d curated file(s) the earlier run for %s wrote under another name (%s%s): they held its "
+                    "records, which this run's files hold now", len(stale), output, stale[0].name,
+                    f" ... {stale[-1].name}" if len(stale) > 1 else "")
 
 
 def _shards_across_ranks(run: Run) -> bool:

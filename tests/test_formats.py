@@ -291,6 +291,28 @@ def test_another_shard_count_replaces_the_earlier_set(tmp_path, demo_jsonl, tiny
     assert "no earlier run's metadata lists them" in caplog.text and "Removed" not in caplog.text
 
 
+def test_an_earlier_curated_file_under_another_name_is_replaced(tmp_path, demo_jsonl, tiny_model_dir, caplog):
+    """A new user wrote c.jsonl.gz, then c.jsonl.zst (then 2 Parquet shards) for the same output: the earlier file
+    stayed beside the new one, whose order and metadata had replaced its own, so a trainer reading the folder read
+    every record twice. Files the earlier run's metadata lists and this run does not write are now removed."""
+    import logging
+
+    mine = tmp_path / "c.jsonl.bz2"
+    mine.write_text("a user's own file named like the output\n")
+    for output, extra in ((tmp_path / "c.jsonl.gz", []), (tmp_path / "c.jsonl.zst", []),
+                          (tmp_path / "c.parquet", ["--output-shards", 2])):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert curate("--input", demo_jsonl, "--output", output, "--model-dir", tiny_model_dir, *extra,
+                          *COMMON) == 0
+        written = json.loads((tmp_path / "c_meta.json").read_text())["output_files"]
+        assert sorted(str(p) for p in tmp_path.iterdir() if p.name.startswith("c.") or p.name.startswith("c-")) == \
+            sorted(written + [str(mine)])
+    assert "Removed 1 curated file(s) the earlier run for" in caplog.text and "under another name (c.jsonl.zst)" in \
+        caplog.text
+    assert mine.read_text() == "a user's own file named like the output\n"
+
+
 def test_metadata_paths_are_found_from_another_folder(tmp_path, demo_jsonl, tiny_model_dir, monkeypatch, caplog):
     """Paths given relative to one folder are recorded absolute: the next run, started elsewhere, still finds the
     earlier shard set it must replace (and never a same-named file of its own folder)."""
