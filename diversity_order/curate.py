@@ -544,7 +544,7 @@ def sweep_k(run: Run):
         rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress,
                                                    device=run.device, fit_sample=fit_sample)
     del embeddings
-    log.info("%s", _recommendation(recommended))  # the table goes to standard output (the command prints it)
+    log.info("%s", _recommendation(recommended, rows))  # the table goes to standard output (the command prints it)
     save_json(run.paths["calibration"], {"input": _recorded_path(config.inputs.name), "samples": used, "seed": config.seed,
                                          "pca": run.pca_info.as_dict() if run.pca_info else None,
                                          "k_means_fit_rows": fit_sample or run.n,
@@ -1009,15 +1009,24 @@ def calibration_report(rows, recommended) -> str:
     for row in rows:
         score = "n/a" if row.silhouette is None else f"{row.silhouette:.4f}"
         lines.append(f"{row.k:>5}  {score:>10}  {f'{row.size_min} / {row.size_median:g} / {row.size_max}':>27}")
-    lines.append(_recommendation(recommended))
+    lines.append(_recommendation(recommended, rows))
     return "\n".join(lines)
 
 
-def _recommendation(recommended) -> str:
+def _recommendation(recommended, rows) -> str:
     if recommended is None:
         return "No k could be scored (too few documents or clusters)"
-    return (f"Recommended k = {recommended} (the highest k whose silhouette is within 5% of the peak); "
+    line = (f"Recommended k = {recommended} (the highest k whose silhouette is within 5% of the peak); "
             f"use --n-clusters {recommended}")
+    scored = [row.k for row in rows if row.silhouette is not None]
+    if recommended == min(scored) and len(scored) > 1:
+        # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer).
+        line += (f". But {recommended} is the smallest k tried and the silhouette only falls from there: no k "
+                 "separates these embeddings clearly (shallow embeddings often score so), so the sweep does not "
+                 f"choose k; more clusters spread topics finer across windows (the default is {DEFAULT_N_CLUSTERS})")
+    elif recommended == max(scored) and len(scored) > 1:
+        line += f". {recommended} is the largest k tried: a larger k may score as well"
+    return line
 
 
 def _log_improvement(before: dict, after: dict, config: CurateConfig) -> None:

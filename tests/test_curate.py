@@ -208,6 +208,23 @@ def test_stats_only_writes_everything_but_the_curated_file(tmp_path, tiny_model_
     assert (tmp_path / "s_meta.json").exists() and (tmp_path / "s_order.npy").exists()
 
 
+def test_a_recommended_k_at_the_edge_of_the_sweep_is_said_to_be_no_peak():
+    """A new user's silhouettes fell from k = 5 to k = 100 and the command said 'use --n-clusters 5': a k at the
+    edge of the sweep is no peak, and the recommendation now says so."""
+    from diversity_order.clustering import CalibrationRow, recommend_k
+    from diversity_order.curate import calibration_report
+
+    def rows(scores):
+        return [CalibrationRow(k, score, 1, 2.0, 3) for k, score in zip((5, 10, 15, 20), scores)]
+
+    falling, rising, peaked = rows([0.14, 0.10, 0.07, 0.04]), rows([0.02, 0.05, 0.08, 0.11]), rows([0.05, 0.12, 0.06, 0.04])
+    assert recommend_k(falling) == 5 and "is the smallest k tried and the silhouette only falls" in \
+        calibration_report(falling, 5)
+    assert recommend_k(rising) == 20 and "20 is the largest k tried" in calibration_report(rising, 20)
+    assert recommend_k(peaked) == 10 and calibration_report(peaked, 10).splitlines()[-1] == (
+        "Recommended k = 10 (the highest k whose silhouette is within 5% of the peak); use --n-clusters 10")
+
+
 def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, capsys):
     """The table is the command's result: printed to standard output; the log (standard error) has each k as it
     is scored and the recommendation."""
