@@ -784,3 +784,15 @@ def test_a_failed_run_leaves_no_output_folder_it_created(tmp_path, tiny_model_di
     assert curate("--input", topical_jsonl, "--output", tmp_path / "made" / "c.jsonl", "--model-dir",
                   tiny_model_dir, "--n-clusters", 4, "--no-plot") == 0
     assert (tmp_path / "made" / "c.jsonl").exists()
+
+
+@pytest.mark.parametrize("world, rank, tag", [("2", "1", "[rank 1/2] "), ("1", "0", ""), (None, None, "")])
+def test_log_lines_under_torchrun_say_whose_they_are(world, rank, tag):
+    """Two ranks' warnings ('12 document(s) have no tokens', '8 document(s) ...') in one terminal read as one
+    run contradicting itself (a new user's torchrun run): under torchrun every line names its rank."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    env.update({"WORLD_SIZE": world, "RANK": rank} if world else {})
+    done = subprocess.run([sys.executable, "-c", "import logging; from diversity_order.cli import setup_logging; "
+                           "setup_logging(); logging.getLogger('diversity_order').warning('said')"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert re.fullmatch(rf"\d\d:\d\d:\d\d WARNING {re.escape(tag)}said\n", done.stderr), done.stderr

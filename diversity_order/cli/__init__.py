@@ -74,9 +74,13 @@ def add_output_flags(parser, progress: bool = True) -> None:
 
 
 def setup_logging(verbose: bool = False) -> None:
+    # Under torchrun every rank logs to the same terminal: each line says whose it is (two ranks' "12 document(s)
+    # have no tokens" and "8 document(s) ..." read as one run contradicting itself).
+    world = os.environ.get("WORLD_SIZE", "1")
+    rank = f"[rank {os.environ.get('RANK', '?')}/{world}] " if world.isdigit() and int(world) > 1 else ""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(message)s",
+        format=f"%(asctime)s %(levelname)-7s {rank}%(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
