@@ -692,8 +692,9 @@ def _scan_in_processes(paths: list[Path], text_field, pieces: list[tuple], worke
     parts = []
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_indexing_process,
                              initargs=(counter,)) as pool, \
-            Progress(None if compressed else sum(sizes), f"Indexing {name} ({workers} processes)", unit="MB",
-                     rate_unit="MB", bar=progress, scale=MB) as bar:
+            Progress(None if compressed else sum(sizes), f"Indexing {name} ({workers} processes)",
+                     unit="MB decompressed so far" if compressed else "MB", rate_unit="MB", bar=progress,
+                     scale=MB) as bar:
         try:
             pending = [pool.submit(_scan_piece, paths[f], text_field, lo, hi) for f, lo, hi in pieces]
             # In file order: a piece's error is raised once every piece before it is done without one
@@ -817,8 +818,10 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
         # A part of the file (a torchrun rank's byte range) says so: its total is that part's, which the rank reads
         # past to finish its last record.
         part = "" if lo == 0 and hi is None else " (this rank's part)"
-        with Progress(None if end is None else end - offset, f"Indexing {path.name}{part}", unit="MB",
-                      rate_unit="MB", bar=progress, scale=MB, silent=report is not None) as bar:
+        # (compressed: no total, and the MB are of decompressed data, which neither file size says)
+        with Progress(None if end is None else end - offset, f"Indexing {path.name}{part}",
+                      unit="MB" if end is not None else "MB decompressed so far", rate_unit="MB", bar=progress,
+                      scale=MB, silent=report is not None) as bar:
             advance = bar.update if report is None else report
             try:
                 for line_number, line in enumerate(handle, start=first_line):

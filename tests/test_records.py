@@ -1,6 +1,8 @@
 """JSONL indexing, validation messages, byte-exact output, atomic writes and row caches."""
 
 import json
+import logging
+import re
 import zlib
 
 import numpy as np
@@ -239,7 +241,7 @@ def test_atomic_files_get_ordinary_permissions(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".gz", ".zst"])
 @pytest.mark.parametrize("out_suffix", ["", ".gz", ".zst"])
-def test_compressed_input_and_output_give_the_same_records(tmp_path, suffix, out_suffix):
+def test_compressed_input_and_output_give_the_same_records(tmp_path, suffix, out_suffix, caplog):
     import gzip
 
     import zstandard
@@ -250,7 +252,10 @@ def test_compressed_input_and_output_give_the_same_records(tmp_path, suffix, out
     packed = tmp_path / f"in.jsonl{suffix}"
     data = plain.read_bytes()
     packed.write_bytes(gzip.compress(data) if suffix == ".gz" else zstandard.ZstdCompressor().compress(data))
-    index = scan_jsonl(packed, progress=False)
+    with caplog.at_level(logging.INFO):
+        index = scan_jsonl(packed, progress=False)
+    # No total for compressed input, and its MB are neither file's size: the progress line says what they are.
+    assert re.search(r"Indexing in\.jsonl\.(gz|zst): [\d.]+ MB decompressed so far, ", caplog.text)
     plain_index = scan_jsonl(plain, progress=False)
     assert np.array_equal(index.fingerprints, plain_index.fingerprints)
     assert [t for _, batch in iter_text_batches(index, np.array([299, 7, 150])) for t in batch] == [
