@@ -839,12 +839,7 @@ def _remove_other_shard_sets(output: Path, shards: int, earlier: set[Path], inpu
     read = {path.resolve() for path in inputs}
     stale = [path for path in found if path.resolve() in earlier and path.resolve() not in read]
     kept = [path for path in found if path not in stale]
-    for path in stale:
-        path.unlink()
-    if stale:
-        log.warning("Removed %d curated file(s) the earlier run for %s wrote with another shard count (%s%s): they "
-                    "held its records", len(stale), output, stale[0].name,
-                    f" ... {stale[-1].name}" if len(stale) > 1 else "")
+    _remove_earlier_curated(stale, output, "with another shard count")
     if kept:
         log.warning("%d file(s) beside %s are named as its shards of another count (%s%s) but were kept: %s; a "
                     "trainer reading every file of the folder may read records twice", len(kept), output,
@@ -863,11 +858,15 @@ def _remove_earlier_files_of_another_name(output: Path, written: list, earlier: 
     folder = output.parent.resolve()
     stale = sorted(path for path in earlier
                    if path not in now and path not in read and path.parent == folder and path.is_file())
+    _remove_earlier_curated(stale, output, "under another name")
+
+
+def _remove_earlier_curated(stale: list[Path], output: Path, how: str) -> None:
     for path in stale:
         path.unlink()
     if stale:
-        log.warning("Removed %d curated file(s) the earlier run for %s wrote under another name (%s%s): they held its "
-                    "records, which this run's files hold now", len(stale), output, stale[0].name,
+        log.warning("Removed %d curated file(s) the earlier run for %s wrote %s (%s%s): they held its records, which "
+                    "this run's files hold now", len(stale), output, how, stale[0].name,
                     f" ... {stale[-1].name}" if len(stale) > 1 else "")
 
 
