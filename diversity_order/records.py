@@ -505,6 +505,27 @@ class _NotJsonl(UserError):
     """A line that is not a UTF-8 JSON object: on the first record, most likely not a JSONL file at all."""
 
 
+class BadRecords(UserError):
+    """Records of one file that cannot be read: the first one's error, and how many there are with the last
+    (a range goes on past its first bad record, so one run names them all rather than one per run)."""
+
+    def __init__(self, first: str, count: int, last: str):
+        super().__init__(first)
+        self.first, self.count, self.last = first, count, last
+
+    def __str__(self) -> str:
+        more = f" ({self.count:,} records of this file cannot be read; the last: {self.last})" if self.count > 1 else ""
+        return self.first + more
+
+    def __reduce__(self):  # pickled between processes with its fields
+        return BadRecords, (self.first, self.count, self.last)
+
+    @staticmethod
+    def joined(parts: list[BadRecords]) -> BadRecords:
+        """Consecutive ranges' bad records of one file, in file order, as one."""
+        return BadRecords(parts[0].first, sum(part.count for part in parts), parts[-1].last)
+
+
 _scan_json = json.decoder.JSONDecoder().scan_once  # json.loads's own C scanner, without its Python wrappers
 
 
@@ -698,8 +719,12 @@ def _scan_in_processes(paths: list[Path], text_field, pieces: list[tuple], worke
         try:
             pending = [pool.submit(_scan_piece, paths[f], text_field, lo, hi) for f, lo, hi in pieces]
             # In file order: a piece's error is raised once every piece before it is done without one
-            # (theirs come first).
-            for future in pending:
+            # (theirs come first); bad records are counted on through the rest of their file's pieces, as one
+            # pass counts them.
+            bad, bad_file = [], None
+            for (f, _, _), future in zip(pieces, pending):
+                if bad and f != bad_file:
+                    break
                 while True:
                     try:
                         parts.append(future.result(timeout=0.25))
@@ -707,6 +732,16 @@ def _scan_in_processes(paths: list[Path], text_field, pieces: list[tuple], worke
                     except TimeoutError:
                         if counter.value > bar.done:
                             bar.update(counter.value - bar.done)
+                    except BadRecords as exc:
+                        bad.append(exc)
+                        bad_file = f
+                        break
+                    except UserError:
+                        if not bad:
+                            raise
+                        break
+            if bad:
+                raise BadRecords.joined(bad)
             bar.update(counter.value - bar.done)
         except BaseException:
             for process in list(pool._processes.values()):  # the pieces still running are not wanted
@@ -823,6 +858,7 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
                       unit="MB" if end is not None else "MB decompressed so far", rate_unit="MB", bar=progress,
                       scale=MB, silent=report is not None) as bar:
             advance = bar.update if report is None else report
+            first_bad, bad, last_bad = None, 0, ""
             try:
                 for line_number, line in enumerate(handle, start=first_line):
                     start = offset
@@ -833,26 +869,42 @@ def scan_range(path: Path, text_field, lo: int = 0, hi: int | None = None, progr
                     if not content or content.isspace():
                         non_record_lines.append(len(starts))
                     else:
-                        if len(content) > MAX_RECORD_BYTES:
-                            raise UserError(f"{path}:{line_number}: a line of {len(content):,} bytes, more than "
-                                            f"the {MAX_RECORD_BYTES:,} one record may hold; split the record")
-                        text = read(content, line_number)
-                        kinds.saw(len(starts), text)
-                        if not isinstance(text, str):  # a conversation: its canonical JSON
-                            text = fields.fingerprint_text(text)
-                        try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
-                            encoded = text.encode("utf-8")
-                        except UnicodeEncodeError as exc:
-                            raise _surrogate_error(text, exc, f"{path}:{line_number}", text_field) from None
-                        starts.append(start)
-                        lengths.append(len(content))
-                        # Little-endian digest bytes: the same uint64 as int.from_bytes(digest, "little").
-                        fingerprints += blake2b(encoded, digest_size=8).digest()
-                        raw_hashes.append(crc32(content))
+                        try:
+                            if len(content) > MAX_RECORD_BYTES:
+                                raise UserError(f"{path}:{line_number}: a line of {len(content):,} bytes, more than "
+                                                f"the {MAX_RECORD_BYTES:,} one record may hold; split the record")
+                            text = read(content, line_number)
+                            if not isinstance(text, str):  # a conversation: its canonical JSON
+                                fingerprinted = fields.fingerprint_text(text)
+                            else:
+                                fingerprinted = text
+                            try:  # the fingerprint's strict encoding is the lone-surrogate check, at no extra cost
+                                encoded = fingerprinted.encode("utf-8")
+                            except UnicodeEncodeError as exc:
+                                raise _surrogate_error(fingerprinted, exc, f"{path}:{line_number}", text_field) from None
+                        except _CompressedDataError:
+                            raise
+                        except UserError as exc:
+                            if first_bad is None:
+                                if isinstance(handle.raw, _Decompressed):  # corrupt data is the likelier cause
+                                    handle.raw.check_ahead(64 << 20)
+                                if isinstance(exc, _NotJsonl) and not starts and first_line == 1:
+                                    raise  # the first record: most likely not a JSONL file at all
+                                first_bad = str(exc)
+                            bad, last_bad = bad + 1, f"{path}:{line_number}"
+                        if not bad:  # past a bad record the rest are only read, to count the bad ones
+                            kinds.saw(len(starts), text)
+                            starts.append(start)
+                            lengths.append(len(content))
+                            # Little-endian digest bytes: the same uint64 as int.from_bytes(digest, "little").
+                            fingerprints += blake2b(encoded, digest_size=8).digest()
+                            raw_hashes.append(crc32(content))
                     if start - done > (8 << 20):
                         advance(start - done)
                         done = start
                 advance(offset - done)
+                if bad:
+                    raise BadRecords(first_bad, bad, last_bad)
             except _CompressedDataError:
                 raise
             except UserError as exc:

@@ -244,17 +244,19 @@ def _index_jsonl_across_ranks(ctx, files: list[Path], field, progress: bool, eve
     lo, hi = int(cuts[ctx.rank]), int(cuts[ctx.rank + 1])
     # An empty file lies in no range: the rank whose range holds its place indexes it (to no records).
     empty_owner = np.minimum(np.searchsorted(cuts, file_starts[:-1], side="right") - 1, ctx.world_size - 1)
-    mine, error = [], None
+    mine, error, f = [], None, 0
     try:
         for f, path in enumerate(files):
             a, b = max(lo, file_starts[f]) - file_starts[f], min(hi, file_starts[f + 1]) - file_starts[f]
             if a < b or (sizes[f] == 0 and empty_owner[f] == ctx.rank):
                 mine.append((f, records.scan_range(path, field, int(a), int(b), progress and ctx.is_main)))
+    except records.BadRecords as exc:
+        error = (f, exc)
     except UserError as exc:
-        error = str(exc)
+        error = (f, str(exc))
     errors = [e for e in distributed.all_gather_object(ctx, error) if e is not None]
     if errors:
-        raise UserError(errors[0])
+        raise _first_error(errors)
     # Which file each part belongs to, its row count and its identity (small); then the columns one at
     # a time, each joined file by file at once, so the gather holds two copies of one column at most.
     shapes = distributed.all_gather_object(ctx, [(f, len(part), part.non_record_lines.size, part.identity, part.kinds)
@@ -312,6 +314,20 @@ def _joined(chunks: list[np.ndarray], dtype, spill_folder: Path | None) -> np.nd
         joined[at: at + chunk.size] = chunk
         at += chunk.size
     return joined
+
+
+def _first_error(errors: list[tuple]) -> UserError:
+    """The ranks' (file, error) in rank order, which is file order: the first, as one pass over the files
+    raises it; bad records with those of the same file the next ranks counted (one pass counts them all)."""
+    f, first = errors[0]
+    if not isinstance(first, records.BadRecords):
+        return UserError(first)
+    same = []
+    for g, error in errors:
+        if g != f or not isinstance(error, records.BadRecords):
+            break
+        same.append(error)
+    return records.BadRecords.joined(same)
 
 
 def _pieces_of(shapes: list[list[tuple]], f: int) -> list[tuple]:

@@ -610,7 +610,9 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
     many[4].write_bytes(b'{"text": "end"}\n')
     many[5].write_bytes(b"")
     bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(b"".join(b'{"text": "fine %d"}\n' % i for i in range(30)) + b'{"text": nope}\n{"text": "x"}\n')
+    # Bad records in both ranks' halves: counted together, with the last, as one pass counts them.
+    bad.write_bytes(b"".join(b'{"text": "fine %d"}\n' % i if i != 4 else b'{"text": 4}\n' for i in range(30)) +
+                    b'{"text": nope}\n{"text": "x"}\n{"text": null}\n')
     inputs = {"one": [str(one)], "many": [str(m) for m in many], "bad": [str(bad)],
               "none": [str(many[0]), str(many[3]), str(many[5])]}
     mp.spawn(_indexing_worker, args=(str(tmp_path / "store"), inputs, str(tmp_path)), nprocs=2)
@@ -636,9 +638,10 @@ def test_ranks_index_their_byte_ranges_and_all_get_the_single_process_index(tmp_
                                                    for column in IndexPart.COLUMNS}
                                                   for index in (single.parts if hasattr(single, "parts") else [single])]
                 assert all(found[f"{name}_file_backed"])
-        with pytest.raises(UserError, match=r"bad\.jsonl:31: not valid JSON") as single_error:
+        with pytest.raises(UserError, match=r"bad\.jsonl:5: field 'text' is a JSON number") as single_error:
             scan_jsonl(bad, progress=False)
         assert found["bad"] == str(single_error.value)
+        assert found["bad"].endswith(f"(3 records of this file cannot be read; the last: {bad}:33)")
         with pytest.raises(UserError, match=r"none of the 3 files holds a record") as single_error:
             sources.open_source([Path(f) for f in inputs["none"]], ("text",), progress=False)
         assert found["none"] == str(single_error.value)

@@ -657,7 +657,7 @@ def test_several_processes_report_the_first_bad_record_in_file_order(tmp_path, m
     monkeypatch.setattr(records, "PARALLEL_RANGE_BYTES", 64)
     src = tmp_path / "in.jsonl"
     good = [b'{"text": "record %d"}' % i for i in range(40)]
-    for bad_lines in ([30], [5, 30], [0, 39]):
+    for bad_lines in ([30], [5, 30], [0, 39], [3, 11, 12, 37]):
         lines = list(good)
         for line in bad_lines:
             lines[line] = b'{"text": broken %d}' % line
@@ -668,6 +668,10 @@ def test_several_processes_report_the_first_bad_record_in_file_order(tmp_path, m
             records.scan_files([src], "text", progress=False, workers=4)
         assert str(together.value) == str(one_pass.value)
         assert f"in.jsonl:{bad_lines[0] + 1}:" in str(together.value)
+        if bad_lines[0] > 0 and len(bad_lines) > 1:  # (a bad first line is a file that is likely not JSONL at all)
+            # Every bad record is counted in one pass, with the last (a new user fixed them one run at a time).
+            assert str(together.value).endswith(f" ({len(bad_lines)} records of this file cannot be read; the last: "
+                                                f"{src}:{bad_lines[-1] + 1})")
 
 
 def _dying_scan_piece(path, text_field, lo, hi):
