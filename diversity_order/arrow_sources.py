@@ -28,7 +28,7 @@ import numpy as np
 from . import fields as fields_mod
 from .atomic import atomic_path, give_plain_permissions
 from .errors import UserError
-from .records import DocumentKinds
+from .records import BadRecords, DocumentKinds
 
 # Rows gathered per output piece (and at most about this many bytes): bounds the writer's memory.
 OUTPUT_PIECE_BYTES = 512 << 20
@@ -134,6 +134,17 @@ class ArrowTableSource:
         picked = range(len(records)) if local_rows is None else local_rows.tolist()
         return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), _keys_text)
                 for record, i in zip(records, picked)]
+
+    def _bad_rows(self, piece: _Piece) -> list[tuple[int, str]]:
+        """(row, error) of each row of ``piece`` whose document cannot be read, as ``_documents`` says it."""
+        columns = [c for c in self._top_columns() if c in self._schema().names]
+        bad = []
+        for i, record in enumerate(self._read_piece(piece, columns or None).to_pylist()):
+            try:
+                fields_mod.extract(record, self.text_fields, lambda i=i: self.where(piece.first + i), _keys_text)
+            except UserError as exc:
+                bad.append((piece.first + i, str(exc)))
+        return bad
 
     def _plain_text_column(self) -> str | None:
         """The column name when the document is one top-level string column, else None."""
@@ -373,8 +384,23 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     kinds = DocumentKinds()
     if progress is not None:
         progress.set_total(first)
+    bad: list[tuple[int, str]] = []  # (row, error) of the rows whose document cannot be read, in one file
+    bad_file = -1
     for piece in source.pieces:
-        for document in source._documents(piece):
+        if bad and piece.file != bad_file:
+            break  # one file's bad rows are counted, as for JSONL
+        documents = None
+        if not bad:
+            try:
+                documents = source._documents(piece)
+            except UserError:
+                bad_file = piece.file
+        if documents is None:  # past a bad row the rest of its file is only read, to count the bad ones
+            bad += source._bad_rows(piece)
+            if progress is not None:
+                progress.update(piece.rows)
+            continue
+        for document in documents:
             kinds.saw(len(sizes), document)
             # Each text encoded once, for its fingerprint (records.text_fingerprint's bytes) and its size.
             encoded = fields_mod.fingerprint_text(document).encode("utf-8", "surrogatepass")
@@ -382,6 +408,8 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             sizes.append(len(encoded) + 16)
         if progress is not None:
             progress.update(piece.rows)
+    if bad:
+        raise BadRecords(bad[0][1], len(bad), source.where(bad[-1][0]))
     if not sizes:
         raise UserError(f"--input {source.name}: no rows")
     source.kinds = kinds

@@ -468,6 +468,12 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
     assert "row 0: field 'messages[0]' has a content that is a JSON null" in run_error(
         capsys, "--input", parquet, "--text-field", "messages", *base)
+    # Every unreadable row of the file is counted in the one pass, over its row groups, with the last.
+    texts = [None if i in (3, 40, 41) else f"text {i}" for i in range(50)]
+    pq.write_table(pa.table({"text": texts}), parquet, row_group_size=16)
+    err = run_error(capsys, "--input", parquet, *base)
+    assert err.startswith(f"error: {parquet} row 3: field 'text' is a JSON null")
+    assert err.endswith(f"(3 records of this file cannot be read; the last: {parquet} row 41)")
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text('{"text": "x"}\n')
     assert "the inputs mix formats" in run_error(capsys, "--input", jsonl, "--input", parquet, *base)
