@@ -125,9 +125,21 @@ import os, signal, sys, time
 from diversity_order.tokenizer import DocumentTokenizer
 real, calls = DocumentTokenizer.encode_texts, []
 
+marker = os.environ["STOP_MARKER"]  # rank 1 has finished a batch: there is something of its own to keep
+
+
 def stopped_at_the_third_batch(self, texts):
     calls.append(len(texts))
+    if len(calls) == 2 and os.environ["RANK"] == "1":
+        open(marker, "w").close()
     if len(calls) == 3 and os.environ["RANK"] == "0":
+        # Not before rank 1 has a batch done (on a busy machine it had none yet, so kept no file), then a moment
+        # for it to record that batch.
+        waited = 0.0
+        while not os.path.exists(marker) and waited < 120:
+            time.sleep(0.05)
+            waited += 0.05
+        time.sleep(0.5)
         os.kill(os.getppid(), signal.SIGTERM)  # a scheduler stops torchrun, which stops every rank
         time.sleep(60)
     return real(self, texts)
@@ -170,7 +182,10 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     script.write_text(STOPPED_BY_THE_SCHEDULER)
 
     def stopped(args, said):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        marker = tmp_path / "rank1_batch_done"
+        marker.unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+                   STOP_MARKER=str(marker))
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                                str(script), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=300)
