@@ -121,9 +121,13 @@ class ArrowTableSource:
             self._schema_cache = _file_schema(self.files[0], self.kind, _pyarrow())
         return self._schema_cache
 
-    def _documents(self, piece: _Piece, local_rows: np.ndarray | None = None) -> list:
+    def _text_table(self, piece: _Piece):
+        """``piece`` with only the columns its documents are read from."""
         columns = [c for c in self._top_columns() if c in self._schema().names]
-        table = self._read_piece(piece, columns or None)
+        return self._read_piece(piece, columns or None)
+
+    def _documents(self, piece: _Piece, local_rows: np.ndarray | None = None) -> list:
+        table = self._text_table(piece)
         if local_rows is not None:
             table = table.take(local_rows)
         plain = self._plain_text_column()
@@ -137,9 +141,8 @@ class ArrowTableSource:
 
     def _bad_rows(self, piece: _Piece) -> list[tuple[int, str]]:
         """(row, error) of each row of ``piece`` whose document cannot be read, as ``_documents`` says it."""
-        columns = [c for c in self._top_columns() if c in self._schema().names]
         bad = []
-        for i, record in enumerate(self._read_piece(piece, columns or None).to_pylist()):
+        for i, record in enumerate(self._text_table(piece).to_pylist()):
             try:
                 fields_mod.extract(record, self.text_fields, lambda i=i: self.where(piece.first + i), _keys_text)
             except UserError as exc:
