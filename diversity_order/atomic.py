@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import socket
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -126,6 +127,24 @@ def atomic_path(path: Path | str) -> Iterator[str]:
     os.close(fd)
     try:
         give_plain_permissions(tmp_name)  # mkstemp creates 0600 files
+        yield tmp_name
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_link(source: Path | str, path: Path | str) -> Iterator[str]:
+    """A hard link to ``source`` beside ``path``, under a temp name the caller may check; on a clean exit it is
+    renamed over ``path``, else removed. OSError where no link can be made (another filesystem, one without
+    links). The file is shared, not copied: it keeps ``source``'s permissions."""
+    path = Path(path)
+    note_target(path)
+    tmp_name = str(path.parent / f"{temp_prefix(path)}{secrets.token_hex(4)}.tmp")
+    os.link(source, tmp_name)
+    try:
         yield tmp_name
         os.replace(tmp_name, path)
     except BaseException:

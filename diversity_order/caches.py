@@ -71,6 +71,7 @@ DIGEST_NAME = XXH3
 CHUNK_DIGEST_BYTES = DIGESTS[DIGEST_NAME]().digest_size  # what ``chunk_digests`` returns per chunk
 IDENTITY = ("size", "mtime_ns", "inode")
 REGISTRY_FILE = "registry.jsonl"
+NO_CACHE = "no cache yet"  # a lookup's reason where the target has no set
 # How a log names rows reused from a cache another run wrote elsewhere (found through the registry).
 FROM_ANOTHER_RUN = ("another run's cache for the same model and settings, found through the cache registry; its rows "
                     "matched to these records by text; DIVERSITY_ORDER_CACHE_DIR='' turns the registry off")
@@ -341,7 +342,7 @@ def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | st
     except FileNotFoundError:
         if files.data.exists():
             return f"{name} has no fingerprints to check it against the input; recomputing"
-        return "no cache yet"
+        return NO_CACHE
     except (OSError, ValueError) as exc:
         return f"{files.marker.name} unreadable ({exc}); recomputing"
     stored_key = meta.get("key") if isinstance(meta.get("key"), dict) else {}
@@ -442,7 +443,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     for alternative in map(_files, alternatives):
         found = _open_set(alternative, want, expect) if alternative.marker != files.marker else "the target"
         if isinstance(found, str):
-            if found not in ("no cache yet", "the target"):
+            if found not in (NO_CACHE, "the target"):
                 log.info("%s: %s", alternative.data, found)
             continue
         if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
@@ -458,11 +459,18 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
         if filler is not None and named is not None and (filler.data.dtype, filler.data.shape[1:]) != \
                 (named.data.dtype, named.data.shape[1:]):
             filler = None  # rows of another kind (only possible when the caller names no dtype or shape)
+        if filler is not None and not filler.legacy and np.array_equal(filler.fingerprints, fingerprints):
+            linked = _linked(filler, files, want, expect)
+            if linked is not None:  # another run's set of exactly these records: shared, no second copy on disk
+                # Why the target's own set was not used, where it had one.
+                said = f"{reason}; " if reason and reason != NO_CACHE else ""
+                return _whole(linked, n, f"{said}all {n} rows are those of {filler.files.data}, linked as "
+                                         f"{files.data.name}, not copied ({FROM_ANOTHER_RUN})", lazy)
         if filler is not None:
             filled = ~hit & (filler_source >= 0)
     base = named if named is not None else filler
     if base is None:
-        return CacheLookup(None, np.zeros(n, dtype=bool), reason or "no cache yet")
+        return CacheLookup(None, np.zeros(n, dtype=bool), reason or NO_CACHE)
     sources = [(hit, source, named)] + ([(filled, filler_source, filler)] if filled.any() else [])
     copies = [(np.flatnonzero(mask), rows[mask], found.data) for mask, rows, found in sources if mask.any()]
     data = None if lazy else np.zeros((n,) + base.data.shape[1:], dtype=base.data.dtype)
@@ -484,6 +492,35 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
                            copies=copies)
     return CacheLookup(data, hit | filled, "; ".join(parts), source, named.extras, named.data, named.meta.get("key"),
                        False, files, copies)
+
+
+def _linked(source: _Set, target: CacheFiles, key: dict, expect: _Expect) -> _Set | None:
+    """``target`` made of hard links to ``source``'s files, its manifest written last, and validated; None where
+    no link can be made (another filesystem, a folder refusing it) or the files are no longer the ones validated:
+    the caller then copies the rows. A set's files are only ever replaced whole (renamed over), never written in
+    place, so a shared file stays what both manifests say."""
+    recorded = source.meta.get("files")
+    if source.extras or target.extras or not isinstance(recorded, dict) or source.meta.get("digest") not in DIGESTS:
+        return None
+    entries = {}
+    try:
+        target.marker.unlink(missing_ok=True)  # untrusted until its manifest is back
+        for role, path in _roles(target).items():
+            with atomic.atomic_link(_roles(source.files)[role], path) as temp, open(temp, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                entry = recorded[role]
+                if _identity(stat) != {k: entry.get(k) for k in IDENTITY} and \
+                        _digest_fd(handle.fileno(), stat.st_size, source.meta["digest"]) != _recorded_digest(entry):
+                    raise ValueError(f"{Path(entry.get('name', role)).name} changed since it was checked")
+            entries[role] = dict(entry, name=path.name, **_identity(stat))
+        manifest = dict(source.meta, files=entries)
+        atomic.save_json(target.marker, manifest)
+    except (OSError, KeyError, ValueError) as exc:  # the link's temp is removed on the way out
+        log.info("%s not linked to %s (%s); its rows are copied instead", target.data, source.files.data, exc)
+        return None
+    _register(target, manifest)
+    linked = _open_set(target, key, expect)
+    return linked if isinstance(linked, _Set) else None
 
 
 def _whole(found: _Set, n: int, reason: str, lazy: bool = False) -> CacheLookup:

@@ -1,5 +1,6 @@
 """Row caches as units: manifests, dtype/shape, the registry, failed writes, stale temp files."""
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -240,6 +241,75 @@ def test_missing_rows_come_from_the_registered_set_with_most_of_them(tmp_path, r
     assert found.data is None and not found.hit.any()
 
 
+def test_a_registered_set_of_exactly_these_records_is_linked_not_copied(tmp_path, registry, caplog):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    first = tmp_path / "a" / "first.npy"
+    first.parent.mkdir()
+    caches.store(first, KEY, fps, truth(fps))
+    caplog.set_level(logging.INFO)
+    for lazy in (False, True):
+        target = tmp_path / f"b{lazy}" / "second.npy"
+        target.parent.mkdir()
+        found = caches.lookup(target, KEY, fps, lazy=lazy)
+        assert found.in_order and found.hit.all() and "linked as second.npy, not copied" in found.reason
+        assert os.path.samefile(target, first)  # one file on disk for both names
+        assert os.path.samefile(target.with_suffix(".fingerprints.npy"), first.with_suffix(".fingerprints.npy"))
+        np.testing.assert_array_equal(np.asarray(found.data), truth(fps))
+        again = caches.lookup(target, KEY, fps, registry=False)  # the new name is a set of its own
+        assert again.in_order and again.reason.startswith("all 30 rows reused from second.npy")
+    # Records in another order, or fewer of them: rows are copied as before, nothing linked.
+    target = tmp_path / "c" / "third.npy"
+    target.parent.mkdir()
+    found = caches.lookup(target, KEY, fps[::-1])
+    assert not found.in_order and found.hit.all() and not target.exists()
+    assert_rows_belong_to_their_records(found, fps[::-1])
+    # Rewriting one name replaces its file whole: the other keeps its rows.
+    caches.store(tmp_path / "bFalse" / "second.npy", KEY, fps, truth(fps) * 0)
+    assert caches.lookup(first, KEY, fps, registry=False).in_order
+    np.testing.assert_array_equal(np.load(first), truth(fps))
+
+
+def test_a_set_that_cannot_be_linked_is_copied(tmp_path, registry, monkeypatch, caplog):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    caches.store(tmp_path / "first.npy", KEY, fps, truth(fps))
+
+    def cross_device(source, target):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    caplog.set_level(logging.INFO)
+    target = tmp_path / "second.npy"
+    found = caches.lookup(target, KEY, fps)
+    assert "Invalid cross-device link" in caplog.text and "copied instead" in caplog.text
+    assert not found.in_order and found.hit.all() and "taken from" in found.reason  # the caller stores a copy
+    assert_rows_belong_to_their_records(found, fps)
+    assert not list(tmp_path.glob(".second*.tmp")) and not (tmp_path / "second.cache.json").exists()
+
+
+def test_a_registered_file_replaced_after_its_check_is_not_linked(tmp_path, registry, monkeypatch, caplog):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    first = tmp_path / "first.npy"
+    caches.store(first, KEY, fps, truth(fps))
+    real_link = atomic.atomic_link
+
+    @contextlib.contextmanager
+    def replaced_first(source, path):  # another writer replaces the data between the check and the link
+        if Path(source) == first.absolute():  # replaced whole, as every writer here does
+            np.save(tmp_path / "elsewhere.npy", truth(fps) * 2)
+            os.replace(tmp_path / "elsewhere.npy", first)
+        with real_link(source, path) as temp:
+            yield temp
+
+    monkeypatch.setattr(atomic, "atomic_link", replaced_first)
+    caplog.set_level(logging.INFO)
+    target = tmp_path / "second.npy"
+    found = caches.lookup(target, KEY, fps)
+    assert "changed since it was checked" in caplog.text
+    assert not found.in_order and not (tmp_path / "second.cache.json").exists()
+    assert not target.exists() and not list(tmp_path.glob(".second*.tmp"))
+    assert_rows_belong_to_their_records(found, fps)  # the rows validated before the replacement
+
+
 def test_registry_location_is_read_at_each_call(tmp_path, monkeypatch):
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(tmp_path / "r1"))
     assert caches.registry_dir() == tmp_path / "r1"
@@ -397,6 +467,7 @@ def test_a_set_digested_with_blake2b_before_is_still_verified_and_reused(tmp_pat
     found = caches.lookup(tmp_path / "b" / "x.npy", KEY, fps)
     assert "is not the file" in found.reason
     assert_rows_belong_to_their_records(found, fps)  # rows, if any, from the registered set "a", not the edit
+    assert found.in_order and "linked as x.npy" in found.reason  # "a" holds exactly these records: linked
 
 
 def test_a_digest_scheme_this_version_cannot_check_is_recomputed(tmp_path):

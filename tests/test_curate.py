@@ -439,7 +439,8 @@ def test_a_new_output_name_reuses_the_embeddings_of_the_old_one(tmp_path, tiny_m
     embed_spy.clear()
     assert curate(*common, "--output", tmp_path / "other" / "b.jsonl") == 0
     assert embed_spy == []  # nothing embedded: the rows of a_embeddings.npy were found by content
-    assert "30 row(s) taken from" in caplog.text and "a_embeddings.npy" in caplog.text
+    assert "all 30 rows are those of" in caplog.text and "a_embeddings.npy, linked as b_embeddings.npy" in caplog.text
+    assert os.path.samefile(tmp_path / "other" / "b_embeddings.npy", tmp_path / "a_embeddings.npy")  # one copy
     assert "DIVERSITY_ORDER_CACHE_DIR='' turns the registry off" in caplog.text  # how not to share, said where it is
     np.testing.assert_array_equal(np.load(tmp_path / "other" / "b_embeddings.npy"),
                                   np.load(tmp_path / "a_embeddings.npy"))
