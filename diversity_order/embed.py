@@ -206,9 +206,17 @@ def embed_and_count(
     stats.documents = done
     stats.seconds = time.perf_counter() - started
     if stats.empty_rows:
-        shown = (f"lines {', '.join(map(str, index.line_numbers(stats.empty_rows[:10]).tolist()))}"
-                 if hasattr(index, "line_numbers") else ", ".join(index.where(r) for r in stats.empty_rows[:10]))
-        more = "" if len(stats.empty_rows) <= 10 else f" and {len(stats.empty_rows) - 10} more"
-        log.warning("%d document(s) have no tokens (%s%s): %s", len(stats.empty_rows), shown, more,
-                    "their embedding is the zero vector" if table is not None else "token count 0")
+        warn_no_tokens(index, stats.empty_rows, embedded=table is not None)
     return vectors, counts, stats
+
+
+def warn_no_tokens(index, rows, embedded: bool, known_from: str = "") -> None:
+    """The warning for documents without tokens (the first 10 named); ``known_from``: where their counts came from,
+    when not from tokenizing them in this run."""
+    rows = list(rows)
+    shown = (f"lines {', '.join(map(str, index.line_numbers(rows[:10]).tolist()))}"
+             if hasattr(index, "line_numbers") else ", ".join(index.where(r) for r in rows[:10]))
+    more = "" if len(rows) <= 10 else f" and {len(rows) - 10} more"
+    log.warning("%d document(s) have no tokens (%s%s%s): %s", len(rows), shown, more,
+                f"; {known_from}" if known_from else "",
+                "their embedding is the zero vector" if embedded else "token count 0")

@@ -185,6 +185,8 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
                     counts[count_rows] = new_counts
             if not ctx.is_main:
                 return None, None
+            _warn_cached_empty(index, counts, counts_found.hit, count_rows, embedded if need_embeddings else None,
+                               need_embeddings)
             # Stored whenever the files are not exactly the current records in order (new, edited, moved
             # or removed records), so the caches always line up with the input for the other scripts.
             if not counts_found.in_order:
@@ -205,6 +207,19 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
             work.fill.abandon()
         raise
     return counts, embeddings
+
+
+def _warn_cached_empty(index: RecordIndex, counts: np.ndarray, cached: np.ndarray, counted: np.ndarray,
+                       embedded: np.ndarray | None, need_embeddings: bool) -> None:
+    """Documents without tokens whose count came from the cache: warned of as a run tokenizing them would, so a
+    rerun does not hide them."""
+    fresh = np.zeros(counts.shape[0], dtype=bool)
+    for rows in (counted, embedded):
+        if rows is not None:
+            fresh[rows] = True
+    rows = np.flatnonzero((counts == 0) & cached & ~fresh)
+    if rows.size:
+        embed.warn_no_tokens(index, rows, need_embeddings, known_from="token counts from the cache")
 
 
 @dataclass

@@ -315,6 +315,24 @@ def test_order_is_stratified_order_of_saved_arrays(tmp_path, tiny_model_dir):
     assert meta["token_window_diversity"]["curated"] == summarize_windows(window_diversity(labels, counts, 300, order))
 
 
+def test_a_rerun_from_the_caches_still_warns_of_documents_without_tokens(tmp_path, tiny_model_dir, embed_spy, caplog):
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5) + [{"text": ""}])
+    common = ["--input", src, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot", "--output",
+              tmp_path / "x.jsonl"]
+    assert curate(*common) == 0
+    assert "1 document(s) have no tokens (lines 31): their embedding" in caplog.text
+    caplog.clear()
+    embed_spy.clear()
+    assert curate(*common) == 0
+    assert embed_spy == []  # nothing tokenized: the count came from the cache
+    assert "1 document(s) have no tokens (lines 31; token counts from the cache): their embedding" in caplog.text
+    with open(src, "a") as handle:  # a new record: only it is tokenized, the empty one is still said once
+        handle.write(json.dumps({"text": "orbit comet galaxy"}) + "\n")
+    caplog.clear()
+    assert curate(*common) == 0
+    assert caplog.text.count("have no tokens") == 1 and "lines 31; token counts from the cache" in caplog.text
+
+
 def test_gzip_input_gives_the_same_curated_records(tmp_path, tiny_model_dir, topical_jsonl, caplog):
     import gzip
 
