@@ -7,6 +7,7 @@ documents there are; scatter points are rasterised so the PNG stays light at any
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -26,25 +27,62 @@ _MIN_DISTANCE_TO_UNPLACED = 48.0  # RGB distance: clearly another colour
 _MIN_CHROMA = 30.0
 
 
-def cluster_colors(n_clusters: int) -> np.ndarray:
-    """RGBA per cluster, all distinct, none grey, up to 48 clusters.
+_PALETTE_SIZE = 256  # colours chosen apart from each other; more clusters than this take a sweep of turbo
+_LIGHTNESS = (30.0, 85.0)  # CIELAB L*: darker reads as black text, lighter vanishes on the white background
+# CIELAB chroma at most this: fuller colours glare beside the others and bleed in the videos' 4:2:0 chroma.
+_MAX_CHROMA_LAB = 60.0
 
-    The original toolkit resamples ``tab20`` to K colours, which repeats colours past K = 20 (at
-    the default K = 30, ten pairs of clusters look the same) and includes greys that read as
-    "not placed" (``UNPLACED_RGB``) or as padding. Here: tab20, tab20b and tab20c in turn, less their
-    greys and the colours near that one; beyond 48 clusters, a shuffled sweep of turbo (which has no greys).
+
+def cluster_colors(n_clusters: int) -> np.ndarray:
+    """RGBA per cluster, all distinct, none grey; cluster i has the same colour whatever K.
+
+    The original toolkit resamples ``tab20`` to K colours, which repeats colours past K = 20 (at the default
+    K = 30, ten pairs of clusters look the same) and includes greys that read as "not placed"
+    (``UNPLACED_RGB``) or as padding; tab20's light/dark pairs still left near twins. Here each colour in turn
+    is the one farthest (CIELAB distance) from those already taken, from white and from ``UNPLACED_RGB``;
+    beyond ``_PALETTE_SIZE`` clusters, a shuffled sweep of turbo (which has no greys).
     """
+    k = max(n_clusters, 1)
+    if k <= _PALETTE_SIZE:
+        rgba = np.ones((k, 4))
+        rgba[:, :3] = _apart_colours()[:k]
+        return rgba
     import matplotlib
 
-    k = max(n_clusters, 1)
-    palette = np.concatenate([matplotlib.colormaps[name](np.arange(20)) for name in ("tab20", "tab20b", "tab20c")])
-    distance = np.linalg.norm(palette[:, :3] * 255 - np.asarray(UNPLACED_RGB), axis=1)
-    chroma = (palette[:, :3].max(axis=1) - palette[:, :3].min(axis=1)) * 255
-    palette = palette[(distance >= _MIN_DISTANCE_TO_UNPLACED) & (chroma >= _MIN_CHROMA)]
-    if k <= len(palette):
-        return palette[:k]
     shuffled = np.random.RandomState(0).permutation(k)
     return matplotlib.colormaps["turbo"](shuffled / max(k - 1, 1))
+
+
+@functools.cache
+def _apart_colours() -> np.ndarray:
+    """``_PALETTE_SIZE`` sRGB colours (0..1), each the farthest from the ones before (greedy max-min distance in
+    CIELAB over a grid of candidates with some colour, in ``_LIGHTNESS``, clear of ``UNPLACED_RGB``)."""
+    levels = np.linspace(0.08, 0.92, 15)  # short of the full primaries, which glare and bleed in video
+    grid = np.stack(np.meshgrid(levels, levels, levels, indexing="ij"), axis=-1).reshape(-1, 3)
+    rgb255 = grid * 255
+    lab = _cielab(grid)
+    usable = ((np.linalg.norm(rgb255 - np.asarray(UNPLACED_RGB), axis=1) >= _MIN_DISTANCE_TO_UNPLACED)
+              & (np.ptp(rgb255, axis=1) >= _MIN_CHROMA) & (np.hypot(lab[:, 1], lab[:, 2]) <= _MAX_CHROMA_LAB)
+              & (lab[:, 0] >= _LIGHTNESS[0]) & (lab[:, 0] <= _LIGHTNESS[1]))
+    grid, lab = grid[usable], lab[usable]
+    avoid = _cielab(np.array([[1.0, 1.0, 1.0], np.asarray(UNPLACED_RGB) / 255]))
+    nearest = np.linalg.norm(lab[:, None, :] - avoid[None, :, :], axis=2).min(axis=1)
+    chosen = []
+    for _ in range(_PALETTE_SIZE):
+        pick = int(np.argmax(nearest))  # ties: the lowest grid index, so the palette is the same everywhere
+        chosen.append(pick)
+        nearest = np.minimum(nearest, np.linalg.norm(lab - lab[pick], axis=1))
+        nearest[pick] = -1.0
+    return grid[chosen]
+
+
+def _cielab(rgb: np.ndarray) -> np.ndarray:
+    """sRGB (0..1, rows) to CIELAB under D65: distances there follow how different colours look."""
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    to_xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+    xyz = linear @ to_xyz.T / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[:, 1] - 16, 500 * (f[:, 0] - f[:, 1]), 200 * (f[:, 1] - f[:, 2])], axis=1)
 
 
 def pyplot():

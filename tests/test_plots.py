@@ -29,6 +29,19 @@ def test_cluster_colours_are_distinct_up_to_sixty(k):
     assert len({tuple(np.round(c, 4)) for c in colours}) == k
 
 
+def test_cluster_colours_stay_apart_and_keep_their_colour_whatever_k():
+    from diversity_order.plots import _cielab
+
+    # Published CIELAB (D65) values of sRGB white, red and mid grey.
+    np.testing.assert_allclose(_cielab(np.array([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.5, 0.5, 0.5]])),
+                               [[100.0, 0.0, 0.0], [53.24, 80.09, 67.20], [53.39, 0.0, 0.0]], atol=0.05)
+    lab = _cielab(cluster_colors(30)[:, :3])
+    apart = np.linalg.norm(lab[:, None] - lab[None], axis=2) + np.eye(30) * 1e9
+    assert apart.min() >= 25  # tab20 then tab20b, as before: two clusters 9 apart (a light and a dark blue)
+    assert np.array_equal(cluster_colors(30), cluster_colors(60)[:30])  # a cluster's colour does not depend on K
+    assert (lab[:, 0] >= 30).all() and (lab[:, 0] <= 85).all()  # not black text, not lost on white
+
+
 def test_colour_strip_follows_tokens_not_documents():
     colours = np.eye(4)
     # One long document of cluster 1, then three short ones of cluster 2: the strip is 3/4 cluster 1.
