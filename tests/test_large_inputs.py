@@ -171,7 +171,7 @@ def test_float16_cache_is_close_to_float32_and_reused(tmp_path, data, tiny_model
     assert curate("--input", data, "--output", f16, "--model-dir", tiny_model_dir, "--n-clusters", 6) == 0
     # Another dtype is never mixed in: here the float32 rows come from the other run's registered cache.
     assert "holds float16 rows of shape 32, expected float32" in caplog.text
-    assert "240 row(s) taken from" in caplog.text
+    assert "all 240 rows are those of" in caplog.text and "f32_embeddings.npy, linked as" in caplog.text
     assert np.load(tmp_path / "f16_embeddings.npy").dtype == np.float32
 
 
