@@ -3,18 +3,22 @@
 UMAP on a million points takes minutes and a copy of the embeddings; above ``UMAP_FIT_SAMPLE``
 rows PCA and UMAP are fitted on a seeded sample and every other point is placed among its
 nearest sample points. The projection is cached beside the output (keyed by the embeddings), so
-a re-run only redraws.
+a re-run only redraws. What the layout was fitted on is kept too (``B_umap2d.fit.npz``), so that after
+records are added or edited a re-run places only those among the fitted points instead of fitting UMAP
+again, as long as the fitted texts still make up the input's larger part and embed as they did.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import caches, matrix
+from . import atomic, caches, matrix
 from .defaults import DEFAULT_SEED
 from .runtime import heartbeat
 
@@ -22,6 +26,73 @@ log = logging.getLogger(__name__)
 
 # UMAP is fitted on at most this many rows; the rest are placed among their nearest neighbours.
 UMAP_FIT_SAMPLE = 10000
+# A re-run places new records among a kept fit while the input has at most this many times the records fitted
+# on, and at least this share of the fitted texts is still there; else the layout is fitted again.
+REFIT_GROWTH = 2.0
+REFIT_SAMPLE_LEFT = 0.5
+
+
+@dataclass
+class LayoutFit:
+    """What a 2-D layout was fitted on, kept to place later records among its points."""
+
+    fingerprints: np.ndarray  # uint64 per fitted point: its text
+    anchors: np.ndarray  # float32, the fitted points as UMAP saw them (after the PCA)
+    anchor_xy: np.ndarray  # float32, UMAP's positions for them
+    sample_xy: np.ndarray  # float32, their positions in the projection stored with this fit
+    mean: np.ndarray | None  # the PCA (None: none, the embeddings themselves)
+    components: np.ndarray | None
+    rows: int  # records of the input fitted on
+    seed: int
+
+    def project(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.float32)
+        return rows if self.components is None else ((rows - self.mean) @ self.components.T).astype(np.float32)
+
+    def place(self, embeddings, rows: np.ndarray, out: np.ndarray, block: int = 100_000) -> None:
+        """``out[rows]``: where records ``rows`` of ``embeddings`` sit among the fitted points."""
+        for lo in range(0, rows.size, block):
+            chunk = rows[lo : lo + block]
+            out[chunk] = place_by_neighbours(self.project(matrix.read_rows(embeddings, chunk)), self.anchors,
+                                             self.anchor_xy)
+
+
+def fit_path(path: Path) -> Path:
+    """Where the fit behind the projection cached at ``path`` is kept."""
+    return Path(path).with_name(Path(path).stem + ".fit.npz")
+
+
+def save_fit(path: Path, fit: LayoutFit) -> None:
+    """Written atomically; a fit that cannot be written only means a later re-run fits again."""
+    arrays = {name: getattr(fit, name) for name in ("fingerprints", "anchors", "anchor_xy", "sample_xy")}
+    if fit.components is not None:
+        arrays.update(mean=fit.mean, components=fit.components)
+    try:
+        with atomic.atomic_open(path, "wb") as handle:
+            np.savez(handle, rows=np.int64(fit.rows), seed=np.int64(fit.seed), **arrays)
+    except OSError as exc:
+        log.info("%s not written (%s): a re-run after records change fits the 2-D layout again", path,
+                 exc.strerror or exc)
+
+
+def load_fit(path: Path) -> LayoutFit | None:
+    """The fit kept at ``path``; None (said when the file is there) when absent or unreadable."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            pca = "components" in stored.files
+            fit = LayoutFit(stored["fingerprints"], stored["anchors"], stored["anchor_xy"], stored["sample_xy"],
+                            stored["mean"] if pca else None, stored["components"] if pca else None,
+                            int(stored["rows"]), int(stored["seed"]))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        log.info("%s unreadable (%s): the 2-D layout is fitted again", path, exc)
+        return None
+    m = fit.fingerprints.shape[0]
+    if not (fit.anchors.shape[0] == fit.anchor_xy.shape[0] == fit.sample_xy.shape[0] == m):
+        log.info("%s: its arrays disagree on the points fitted; the 2-D layout is fitted again", path)
+        return None
+    return fit
 
 
 def embeddings_key(embeddings: np.ndarray) -> str:
@@ -62,8 +133,16 @@ def _enable_umap_jit_cache() -> None:
     warnings.filterwarnings("ignore", category=Warning, module="numba.*")
 
 
-def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: bool = True) -> np.ndarray:
+def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, fingerprints: np.ndarray | None = None
+                    ) -> np.ndarray:
     """PCA(50) -> UMAP(2, n_neighbors=15, min_dist=0.1), fitted on a sample for big inputs."""
+    return fitted_projection(embeddings, seed, fingerprints)[0]
+
+
+def fitted_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, fingerprints: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, LayoutFit]:
+    """``umap_projection`` and what it was fitted on (``fingerprints``: the records' texts, for the fit to name
+    its points by; their positions when None)."""
     from sklearn.decomposition import PCA
 
     with heartbeat("Loading UMAP (its first import on a machine compiles numba kernels: up to a minute)"):
@@ -75,26 +154,29 @@ def umap_projection(embeddings: np.ndarray, seed: int = DEFAULT_SEED, progress: 
     components = min(50, dim, max(n - 1, 1))
     # random_state makes UMAP single-threaded anyway; saying n_jobs=1 silences its warning.
     reducer = umap.UMAP(n_components=2, n_neighbors=min(15, max(n - 1, 2)), min_dist=0.1, random_state=seed, n_jobs=1)
-    if n <= UMAP_FIT_SAMPLE:
-        embeddings = matrix.load(embeddings)
-        reduced = PCA(components, random_state=seed).fit_transform(embeddings) if components < dim else embeddings
-        with heartbeat(f"Fitting UMAP on {n:,} points"):
-            return _fit_umap(reducer, reduced)
     # Big inputs: PCA and UMAP are fitted on a seeded sample; every other point is projected
     # with that PCA and placed at the distance-weighted mean of its nearest sample points'
     # positions, batch by batch (BLAS; seconds per million points, where UMAP's own transform
     # takes minutes and a PCA of every row would hold another copy of the embeddings).
-    sample = np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False))
+    sample = (np.arange(n) if n <= UMAP_FIT_SAMPLE
+              else np.sort(np.random.RandomState(seed).choice(n, UMAP_FIT_SAMPLE, replace=False)))
     sampled = matrix.read_rows(embeddings, sample)
     pca = PCA(components, random_state=seed).fit(sampled) if components < dim else None
-    project = (lambda rows: pca.transform(rows).astype(np.float32)) if pca else (lambda rows: np.asarray(rows, np.float32))
-    anchors = project(sampled)
-    with heartbeat(f"Fitting UMAP on a sample of {UMAP_FIT_SAMPLE:,} points"):
-        anchor_xy = _fit_umap(reducer, anchors)
-    out = np.empty((n, 2), dtype=np.float32)
-    for lo, hi, block in matrix.blocks(embeddings, 100_000):
-        out[lo:hi] = place_by_neighbours(project(block), anchors, anchor_xy)
-    return out
+    names = sample.astype(np.uint64) if fingerprints is None else np.asarray(fingerprints, dtype=np.uint64)[sample]
+    no_points = np.zeros((0, 2), np.float32)  # set below, once the PCA can project
+    fit = LayoutFit(names, no_points, no_points, no_points, None if pca is None else pca.mean_.astype(np.float32),
+                    None if pca is None else pca.components_.astype(np.float32), n, seed)
+    fit.anchors = fit.project(sampled)
+    what = f"{n:,} points" if n <= UMAP_FIT_SAMPLE else f"a sample of {UMAP_FIT_SAMPLE:,} points"
+    with heartbeat(f"Fitting UMAP on {what}"):
+        fit.anchor_xy = _fit_umap(reducer, fit.anchors)
+    if n <= UMAP_FIT_SAMPLE:
+        out = fit.anchor_xy.copy()
+    else:
+        out = np.empty((n, 2), dtype=np.float32)
+        fit.place(embeddings, np.arange(n), out)
+    fit.sample_xy = out[sample]
+    return out, fit
 
 
 def _fit_umap(reducer, points: np.ndarray) -> np.ndarray:
@@ -127,7 +209,8 @@ def place_by_neighbours(points: np.ndarray, anchors: np.ndarray, anchor_xy: np.n
 
 
 def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, seed: int) -> np.ndarray:
-    """The UMAP projection, reused from ``path`` when the embeddings are the same."""
+    """The UMAP projection, reused from ``path`` when the embeddings are the same; after records changed, the
+    earlier one with only the changed records placed among the points fitted (``placed_among_earlier_fit``)."""
     key = {"kind": "umap2d", "embeddings": embeddings_key(embeddings), "seed": seed}
     found = caches.lookup(path, key, fingerprints)
     if found.hit.all():
@@ -136,12 +219,57 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
         if not path.exists():  # found elsewhere: a copy beside this output, as a computed one would be
             caches.store(path, key, fingerprints, np.asarray(found.data))
         return found.data
-    log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it",
-             "no cached projection" if found.data is None and "no cache" in found.reason
-             else "the embeddings changed since it was cached")
-    projection = umap_projection(embeddings, seed)
+    projection = placed_among_earlier_fit(path, embeddings, fingerprints, seed)
+    if projection is None:
+        log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it",
+                 "no cached projection" if found.data is None and "no cache" in found.reason
+                 else "the embeddings changed since it was cached")
+        projection, fit = fitted_projection(embeddings, seed, fingerprints)
+        save_fit(fit_path(path), fit)
     caches.store(path, key, fingerprints, projection)
     return projection
+
+
+def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, seed: int) -> np.ndarray | None:
+    """The projection cached at ``path`` for the records it has, the others placed among the points its UMAP
+    was fitted on; None (said why) unless the fit kept beside it is the one behind those positions, its texts
+    are still most of the fitted ones and embed as they did, and the input has not outgrown it."""
+    fit = load_fit(fit_path(path))
+    if fit is None or fit.seed != seed:
+        return None
+    n = fingerprints.shape[0]
+
+    def refit(why: str) -> None:
+        log.info("The kept 2-D layout fit (%s) is not reused: %s", fit_path(path).name, why)
+
+    if n > REFIT_GROWTH * fit.rows:
+        return refit(f"{n:,} records where it was fitted for {fit.rows:,}")
+    earlier = caches.lookup(path, None, fingerprints, accept_any_key=True, dtype=np.float32, row_shape=(2,),
+                            registry=False)
+    where = caches.match_rows(fingerprints, fit.fingerprints)  # each fitted text's row now (-1: gone)
+    left = where >= 0
+    if left.sum() < REFIT_SAMPLE_LEFT * where.size:
+        return refit(f"{int(left.sum()):,} of the {where.size:,} texts it was fitted on are left")
+    # Records sharing a text share a fingerprint but may sit a hair apart (placed in other batches): the positions
+    # of the fitted texts are compared by their median difference, which another layout's far exceeds.
+    extent = float(np.ptp(fit.sample_xy, axis=0).max(initial=0.0)) or 1.0
+    if earlier.data is None or (earlier.key or {}).get("seed") != seed or not earlier.hit[where[left]].all() \
+            or np.median(np.abs(earlier.data[where[left]] - fit.sample_xy[left])) > 1e-4 * extent:
+        return refit("the cached projection is not the one made with it")
+    rows = where[left]
+    by_row = np.argsort(rows, kind="stable")
+    now = np.empty((rows.size, fit.anchors.shape[1]), dtype=np.float32)
+    now[by_row] = fit.project(matrix.read_rows(embeddings, rows[by_row]))
+    scale = float(np.abs(fit.anchors).max(initial=0.0)) or 1.0
+    if not np.allclose(now, fit.anchors[left], rtol=0, atol=1e-4 * scale):
+        return refit("the texts it was fitted on embed differently now (another model or embeddings)")
+    out = np.array(earlier.data, dtype=np.float32)
+    new = earlier.missing_rows
+    fit.place(embeddings, new, out)
+    log.info("2-D projection: %s; %d new or edited record(s) placed among the %s points UMAP was fitted on, "
+             "without fitting it again (delete %s to fit a new layout)", earlier.reason, new.size,
+             f"{fit.fingerprints.size:,}", fit_path(path).name)
+    return out
 
 
 def projection_or_none(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, seed: int):
