@@ -160,6 +160,9 @@ class CurateConfig:
         if inside:
             raise UserError(f"--output {self.output}: holds the input {inside[0]}; the curated folder would replace "
                             "it: choose another output path")
+        if self.model_dir is not None and Path(self.model_dir).resolve() in self.output.resolve().parents:
+            raise UserError(f"--output {self.output}: inside --model-dir {self.model_dir}, which this run reads and "
+                            "never writes; choose another folder")
         if self.written_kind == "arrow" and self.output_shards > 1:
             raise UserError("--output-shards: a datasets folder is written as one folder; for shards write Parquet "
                             "(--output-format parquet)")

@@ -74,7 +74,8 @@ def stats_only_paths(paths: dict[str, Path], output: Path) -> dict[str, Path]:
     return {**paths, **{role: Path(str(paths[role]).replace(str(stem), str(tagged), 1)) for role in DESCRIBING_ORDER}}
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """The same path, or two names of one existing file."""
     if os.path.abspath(a) == os.path.abspath(b):
         return True
     try:
@@ -101,7 +102,7 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
             continue
         what = "the input file" if flag == "--input" else f"the {flag} file"
         for role, target in {"output": output, **written}.items():
-            if not _same_file(source, target):
+            if not same_file(source, target):
                 continue
             if role == "output":
                 raise UserError(f"--output {output} is {what}; choose another output path")

@@ -25,9 +25,6 @@ from .errors import UserError
 from .sources import record_bytes
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
-# Suffixes of formats this does not write: an output so named would hold JSONL (or Parquet) under a name that
-# says otherwise.
-OTHER_FORMAT_SUFFIXES = (".csv", ".tsv", ".txt", ".arrow", ".feather", ".orc", ".avro", ".xlsx")
 # Records converted per Parquet row group / per JSON piece: bounds the converter's memory.
 CONVERT_PIECE_BYTES = 256 << 20
 
@@ -37,11 +34,14 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
     named = "parquet" if output.name.endswith(".parquet") else (
         "jsonl" if _jsonl_name(output.name) else None)
     if named is None:
+        # Any other suffix names something else (a CSV, a model's .safetensors or chat template, a cache's
+        # .npy): JSONL written there would be mistaken for it, or replace it. No suffix: the input's format
+        # (a datasets folder for a datasets folder).
         base = output.name.lower()
         for compressed in records.COMPRESSED_SUFFIXES:
             base = base.removesuffix(compressed)
-        other = next((suffix for suffix in OTHER_FORMAT_SUFFIXES if base.endswith(suffix)), None)
-        if other is not None:
+        other = Path(base).suffix
+        if other:
             raise UserError(f"--output {output}: {other} is not a format this writes; name it .jsonl (or .json, "
                             ".ndjson, each optionally .gz or .zst) or .parquet")
     if requested is not None:

@@ -164,6 +164,30 @@ def test_script_errors_are_one_line(tmp_path, capsys):
     assert rc == 2 and "--plot" in capsys.readouterr().err and not list(tmp_path.glob("x*"))
 
 
+def test_a_report_or_plot_never_replaces_an_input(tmp_path, capsys, monkeypatch):
+    x, _ = blobs(n_per=10)
+    for name in ("s.npy", "d.npy", "d.json"):
+        np.save(tmp_path / name, x) if name.endswith(".npy") else (tmp_path / name).write_text("{}")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(cmp, "compare", lambda *a, **k: pytest.fail("compared before the outputs were checked"))
+    base = ["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy")]
+    for extra, said in ((["--json", str(tmp_path / "d.npy")], "error: --json {d}.npy: the report is JSON; give a "
+                                                               "name ending in .json"),
+                        (["--json", str(tmp_path / "s.npy")], "error: --json {s}.npy: the report is JSON"),
+                        (["--plot", str(tmp_path / "p.png"), "--json", str(tmp_path / "p.png")], "error: --json"),
+                        (["--json", str(tmp_path / "r")], "error: --json {r}: the report is JSON")):
+        rc = compare_clusterings.run_main(compare_clusterings.main, base + extra)
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(said.format(d=tmp_path / "d", s=tmp_path / "s", r=tmp_path / "r")), err
+        assert err.count("\n") == 1
+    # An input that is itself named .json (a misnamed array) is never written over.
+    rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "s.npy"), "--deep",
+                                                                 str(tmp_path / "d.json"), "--json",
+                                                                 str(tmp_path / "." / "d.json")])
+    assert rc == 2 and "is the --deep file" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_files_whose_rows_are_in_different_orders_are_refused(tmp_path, capsys, caplog):
     """By the fingerprints files curate_dataset.py and extract_deep_embeddings.py write beside their embeddings."""
     x, _ = blobs(n_per=30)

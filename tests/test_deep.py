@@ -1085,3 +1085,25 @@ dist.destroy_process_group()
     for rank in (0, 1):
         assert f"rank {rank} error --model-dir " in differ.stdout
     assert "the model files of ranks [1] differ from rank 0's" in differ.stdout
+
+
+def test_an_output_that_is_not_a_npy_or_is_an_input_is_refused_before_any_work(data, tiny_model_dir, tmp_path,
+                                                                                capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(data[0].read_bytes())
+    before = source.read_bytes()
+    base = ["--model-dir", str(tiny_model_dir), "--device", "cpu", "--no-progress"]
+    for output, said in ((source, f"--output {source}: the deep embeddings are a NumPy array; give a name ending in "
+                                  ".npy"),
+                         (tmp_path / "." / "in.jsonl", "give a name ending in .npy"),
+                         (tmp_path / "deep.jsonl", "give a name ending in .npy")):
+        code = run_main(extract_deep_embeddings.main, ["--input", str(source), "--output", str(output), *base])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("error: ") and said in err and "\n" not in err, err
+    # An input misnamed .npy (a glob among the inputs finds it too) is never written over.
+    odd = tmp_path / "odd.npy"
+    odd.write_bytes(before)
+    for given in (odd, tmp_path / "odd.n?y"):
+        code = run_main(extract_deep_embeddings.main, ["--input", str(given), "--output", str(odd), *base])
+        assert code == 2 and f"--output {odd} is the input file" in capsys.readouterr().err
+    assert source.read_bytes() == before and odd.read_bytes() == before and not (tmp_path / "deep.jsonl").exists()

@@ -483,6 +483,16 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
             f"error: --output {tmp_path / name}: {'.csv' if name == 'x.csv' else '.tsv'} is not a format this "
             "writes; name it .jsonl (or .json, .ndjson, each optionally .gz or .zst) or .parquet")
     assert not (tmp_path / "x.csv").exists()
+    # Whatever else a suffix names (a chat template, weights, a cache) is not replaced by JSONL either.
+    for name in ("chat_template.jinja", "model.safetensors", "d_token_counts.messages.npy", "notes.md"):
+        assert run_error(capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / name
+                         ).startswith(f"error: --output {tmp_path / name}: .")
+        assert not (tmp_path / name).exists()
+    # Nor any file of the model folder, whatever its name.
+    for name in ("config.json", "sub/curated.jsonl"):
+        assert run_error(capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tiny_model_dir / name
+                         ) == (f"error: --output {tiny_model_dir / name}: inside --model-dir {tiny_model_dir}, which "
+                               "this run reads and never writes; choose another folder")
     assert ".csv is not a format this writes" in run_error(
         capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / "x.csv", "--output-format",
         "parquet")

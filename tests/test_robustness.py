@@ -65,8 +65,14 @@ def test_output_locations_are_checked_before_any_work(tmp_path, tiny_model_dir, 
     before = deep.read_bytes()
     err = run_error(capsys, "--input", topical_jsonl, "--output", deep, "--load-embeddings", deep,
                     "--model-dir", tiny_model_dir)
-    assert "is the --load-embeddings file" in err
+    assert ".npy is not a format this writes" in err
     assert deep.read_bytes() == before  # the embeddings were not overwritten with JSONL
+    misnamed = tmp_path / "vectors.jsonl"  # an array under a name the output may have
+    misnamed.write_bytes(before)
+    err = run_error(capsys, "--input", topical_jsonl, "--output", misnamed, "--load-embeddings", misnamed,
+                    "--model-dir", tiny_model_dir)
+    assert "is the --load-embeddings file" in err
+    assert misnamed.read_bytes() == before
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

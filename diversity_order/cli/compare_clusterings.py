@@ -45,13 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     from ..arrays import load_matrix
     from ..atomic import save_json
     from ..errors import UserError
-    from ..outputs import check_writable_folder
+    from ..outputs import check_writable_folder, same_file
 
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise UserError(f"--plot {args.plot}: the plots are PNG images; give a name ending in .png")
+    if args.json is not None and args.json.suffix.lower() != ".json":
+        raise UserError(f"--json {args.json}: the report is JSON; give a name ending in .json")
     for flag, path in (("--plot", args.plot), ("--json", args.json)):
-        if path is not None:
-            check_writable_folder(path.parent, flag)  # before the work, not after it
+        if path is None:
+            continue
+        for read_flag, source in (("--shallow", args.shallow), ("--deep", args.deep)):
+            if same_file(path, source):
+                raise UserError(f"{flag} {path} is the {read_flag} file; choose another path")
+        check_writable_folder(path.parent, flag)  # before the work, not after it
     shallow = load_matrix(args.shallow, "--shallow")
     deep = load_matrix(args.deep, "--deep")
     cmp.check_same_order(args.shallow, args.deep)

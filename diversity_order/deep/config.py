@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from .. import distributed
 from ..errors import UserError
+from ..outputs import same_file
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_TOKEN_BUDGET = 16384  # tokens per forward pass on CPU (documents x longest length)
@@ -60,9 +62,17 @@ class DeepResult:
 
 
 
-def _check_output_writable(output: Path) -> None:
+def _check_output(output: Path, inputs) -> None:
+    """A writable ``.npy`` path that is none of the inputs (a .jsonl named as the output would be replaced by the
+    array)."""
     if output.is_dir():
         raise UserError(f"--output {output}: is a folder; give a .npy file path")
+    if output.suffix.lower() != ".npy":
+        raise UserError(f"--output {output}: the deep embeddings are a NumPy array; give a name ending in .npy")
+    for given in inputs:
+        for source in glob.glob(str(given)) or [given]:  # an input may be a pattern
+            if same_file(Path(source), output):
+                raise UserError(f"--output {output} is the input file {source}; choose another output path")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".write-test-"):
@@ -107,7 +117,8 @@ def check_config(config: DeepConfig) -> None:
             raise UserError(f"--tp {config.tp} with --device cpu on a machine with a GPU: transformers puts the "
                             "tensor-parallel shards on the GPU whatever --device says; use --device cuda, or hide "
                             "the GPUs (CUDA_VISIBLE_DEVICES= before torchrun)")
-    _check_output_writable(Path(config.output))
+    inputs = config.input if isinstance(config.input, (list, tuple)) else [config.input]
+    _check_output(Path(config.output), inputs)
 
 
 def _gpu_visible() -> bool:
