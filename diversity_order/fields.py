@@ -71,13 +71,33 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):
             kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
             what = "content" if isinstance(message["role"], str) else "role"
-            raise UserError(f"{where}: field '{field}[{i}]' has a {what} that is a JSON {kind}, expected a string")
+            raise UserError(f"{where}: field '{field}[{i}]' has a {what} that is a JSON {kind}, expected a string"
+                            + (_CONTENT_HINTS.get(kind, "") if what == "content" else ""))
         if message["role"] not in KNOWN_ROLES:
             unknown.append(message["role"])
     if not value:
         raise UserError(f"{where}: field '{field}' is an empty conversation")
-    return Conversation(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")), where,
+    return Conversation(json.dumps([_without_nulls(message) for message in value], ensure_ascii=False,
+                                   sort_keys=True, separators=(",", ":")), where,
                         frozenset(unknown) if unknown else NO_ROLES)
+
+
+# How to turn a message's content into the string a chat template renders, by what it is instead.
+_CONTENT_HINTS = {
+    "null": " (a turn that only calls tools: give it the content \"\"; its tool_calls stay as they are)",
+    "array": " (content parts: join their texts into one string; images and audio have no tokens here)",
+}
+
+
+def _without_nulls(value):
+    """``value`` with the keys whose value is null dropped, at any depth. Parquet (and a datasets folder) give
+    every message every key any message has, null where it lacks one, so a conversation read from Parquet
+    would otherwise differ from the same one read from JSONL (its caches and its rendering)."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 def unknown_roles(document: str | Conversation) -> frozenset[str]:

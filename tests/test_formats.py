@@ -3,6 +3,7 @@ conversations gives the JSONL run's labels and order; outputs in the input's for
 in shards; special tokens counted; one clear line for bad input in each format."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -130,6 +131,31 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
     assert meta_r["chat_template"] is None
     assert (tmp_path / "c" / "c.jsonl").read_bytes().splitlines() == [
         chat.read_bytes().splitlines()[i] for i in np.load(tmp_path / "c" / "c_order.npy")]
+
+
+def test_the_same_conversations_from_jsonl_and_parquet_share_their_caches(tmp_path, demo_records, chat_model_dir,
+                                                                           caplog):
+    """Parquet gives every message every key any message has (null where it lacks one): tool calls in a few
+    turns put ``tool_calls: null`` and ``name: null`` in all the others. Read as they are, no conversation of
+    the Parquet copy matched its JSONL original, so each format re-embedded all and replaced the other's cache."""
+    chats = []
+    for i, r in enumerate(demo_records[:60]):
+        turn = {"role": "assistant", "content": r["text"]}
+        if i % 7 == 0:
+            turn["tool_calls"] = [{"type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+            turn["name"] = "helper"
+        chats.append({"id": i, "messages": [{"role": "user", "content": r["name"]}, turn]})
+    jsonl, parquet = tmp_path / "chat.jsonl", tmp_path / "chat.parquet"
+    jsonl.write_text("".join(json.dumps(c) + "\n" for c in chats))
+    pq.write_table(pa.Table.from_pylist(chats), parquet)
+    assert pq.read_table(parquet).to_pylist()[1]["messages"][1]["tool_calls"] is None  # what Parquet holds
+    args = ["--text-field", "messages", "--model-dir", chat_model_dir, *COMMON]
+    assert curate("--input", jsonl, "--output", tmp_path / "j" / "c.jsonl", *args) == 0
+    caplog.set_level(logging.INFO)
+    assert curate("--input", parquet, "--output", tmp_path / "p" / "c.parquet", *args) == 0
+    assert "Token counts: all 60 rows reused" in caplog.text  # every conversation found in the JSONL run's caches
+    assert "Embeddings: all 60 rows are those of" in caplog.text and "(tokenized once for counts and vectors)" not in caplog.text
+    assert np.array_equal(np.load(tmp_path / "j" / "c_order.npy"), np.load(tmp_path / "p" / "c_order.npy"))
 
 
 def test_the_chat_renderer_loads_before_the_embedding_progress_starts(tmp_path, demo_records, chat_model_dir,
@@ -447,7 +473,8 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
                     json.dumps({"messages": [{"role": "user", "content": ["a", "b"]}]}) + "\n")
     assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
-        f"error: {chat}:2: field 'messages[0]' has a content that is a JSON array, expected a string")
+        f"error: {chat}:2: field 'messages[0]' has a content that is a JSON array, expected a string (content "
+        "parts: join their texts into one string; images and audio have no tokens here)")
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
                     json.dumps({"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yes"}]}) + "\n")
     assert run_error(capsys, "--input", chat, "--text-field", "messages", *base).startswith(
@@ -466,8 +493,9 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
                      *base[2:]) == (f"error: {chat}:3: the chat template of --model-dir {strict} cannot render this "
                                     "conversation (Unknown role: robot)")
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
-    assert "row 0: field 'messages[0]' has a content that is a JSON null" in run_error(
-        capsys, "--input", parquet, "--text-field", "messages", *base)
+    assert run_error(capsys, "--input", parquet, "--text-field", "messages", *base).endswith(
+        "row 0: field 'messages[0]' has a content that is a JSON null, expected a string (a turn that only calls "
+        "tools: give it the content \"\"; its tool_calls stay as they are)")
     # Every unreadable row of the file is counted in the one pass, over its row groups, with the last.
     texts = [None if i in (3, 40, 41) else f"text {i}" for i in range(50)]
     pq.write_table(pa.table({"text": texts}), parquet, row_group_size=16)
