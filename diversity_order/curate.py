@@ -1023,7 +1023,7 @@ def _recommendation(recommended, rows) -> str:
     scored = [row.k for row in rows if row.silhouette is not None]
     if recommended == min(scored) and len(scored) > 1:
         # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer).
-        line += (f". But {recommended} is the smallest k tried and the silhouette only falls from there: no k "
+        line += (f". But {recommended} is the smallest k tried and every larger k scores more than 5% below it: no k "
                  "separates these embeddings clearly (shallow embeddings often score so), so the sweep does not "
                  f"choose k; more clusters spread topics finer across windows (the default is {DEFAULT_N_CLUSTERS})")
     elif recommended == max(scored) and len(scored) > 1:

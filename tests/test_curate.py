@@ -218,8 +218,10 @@ def test_a_recommended_k_at_the_edge_of_the_sweep_is_said_to_be_no_peak():
         return [CalibrationRow(k, score, 1, 2.0, 3) for k, score in zip((5, 10, 15, 20), scores)]
 
     falling, rising, peaked = rows([0.14, 0.10, 0.07, 0.04]), rows([0.02, 0.05, 0.08, 0.11]), rows([0.05, 0.12, 0.06, 0.04])
-    assert recommend_k(falling) == 5 and "is the smallest k tried and the silhouette only falls" in \
-        calibration_report(falling, 5)
+    said = "is the smallest k tried and every larger k scores more than 5% below it: no k separates"
+    assert recommend_k(falling) == 5 and said in calibration_report(falling, 5)
+    dipped = rows([0.33, 0.3044, 0.3094, 0.3122])  # a later user's: falling, then rising again, never near 5's
+    assert recommend_k(dipped) == 5 and said in calibration_report(dipped, 5)
     assert recommend_k(rising) == 20 and "20 is the largest k tried" in calibration_report(rising, 20)
     assert recommend_k(peaked) == 10 and calibration_report(peaked, 10).splitlines()[-1] == (
         "Recommended k = 10 (the highest k whose silhouette is within 5% of the peak); use --n-clusters 10")
