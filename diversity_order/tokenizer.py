@@ -43,6 +43,10 @@ def _enlarge_word_cache(backend) -> None:
         resize(BPE_WORD_CACHE)
 
 
+# The files a Hugging Face tokenizer is read from (tokenizer.json alone suffices for a fast tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
 class DocumentTokenizer:
     """A local Hugging Face tokenizer, used only to turn documents into ids."""
 
@@ -77,7 +81,11 @@ class DocumentTokenizer:
                 self._transformers_tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir), local_files_only=True)
             except Exception as exc:  # transformers raises many types for a bad folder
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise UserError(f"--model-dir {self.model_dir}: cannot load a tokenizer ({first_line})") from None
+                present = [name for name in TOKENIZER_FILES if (Path(self.model_dir) / name).is_file()]
+                files = (f"it has {', '.join(present)} of the tokenizer files" if present else
+                         f"it has none of the tokenizer files ({', '.join(TOKENIZER_FILES)})")
+                raise UserError(f"--model-dir {self.model_dir}: cannot load a tokenizer ({first_line}); {files}: "
+                                "copy the tokenizer of the model's Hugging Face folder beside its weights") from None
         return self._transformers_tokenizer
 
     @property

@@ -145,3 +145,20 @@ def test_a_special_token_transformers_would_add_changes_the_ids(tiny_model_dir, 
 
     direct = Tokenizer.from_file(str(folder / "tokenizer.json")).encode("a <mask> b", add_special_tokens=False).ids
     assert DocumentTokenizer(folder).encode("a <mask> b") != direct
+
+
+def test_a_model_folder_without_a_tokenizer_says_which_files_it_lacks(tmp_path, tiny_model_dir):
+    from diversity_order.errors import UserError
+    from diversity_order.tokenizer import TOKENIZER_FILES, DocumentTokenizer
+
+    folder = tmp_path / "weights_only"
+    folder.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", folder)
+    with pytest.raises(UserError) as caught:
+        DocumentTokenizer(folder)
+    said = str(caught.value)
+    assert said.startswith(f"--model-dir {folder}: cannot load a tokenizer (")
+    assert f"it has none of the tokenizer files ({', '.join(TOKENIZER_FILES)})" in said and "\n" not in said
+    shutil.copy(tiny_model_dir / "tokenizer_config.json", folder)  # the config without the vocabulary
+    with pytest.raises(UserError, match="it has tokenizer_config.json of the tokenizer files"):
+        DocumentTokenizer(folder)
