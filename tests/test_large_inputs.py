@@ -333,3 +333,23 @@ def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tm
         assert first[3][key] == second[3][key]
     assert (tmp_path / "a_clusters.json").read_text().replace("a.jsonl", "") == \
         (tmp_path / "b_clusters.json").read_text().replace("b.jsonl", "")
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--ordering", "stratifed"], "invalid choice: 'stratifed' (choose from "),
+    (["--no-plots"], "unrecognized arguments: --no-plots; did you mean --no-plot? (see --help)"),
+    (["--seq-lenn", "5"], "unrecognized arguments: --seq-lenn 5; did you mean --seq-len? (see --help)"),
+])
+def test_a_misspelt_flag_or_choice_suggests_the_nearest(tmp_path, data, args, said, capsys):
+    with pytest.raises(SystemExit) as exited:
+        curate("--input", data, "--output", tmp_path / "o.jsonl", *args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and said in err and err.count("\n") == 1
+    if args[0] == "--ordering":
+        assert err.endswith("'saw'); did you mean stratified? (see --help)\n")
+
+
+def test_a_choice_like_none_suggests_nothing(tmp_path, data, capsys):
+    with pytest.raises(SystemExit):
+        curate("--input", data, "--output", tmp_path / "o.jsonl", "--ordering", "zzz")
+    assert "did you mean" not in capsys.readouterr().err

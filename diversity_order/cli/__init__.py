@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -39,7 +40,23 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(description=description, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+        self.exit(2, f"error: {self.prog}: {message}{self._suggestion(message)} (see --help)\n")
+
+    def _suggestion(self, message: str) -> str:
+        """'; did you mean ...?' for a misspelt choice or flag (``--ordering stratifed``, ``--no-plots``)."""
+        import difflib
+
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            given, options = choice.group(1), re.findall(r"'([^']*)'", choice.group(2)) or \
+                [option.strip() for option in choice.group(2).split(",")]
+        else:
+            unknown = re.search(r"unrecognized arguments: (\S+)", message)
+            if not unknown or not unknown.group(1).startswith("--"):
+                return ""
+            given, options = unknown.group(1).split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]
+        close = difflib.get_close_matches(given, options, n=1, cutoff=0.75)
+        return f"; did you mean {close[0]}?" if close else ""
 
 
 def add_input_flags(parser) -> None:
