@@ -733,7 +733,7 @@ def write_outputs(run: Run) -> None:
             log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
                         run.n, config.output_shards - run.n)
         shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
-        with run.timer.stage(f"Writing {config.output}{shards}"):
+        with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
             if _shards_across_ranks(run):
                 written = _write_shards_across_ranks(run)
             else:
@@ -761,7 +761,7 @@ def write_outputs(run: Run) -> None:
 def _recorded_path(path) -> str:
     """A path as the metadata records it: absolute, so a reader in another folder (animate_ordering.py,
     the next run's shard-set cleanup) finds the same file."""
-    return str(Path(path).absolute())
+    return os.path.abspath(path)  # also without "..": /data/x.jsonl, not /work/../data/x.jsonl
 
 
 def _earlier_meta(meta_path: Path) -> dict:

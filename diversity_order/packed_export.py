@@ -167,4 +167,4 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {**meta, "folder": str(Path(folder).absolute())}
+    return {**meta, "folder": os.path.abspath(folder)}

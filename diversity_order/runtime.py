@@ -291,9 +291,12 @@ class StageTimer:
         return f"Done in {_clock(time.perf_counter() - self.created)} (h:mm:ss), {memory_text()}"
 
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, said: str, key: str | None = None) -> Iterator[None]:
+        """Time a stage, logged as ``said``, recorded under ``key`` (``said`` when None; a key without the run's
+        paths reads the same in every run's metadata)."""
+        name = key or said
         stop_if_interrupted()
-        log.info("%s ...", name)
+        log.info("%s ...", said)
         if "numba" in sys.modules:  # its kernels may compile in this stage (importing numba here costs 0.3 s)
             notice_compiling()
         beside = getattr(self._thread, "beside", False)
@@ -313,7 +316,7 @@ class StageTimer:
         # (Not for stages beside others: the compile time is the process's, and may be another stage's.)
         compiled = (f"; {compiling:.1f} s of it compiling the package's numba kernels, first run only"
                     if compiling >= 0.5 and not beside else "")
-        log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB%s)", name, elapsed, cpu,
+        log.info("%s done in %.1f s (%.1f CPU-s%s; peak memory so far %.0f MB%s)", said, elapsed, cpu,
                  " in its thread, beside other stages" if beside else "", self.peak_rss_mb[name], compiled)
         release_free_memory()
 

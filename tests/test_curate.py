@@ -516,3 +516,15 @@ def test_an_immutable_cache_file_is_a_warning_and_the_run_goes_on(tmp_path, tiny
     assert len(out.read_bytes().splitlines()) == 36
     assert curate(*args) == 0  # and once it can be written again, it is
     assert np.load(tmp_path / "d_cur_embeddings.npy").shape == (36, 32)
+
+
+def test_metadata_paths_are_normalised_and_its_keys_name_no_paths(tmp_path, tiny_model_dir):
+    src = write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))
+    (tmp_path / "sub").mkdir()
+    assert curate("--input", tmp_path / "sub" / ".." / "d.jsonl", "--output", tmp_path / "sub" / ".." / "x.jsonl",
+                  "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot") == 0
+    meta = json.loads((tmp_path / "x_meta.json").read_text())
+    assert meta["input"] == str(src) and meta["output"] == str(tmp_path / "x.jsonl")  # no "sub/.."
+    assert meta["output_files"] == [str(tmp_path / "x.jsonl")]
+    assert "Writing the curated data" in meta["timings_seconds"]
+    assert not any(str(tmp_path) in key for key in meta["timings_seconds"])

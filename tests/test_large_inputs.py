@@ -328,7 +328,7 @@ def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tm
     assert _same(first[:3], second[:3])
     assert first[3]["stages_side_by_side"] == ["Clustering (MiniBatchKMeans, k=6)", "Similarity statistics"]
     assert second[3]["stages_side_by_side"] == sorted(["Diversity statistics", "Similarity statistics",
-                                                       "Describing the clusters", f"Writing {beside}"])
+                                                       "Describing the clusters", "Writing the curated data"])
     for key in ("token_window_diversity", "similarity_stats", "ordering_quality", "cluster_sizes"):
         assert first[3][key] == second[3][key]
     assert (tmp_path / "a_clusters.json").read_text().replace("a.jsonl", "") == \
