@@ -57,7 +57,8 @@ class _Piece:
 
 @dataclass
 class ArrowTableSource:
-    """One or more Arrow-readable files of one schema, as one sequence of rows."""
+    """One or more Arrow-readable files of one schema (or of schemas one joined schema holds), as one sequence of
+    rows."""
 
     files: list[Path]
     kind: str  # "parquet" or "arrow" (a save_to_disk folder's IPC stream files)
@@ -247,7 +248,7 @@ class ArrowTableSource:
                 self._verify(table, wanted[at])
                 parts.append(table)
                 positions.append(at)
-            gathered = pa.concat_tables(parts)
+            gathered = _conformed(pa.concat_tables(parts, promote_options="permissive"), self._schema())
             yield gathered.take(np.argsort(np.concatenate(positions), kind="stable"))
 
     def _verify(self, table, rows: np.ndarray) -> None:
@@ -374,15 +375,22 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             source.pieces.append(_Piece(number, index, first, rows))
             first += rows
         file_schema = _file_schema(path, kind, pa)
+        missing = [f for f in text_fields if f.split(".")[0] not in file_schema.names and f not in file_schema.names]
+        if missing:
+            raise UserError(f"--input {path}: no column '{missing[0]}' (columns: "
+                            f"{', '.join(file_schema.names[:10])}); choose the text field with --text-field")
         if schema is None:
             schema = file_schema
         elif not file_schema.equals(schema):
-            raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s "
-                            f"({schema_difference(schema, file_schema)}); give files of one schema")
-    missing = [f for f in text_fields if f.split(".")[0] not in schema.names and f not in schema.names]
-    if missing:
-        raise UserError(f"--input {source.name}: no column '{missing[0]}' (columns: {', '.join(schema.names[:10])}); "
-                        "choose the text field with --text-field")
+            # Files that differ only where one schema holds the other (a column or a message key some files
+            # lack, a narrower number type) are read as one: rows are written with the joined schema, nulls where
+            # their file had nothing. Others (a string where the first has a number) cannot be one table.
+            try:
+                schema = pa.unify_schemas([schema, file_schema], promote_options="permissive")
+            except (pa.ArrowException, TypeError, ValueError):
+                raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s "
+                                f"({schema_difference(schema, file_schema)}); give files of one schema") from None
+    source._schema_cache = schema
     digests = bytearray()
     kinds = DocumentKinds()
     if progress is not None:
@@ -419,6 +427,18 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     source.fingerprints = np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
     source.row_sizes = np.asarray(sizes, dtype=np.int64)
     return source
+
+
+def _conformed(table, schema):
+    """``table`` with exactly ``schema``'s columns, in its order and types (a column it lacks: nulls), so pieces read
+    from files of different but joinable schemas are written as one."""
+    if table.schema.equals(schema):
+        return table
+    pa = _pyarrow()
+    for name in schema.names:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
+    return table.select(schema.names).cast(schema)
 
 
 def _file_schema(path: Path, kind: str, pa):
