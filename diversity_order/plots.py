@@ -328,7 +328,10 @@ def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title
         ax.set_title(f"seq-len {seq_len:,}: unique clusters per window (box: 25th-75th percentile, whiskers: "
                      f"10th-90th, tick: median, diamond and right: mean; dotted: K)", fontsize=9.5)
     axes[-1, 0].set_xlabel("unique clusters in a window")
-    fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})")
+    bold = [name for name in names if SPECS.get(name) is not None and SPECS[name].highlight]
+    fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})"
+                 + (f"\nin bold: {', '.join(bold)} (the default, the README's choices and a shuffle, the yardstick)"
+                    if bold else ""))
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
