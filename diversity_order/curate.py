@@ -437,9 +437,14 @@ def _chat_template_used(run: Run) -> dict | None:
     from .tokenizer import chat_template_source
 
     kinds = run.index.kinds
+    field = run.config.text_field
+    if kinds is not None and kinds.encoded:
+        log.warning("'%s' holds a conversation written as a JSON string in %d of %d records (the first: %s): it is "
+                    "read as plain text, its JSON's tokens counted, not the chat template's rendering; store the "
+                    "messages as a list of role/content objects (json.loads the column) to have them rendered",
+                    field, kinds.encoded, run.n, run.index.where(kinds.first_encoded_row))
     if kinds is None or kinds.conversations == 0:
         return None
-    field = run.config.text_field
     if kinds.first_text_row >= 0:
         log.warning("'%s' holds a conversation in %d of %d records and plain text in the others (the first: %s; the "
                     "first conversation: %s): plain texts are tokenized as they are, without the chat template; give "

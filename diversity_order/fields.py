@@ -100,6 +100,19 @@ def _without_nulls(value):
     return value
 
 
+def is_encoded_conversation(text: str) -> bool:
+    """``text`` is a conversation written as a JSON string: a list of role/content messages (a Parquet column of
+    JSON, a dataset saved with its messages serialised). Read as plain text, its tokens are the JSON's."""
+    if '"role"' not in text[:400]:
+        return False
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(message, dict) and "role" in message and "content" in message for message in value)
+
+
 def unknown_roles(document: str | Conversation) -> frozenset[str]:
     """The roles of a conversation outside ``KNOWN_ROLES`` (a plain text has none)."""
     return document.unknown_roles if isinstance(document, Conversation) else NO_ROLES

@@ -395,11 +395,23 @@ class DocumentKinds:
     first_text_row: int = -1
     first_conversation_row: int = -1
     unknown_roles: dict = field(default_factory=dict)
+    encoded: int = 0  # plain texts that are a conversation written as a JSON string (a column of JSON)
+    first_encoded_row: int = -1
+    # Plain texts are checked for that until this many are not (a column of JSON shows in its first records);
+    # once one is, all are, so the count is exact. It keeps the indexing loop as fast as without the check.
+    unchecked: int = 1000
 
     def saw(self, row: int, document: str | fields.Conversation) -> None:
         if isinstance(document, str):
             if self.first_text_row < 0:
                 self.first_text_row = row
+            if self.unchecked:
+                self.unchecked -= 1
+                if document.startswith("[{") and fields.is_encoded_conversation(document):
+                    self.encoded += 1
+                    self.unchecked = -1  # (never reaches 0 again: every later text is checked)
+                    if self.first_encoded_row < 0:
+                        self.first_encoded_row = row
             return
         self.conversations += 1
         if self.first_conversation_row < 0:
@@ -410,8 +422,11 @@ class DocumentKinds:
     @staticmethod
     def joined(parts: list[tuple[int, DocumentKinds]]) -> DocumentKinds:
         """Consecutive parts' kinds as one, each part given with its first row."""
-        out = DocumentKinds(conversations=sum(kinds.conversations for _, kinds in parts))
+        out = DocumentKinds(conversations=sum(kinds.conversations for _, kinds in parts),
+                            encoded=sum(kinds.encoded for _, kinds in parts))
         for first, kinds in parts:
+            if out.first_encoded_row < 0 <= kinds.first_encoded_row:
+                out.first_encoded_row = first + kinds.first_encoded_row
             if out.first_text_row < 0 <= kinds.first_text_row:
                 out.first_text_row = first + kinds.first_text_row
             if out.first_conversation_row < 0 <= kinds.first_conversation_row:

@@ -215,6 +215,33 @@ def test_a_field_mixing_conversations_and_plain_text_is_warned_of(tmp_path, demo
     assert not any("has roles other than" in r.getMessage() for r in caplog.records)  # user and assistant only
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_conversations_written_as_json_strings_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog, kind):
+    """A new user's Parquet held its messages as a JSON string: read as plain text with no word said, its counts
+    were the JSON's tokens (14,436) rather than the rendered conversation's (12,803)."""
+    rows = [{"messages": json.dumps([{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"]}])}
+            for r in demo_records[:30]]
+    rows[4]["messages"] = "[{not json, only text that starts like it"
+    rows[5]["messages"] = '[{"a": 1}] is JSON but no conversation'
+    src = tmp_path / f"encoded.{kind}"
+    if kind == "jsonl":
+        src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), src)
+    caplog.set_level("INFO")
+    assert curate("--input", src, "--text-field", "messages", "--output", tmp_path / "o" / "c.jsonl",
+                  "--model-dir", chat_model_dir, "--n-clusters", 4, "--no-plot") == 0
+    warnings = [r.getMessage() for r in caplog.records if "written as a JSON string" in r.getMessage()]
+    first = f"{src}:1" if kind == "jsonl" else f"{src} row 0"
+    assert len(warnings) == 1 and "in 28 of 30 records (the first: " + first + ")" in warnings[0]
+    caplog.clear()
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in demo_records[:30]))
+    assert curate("--input", plain, "--output", tmp_path / "p" / "c.jsonl", "--model-dir", chat_model_dir,
+                  "--n-clusters", 4, "--no-plot") == 0
+    assert "written as a JSON string" not in caplog.text
+
+
 def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
     """ShareGPT's human/gpt kept in role/content messages: said once, with how many and where the first is; the
     run goes on (the template renders them, and a trainer with the same template sees the same text)."""

@@ -707,3 +707,19 @@ def test_indexing_in_processes_logs_one_progress_line_for_all(tmp_path, monkeypa
     assert len(index) == 5000
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Indexing in.jsonl (2 processes)")]
     assert lines and lines[-1].split(": ")[1].startswith("20 of 20 MB (100%)"), lines  # 20.1 MB (10^6 bytes)
+
+
+def test_conversations_written_as_json_strings_are_counted_once_one_is_seen():
+    from diversity_order.records import DocumentKinds
+
+    encoded = json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}])
+    kinds = DocumentKinds()
+    for row, text in enumerate(["plain"] * 5 + [encoded] + ["plain", "[{ not json"] * 800 + [encoded] * 3):
+        kinds.saw(row, text)
+    assert kinds.encoded == 4 and kinds.first_encoded_row == 5  # every one, also past the first 1,000 texts
+    late = DocumentKinds()
+    for row, text in enumerate(["plain"] * 1000 + [encoded]):
+        late.saw(row, text)
+    assert late.encoded == 0  # checked in a field's first 1,000 plain texts only, while none is one
+    joined = DocumentKinds.joined([(0, late), (1001, kinds)])
+    assert joined.encoded == 4 and joined.first_encoded_row == 1006
