@@ -434,7 +434,7 @@ def _parquet_columns(run: Run):
 def _chat_template_used(run: Run) -> dict | None:
     """The chat template conversations are rendered with, said once where the text field holds them; a field
     that holds conversations in some records and plain text in others is warned of, naming both."""
-    from .tokenizer import chat_template_source
+    from .tokenizer import say_chat_template
 
     kinds = run.index.kinds
     field = run.config.text_field
@@ -451,11 +451,7 @@ def _chat_template_used(run: Run) -> dict | None:
                     "every record the same kind", field, kinds.conversations, run.n, run.index.where(kinds.first_text_row),
                     run.index.where(kinds.first_conversation_row))
     _warn_unknown_roles(run, kinds)
-    source = chat_template_source(Path(run.config.model_dir)) if run.config.model_dir is not None else None
-    if source is not None:
-        log.info("Conversations in '%s': each rendered with the chat template of %s (blake2b %s) before its tokens are "
-                 "counted, as a chat trainer renders them", field, source["file"], source["blake2b"])
-    return source
+    return say_chat_template(field, Path(run.config.model_dir)) if run.config.model_dir is not None else None
 
 
 def _warn_unknown_roles(run: Run, kinds: records.DocumentKinds) -> None:

@@ -215,6 +215,15 @@ def chat_template_source(model_dir: Path) -> dict | None:
             "blake2b": hashlib.blake2b(template.encode("utf-8"), digest_size=8).hexdigest()}
 
 
+def say_chat_template(field, model_dir: Path) -> dict | None:
+    """``chat_template_source``, said in the log: the conversations of ``field`` are rendered with it."""
+    source = chat_template_source(Path(model_dir))
+    if source is not None:
+        log.info("Conversations in '%s': each rendered with the chat template of %s (blake2b %s) before its tokens are "
+                 "counted, as a chat trainer renders them", field, source["file"], source["blake2b"])
+    return source
+
+
 def _chat_template(model_dir: Path) -> tuple[str, str]:
     """The folder's chat template as written (chat_template.jinja, else tokenizer_config.json's), or "",
     and the name of the file it was read from."""

@@ -1107,3 +1107,28 @@ def test_an_output_that_is_not_a_npy_or_is_an_input_is_refused_before_any_work(d
         code = run_main(extract_deep_embeddings.main, ["--input", str(given), "--output", str(odd), *base])
         assert code == 2 and f"--output {odd} is the input file" in capsys.readouterr().err
     assert source.read_bytes() == before and odd.read_bytes() == before and not (tmp_path / "deep.jsonl").exists()
+
+
+def test_conversations_are_extracted_as_the_chat_template_renders_them(tiny_model_dir, tmp_path, caplog):
+    import shutil
+
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    chat_model = tmp_path / "chat_model"
+    shutil.copytree(tiny_model_dir, chat_model)
+    (chat_model / "chat_template.jinja").write_text(
+        "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}")
+    chats = [[{"role": "user", "content": r["text"][:40]}, {"role": "assistant", "content": r["text"]}]
+             for r in topical_records(per_topic=2)]
+    tokenizer = DocumentTokenizer(chat_model)
+    write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in chats])
+    write_jsonl(tmp_path / "rendered.jsonl", [{"text": tokenizer.render_chat(c)} for c in chats])
+    caplog.set_level("INFO")
+    common = ["--model-dir", str(chat_model), "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, ["--input", str(tmp_path / "chat.jsonl"), "--text-field",
+                                                   "messages", "--output", str(tmp_path / "c.npy"), *common]) == 0
+    assert "Conversations in 'messages': each rendered with the chat template of" in caplog.text
+    assert str(chat_model / "chat_template.jinja") in caplog.text
+    assert run_main(extract_deep_embeddings.main, ["--input", str(tmp_path / "rendered.jsonl"), "--output",
+                                                   str(tmp_path / "r.npy"), *common]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"), np.load(tmp_path / "r.npy"), rtol=1e-5, atol=1e-6)

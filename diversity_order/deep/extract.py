@@ -115,13 +115,16 @@ def _log_layout(job: _Job) -> None:
 
 def index_and_key(job: _Job) -> None:
     """Index the input, load the tokenizer, and key the output to everything that decides a row."""
-    from ..tokenizer import DocumentTokenizer
+    from ..tokenizer import DocumentTokenizer, say_chat_template
 
     config = job.config
     job.index = open_source(config.input, config.text_field, progress=job.progress, ctx=job.ctx)
     job.n = len(job.index) if config.limit is None else min(config.limit, len(job.index))
     job.fingerprints = job.index.fingerprints[: job.n]
     job.tokenizer = DocumentTokenizer(config.model_dir)
+    kinds = getattr(job.index, "kinds", None)
+    if kinds is not None and kinds.conversations:
+        say_chat_template(config.text_field, Path(config.model_dir))
     job.dtype = torch_dtype(config.dtype, job.device)
     max_seq_len = config.max_seq_len or config_max_positions(config.model_dir)
     limits = [v for v in (config.max_tokens, max_seq_len) if v]
