@@ -67,7 +67,9 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
                             "chat templates read role/content messages: convert it (from human -> role user, gpt -> "
                             "assistant, system -> system; value -> content)")
         if not isinstance(message, dict) or "content" not in message or "role" not in message:
-            raise UserError(f"{where}: field '{field}[{i}]' is not a {{\"role\": ..., \"content\": ...}} object")
+            has = (f" (its keys: {', '.join(map(str, message))})" if isinstance(message, dict)
+                   else f" (a JSON {json_type(message)})")
+            raise UserError(f"{where}: field '{field}[{i}]' is not a {{\"role\": ..., \"content\": ...}} object{has}")
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):
             kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
             what = "content" if isinstance(message["role"], str) else "role"
@@ -177,8 +179,8 @@ def render(value: str | Conversation, tokenizer) -> str:
 
 def json_type(value) -> str:
     """A JSON value's type in JSON's words (object, array, null, ...), for error lines."""
-    return {dict: "object", list: "array", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
-        type(value), type(value).__name__)
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def plain_text(value: str | Conversation) -> str:
