@@ -378,7 +378,8 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
         missing = [f for f in text_fields if f.split(".")[0] not in file_schema.names and f not in file_schema.names]
         if missing:
             raise UserError(f"--input {path}: no column '{missing[0]}' (columns: "
-                            f"{', '.join(file_schema.names[:10])}); choose the text field with --text-field")
+                            f"{', '.join(file_schema.names[:10])}); choose the text field with --text-field"
+                            + _conversation_hint(file_schema, pa))
         if schema is None:
             schema = file_schema
         elif not file_schema.equals(schema):
@@ -427,6 +428,16 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     source.fingerprints = np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
     source.row_sizes = np.asarray(sizes, dtype=np.int64)
     return source
+
+
+def _conversation_hint(schema, pa) -> str:
+    """Where a column holds conversations (a list of structs with a role), how to read it; else ""."""
+    for column in schema:
+        kind = column.type
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(kind.value_type) and \
+                any(kind.value_type.field(i).name in ("role", "from") for i in range(kind.value_type.num_fields)):
+            return f" (its '{column.name}' holds conversations, which --text-field {column.name} reads)"
+    return ""
 
 
 def _conformed(table, schema):

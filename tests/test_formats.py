@@ -509,6 +509,11 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"body": r["text"]} for r in demo_records[:20]]), parquet)
     assert "no column 'text' (columns: body)" in run_error(capsys, "--input", parquet, *base)
+    chats = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": 1, "messages": [{"role": "user", "content": "hi"}]}]), chats)
+    assert run_error(capsys, "--input", chats, *base).endswith(
+        "no column 'text' (columns: id, messages); choose the text field with --text-field (its 'messages' holds "
+        "conversations, which --text-field messages reads)")
     # Files of two schemas: the error says how the second differs (a new user's score column was a string in one).
     scored = [pa.table({"text": ["a", "b"], "quality": [0.5, 0.7]}), pa.table({"text": ["c"], "quality": ["high"]}),
               pa.table({"text": ["d"]}), pa.table({"text": ["e"], "quality": [0.1], "lang": ["en"]})]
