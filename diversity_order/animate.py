@@ -417,7 +417,11 @@ class UmapFrames:
 
         xy = np.asarray(projection, dtype=np.float64)
         n = inputs.labels.size
-        if xy.ndim != 2 or xy.shape != (n, 2):
+        if xy.ndim != 2 or xy.shape[1:] != (2,):
+            raise UserError(f"--umap: expected {n} x 2 coordinates (B_umap2d.npy), found shape {xy.shape}: not a "
+                            "2-D projection (embeddings are N x their width); give the B_umap2d.npy a curate run "
+                            "with plots wrote")
+        if xy.shape[0] != n:
             raise UserError(f"--umap: expected {n} x 2 coordinates (B_umap2d.npy), found shape {xy.shape}: a "
                             "curate run over other records wrote it (a run with --no-plot leaves the last one's); "
                             "run curate_dataset.py without --no-plot to write it for these")

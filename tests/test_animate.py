@@ -158,6 +158,11 @@ def test_output_name_and_umap_rows_are_checked_before_any_video(run_files, capsy
     err = capsys.readouterr().err
     assert rc == 2 and "--umap: expected 400 x 2 coordinates" in err and "without --no-plot" in err
     assert not (tmp / "u.mp4").exists()  # refused before the bar video was encoded
+    np.save(tmp / "embeddings_given.npy", np.zeros((400, 16), np.float32))  # a new user's: the embeddings
+    rc = animate_ordering.run_main(animate_ordering.main, base + ["--umap", str(tmp / "embeddings_given.npy"),
+                                                                  "--output", str(tmp / "u.mp4")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "found shape (400, 16): not a 2-D projection" in err and "other records" not in err
     (tmp / "a_file").write_text("")
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--output", str(tmp / "a_file" / "v.mp4")])
     assert rc == 2 and "--output: cannot write in" in capsys.readouterr().err
