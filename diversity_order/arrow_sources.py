@@ -137,7 +137,7 @@ class ArrowTableSource:
         records = table.to_pylist()
         first = piece.first
         picked = range(len(records)) if local_rows is None else local_rows.tolist()
-        return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), _keys_text)
+        return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), self._columns_text)
                 for record, i in zip(records, picked)]
 
     def _bad_rows(self, piece: _Piece) -> list[tuple[int, str]]:
@@ -145,10 +145,14 @@ class ArrowTableSource:
         bad = []
         for i, record in enumerate(self._text_table(piece).to_pylist()):
             try:
-                fields_mod.extract(record, self.text_fields, lambda i=i: self.where(piece.first + i), _keys_text)
+                fields_mod.extract(record, self.text_fields, lambda i=i: self.where(piece.first + i), self._columns_text)
             except UserError as exc:
                 bad.append((piece.first + i, str(exc)))
         return bad
+
+    def _columns_text(self, record: dict) -> str:
+        """A row's keys, for errors: the file's columns (a piece is read with its text columns only)."""
+        return ", ".join(self._schema().names[:10]) or "none"
 
     def _plain_text_column(self) -> str | None:
         """The column name when the document is one top-level string column, else None."""
@@ -255,7 +259,7 @@ class ArrowTableSource:
         from .records import text_fingerprint
 
         for record, row in zip(table.select(self._top_columns()).to_pylist(), rows.tolist()):
-            value = fields_mod.extract(record, self.text_fields, lambda row=row: self.where(row), _keys_text)
+            value = fields_mod.extract(record, self.text_fields, lambda row=row: self.where(row), self._columns_text)
             if text_fingerprint(fields_mod.fingerprint_text(value)) != int(self.fingerprints[row]):
                 raise UserError(f"{self.where(row)} changed while this run was going; nothing was written: run "
                                 "again on the final data")
@@ -315,8 +319,6 @@ def replace_folder(staging: Path, output: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _keys_text(record: dict) -> str:
-    return ", ".join(sorted(record)[:10]) or "none"
 
 
 # --- opening and indexing -------------------------------------------------------------------------

@@ -511,6 +511,8 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     assert "no column 'text' (columns: body)" in run_error(capsys, "--input", parquet, *base)
     chats = tmp_path / "chats.parquet"
     pq.write_table(pa.Table.from_pylist([{"id": 1, "messages": [{"role": "user", "content": "hi"}]}]), chats)
+    assert "no field 'messages.content' (this record has keys: id, messages)" in run_error(
+        capsys, "--input", chats, "--text-field", "messages.content", *base)  # every column, not the one read
     assert run_error(capsys, "--input", chats, *base).endswith(
         "no column 'text' (columns: id, messages); choose the text field with --text-field (its 'messages' holds "
         "conversations, which --text-field messages reads)")
