@@ -142,6 +142,7 @@ def atomic_link(source: Path | str, path: Path | str) -> Iterator[str]:
     links). The file is shared, not copied: it keeps ``source``'s permissions."""
     path = Path(path)
     note_target(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp_name = str(path.parent / f"{temp_prefix(path)}{secrets.token_hex(4)}.tmp")
     os.link(source, tmp_name)
     try:

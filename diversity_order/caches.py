@@ -436,6 +436,8 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     reason = named if isinstance(named, str) else None
     named = None if isinstance(named, str) else named
     if named is not None and not named.legacy and np.array_equal(named.fingerprints, fingerprints):
+        if registry and not files.extras:
+            _ensure_registered(files, named.meta)  # a set stored with the registry off, or before it existed
         return _whole(named, n, f"all {n} rows reused from {files.data.name}", lazy)
     if named is not None and want is None:
         want = named.meta.get("key")  # other sets must agree with the one the target holds
@@ -952,6 +954,15 @@ def _register(files: CacheFiles, manifest: dict) -> None:
             os.close(fd)
     except OSError as exc:
         _registry_problem(path, exc)
+
+
+def _ensure_registered(files: CacheFiles, manifest: dict) -> None:
+    """Register the set of ``files`` unless the registry lists it already under its key."""
+    if registry_dir() is None or not isinstance(manifest.get("key"), dict):
+        return
+    marker = files.marker.absolute()
+    if all(candidate.marker != marker for candidate in registered_sets(manifest["key"])):
+        _register(files, manifest)
 
 
 def registered_sets(key: dict) -> list[CacheFiles]:

@@ -269,6 +269,20 @@ def test_a_registered_set_of_exactly_these_records_is_linked_not_copied(tmp_path
     np.testing.assert_array_equal(np.load(first), truth(fps))
 
 
+def test_a_set_stored_with_the_registry_off_is_registered_when_next_used(tmp_path, registry, monkeypatch):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+    caches.store(tmp_path / "a" / "first.npy", KEY, fps, truth(fps))
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(registry))
+    assert caches.registered_sets(KEY) == []
+    assert caches.lookup(tmp_path / "a" / "first.npy", KEY, fps).in_order  # used as it is: registered now
+    assert caches.lookup(tmp_path / "a" / "first.npy", KEY, fps).in_order  # (once)
+    assert [f.data for f in caches.registered_sets(KEY)] == [(tmp_path / "a" / "first.npy").absolute()]
+    assert len((registry / "registry.jsonl").read_text().splitlines()) == 1
+    found = caches.lookup(tmp_path / "b" / "second.npy", KEY, fps)
+    assert found.in_order and "linked as second.npy" in found.reason
+
+
 def test_a_set_that_cannot_be_linked_is_copied(tmp_path, registry, monkeypatch, caplog):
     fps = np.arange(1, 31, dtype=np.uint64)
     caches.store(tmp_path / "first.npy", KEY, fps, truth(fps))
