@@ -332,7 +332,7 @@ def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title
     fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})"
                  + (f"\nin bold: {', '.join(bold)} (the default, the README's choices and a shuffle, the yardstick)"
                     if bold else ""))
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))  # room for the two-line title
     save_figure(fig, path)
     plt.close(fig)
 
