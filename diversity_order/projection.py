@@ -88,11 +88,32 @@ def load_fit(path: Path) -> LayoutFit | None:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         log.info("%s unreadable (%s): the 2-D layout is fitted again", path, exc)
         return None
-    m = fit.fingerprints.shape[0]
-    if not (fit.anchors.shape[0] == fit.anchor_xy.shape[0] == fit.sample_xy.shape[0] == m):
-        log.info("%s: its arrays disagree on the points fitted; the 2-D layout is fitted again", path)
+    problem = _fit_problem(fit)
+    if problem:
+        log.info("%s: %s; the 2-D layout is fitted again", path, problem)
         return None
     return fit
+
+
+def _fit_problem(fit: LayoutFit) -> str | None:
+    """Why the arrays of a kept fit cannot be one fit (a damaged or hand-edited file); None when they can."""
+    m = fit.fingerprints.shape[0] if fit.fingerprints.ndim == 1 else -1
+    width = fit.anchors.shape[1] if fit.anchors.ndim == 2 else -1
+    if m < 1 or fit.fingerprints.dtype != np.uint64:
+        return "no fitted texts"
+    if width < 1 or fit.anchors.shape[0] != m or fit.anchor_xy.shape != (m, 2) or fit.sample_xy.shape != (m, 2):
+        return "its arrays disagree on the points fitted"
+    if fit.components is not None and (fit.components.ndim != 2 or fit.components.shape[0] != width
+                                       or fit.mean is None or fit.mean.shape != (fit.components.shape[1],)):
+        return "its PCA does not match its points"
+    if not (np.isfinite(fit.anchors).all() and np.isfinite(fit.anchor_xy).all() and np.isfinite(fit.sample_xy).all()):
+        return "it holds values that are not finite"
+    return None
+
+
+def _fit_width(fit: LayoutFit) -> int:
+    """The width of the embeddings a fit projects."""
+    return fit.anchors.shape[1] if fit.components is None else fit.components.shape[1]
 
 
 def embeddings_key(embeddings: np.ndarray) -> str:
@@ -223,7 +244,7 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
     if projection is None:
         log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it",
                  "no cached projection" if found.data is None and "no cache" in found.reason
-                 else "the embeddings changed since it was cached")
+                 else "the embeddings or --seed changed since it was cached")
         projection, fit = fitted_projection(embeddings, seed, fingerprints)
         save_fit(fit_path(path), fit)
     caches.store(path, key, fingerprints, projection)
@@ -244,12 +265,18 @@ def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, s
 
     if n > REFIT_GROWTH * fit.rows:
         return refit(f"{n:,} records where it was fitted for {fit.rows:,}")
+    width = matrix.shape(embeddings)[1]
+    if width != _fit_width(fit):
+        return refit(f"the embeddings are {width} wide, where it was fitted on {_fit_width(fit)} (another model or "
+                     "--load-embeddings)")
     earlier = caches.lookup(path, None, fingerprints, accept_any_key=True, dtype=np.float32, row_shape=(2,),
                             registry=False)
     where = caches.match_rows(fingerprints, fit.fingerprints)  # each fitted text's row now (-1: gone)
     left = where >= 0
     if left.sum() < REFIT_SAMPLE_LEFT * where.size:
-        return refit(f"{int(left.sum()):,} of the {where.size:,} texts it was fitted on are left")
+        texts = np.unique(fit.fingerprints)
+        return refit(f"{int(np.isin(texts, fingerprints).sum()):,} of the {texts.size:,} texts it was fitted on "
+                     "are left")
     # Records sharing a text share a fingerprint but may sit a hair apart (placed in other batches): the positions
     # of the fitted texts are compared by their median difference, which another layout's far exceeds.
     extent = float(np.ptp(fit.sample_xy, axis=0).max(initial=0.0)) or 1.0
@@ -265,10 +292,13 @@ def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, s
         return refit("the texts it was fitted on embed differently now (another model or embeddings)")
     out = np.array(earlier.data, dtype=np.float32)
     new = earlier.missing_rows
-    fit.place(embeddings, new, out)
+    try:
+        fit.place(embeddings, new, out)
+    except (ValueError, IndexError) as exc:  # a fit file edited into another consistent-looking one
+        return refit(f"it cannot place these records ({exc})")
     log.info("2-D projection: %s; %d new or edited record(s) placed among the %s points UMAP was fitted on, "
-             "without fitting it again (delete %s to fit a new layout)", earlier.reason, new.size,
-             f"{fit.fingerprints.size:,}", fit_path(path).name)
+             "without fitting it again (for a new layout, delete %s and %s)", earlier.reason, new.size,
+             f"{fit.fingerprints.size:,}", path.name, fit_path(path).name)
     return out
 
 

@@ -116,7 +116,7 @@ def test_records_added_later_are_placed_among_the_kept_fit_not_fitted_again(tmp_
     np.testing.assert_array_equal(second[:200], first[caches.match_rows(fingerprints, fingerprints)])  # by text
     np.testing.assert_allclose(second[200:], placed_by_a_plain_loop(added, fit), rtol=1e-4, atol=1e-4)
     assert "60 new or edited record(s) placed among the 50 points UMAP was fitted on" in caplog.text
-    assert "B_umap2d.fit.npz to fit a new layout" in caplog.text
+    assert "for a new layout, delete B_umap2d.npy and B_umap2d.fit.npz" in caplog.text
 
     # Unchanged since: the cache as it is. Records moved and some removed: their positions follow their texts.
     assert np.array_equal(projection.cached_umap(path, more, names, 7), second)
@@ -155,8 +155,24 @@ def test_a_layout_is_fitted_again_when_the_kept_fit_no_longer_stands_for_the_inp
     assert "not the one made with it" in rerun(np.concatenate([grown[keep], clustered(5, 4)]),
                                                np.concatenate([names, np.arange(900, 905, dtype=np.uint64)]))
     assert len(fits) == 5
+    # Embeddings of another width (--load-embeddings of another model): said, and fitted again.
+    wider = np.concatenate([grown[keep], clustered(6, 5)])
+    wider = np.concatenate([wider, wider[:, :8]], axis=1)
+    names = np.concatenate([names, np.arange(900, 906, dtype=np.uint64)])
+    assert "the embeddings are 72 wide, where it was fitted on 64" in rerun(wider, names)
+    assert len(fits) == 6
+    # A fit file edited into arrays that cannot be one fit: said, and fitted again, never a traceback.
+    stored = dict(np.load(fit_file))
+    for edit, said in ((dict(stored, components=stored["components"][:, :10]), "its PCA does not match"),
+                       (dict(stored, anchor_xy=stored["anchor_xy"][:, :1]), "disagree on the points"),
+                       (dict(stored, fingerprints=stored["fingerprints"][None]), "no fitted texts"),
+                       (dict(stored, anchor_xy=stored["anchor_xy"] * np.nan), "not finite")):
+        np.savez(fit_file, **edit)
+        names = np.concatenate([names, np.arange(names.max() + 1, names.max() + 3, dtype=np.uint64)])
+        wider = np.concatenate([wider, wider[:2]])
+        assert said in rerun(wider, names)
     # A damaged fit file: said, and fitted again.
     fit_file.write_bytes(b"PK\x03\x04 not a zip after all")
-    assert "B_umap2d.fit.npz unreadable" in rerun(np.concatenate([grown[keep], clustered(6, 5)]),
-                                                   np.concatenate([names, np.arange(900, 906, dtype=np.uint64)]))
-    assert len(fits) == 6 and projection.load_fit(fit_file) is not None  # written anew
+    names = np.concatenate([names, np.arange(names.max() + 1, names.max() + 3, dtype=np.uint64)])
+    assert "B_umap2d.fit.npz unreadable" in rerun(np.concatenate([wider, wider[:2]]), names)
+    assert len(fits) == 11 and projection.load_fit(fit_file) is not None  # written anew
