@@ -72,10 +72,10 @@ class Inputs:
     def name(self) -> Path:
         """One path standing for all inputs: the file, the datasets folder, or several files' common folder.
         The token-count cache is named after it."""
+        if self.folder is not None and len(self.given) == 1:  # also a folder of one data file: the folder
+            return self.folder
         if len(self.files) == 1:
             return self.files[0]
-        if self.folder is not None and len(self.given) == 1:
-            return self.folder
         return Path(_common_folder(self.files))
 
     def describe(self) -> str:
