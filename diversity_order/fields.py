@@ -61,6 +61,7 @@ NO_ROLES = frozenset()
 
 def _conversation(value: list, where: str, field: str) -> Conversation:
     unknown = []
+    value = [_decoded_message(message) for message in value]
     for i, message in enumerate(value):
         if isinstance(message, dict) and "from" in message and "value" in message and "role" not in message:
             raise UserError(f"{where}: field '{field}[{i}]' is a ShareGPT message ({{\"from\": ..., \"value\": ...}}); "
@@ -82,6 +83,19 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
     return Conversation(json.dumps([_without_nulls(message) for message in value], ensure_ascii=False,
                                    sort_keys=True, separators=(",", ":")), where,
                         frozenset(unknown) if unknown else NO_ROLES)
+
+
+def _decoded_message(message):
+    """A message stored as a JSON string, as its object: the datasets library saves messages whose keys differ
+    (some with tool calls) as ``List(Json())``, each message a JSON string in the Arrow file, which it decodes
+    when read; so is it read here."""
+    if isinstance(message, str) and message[:1] == "{":
+        try:
+            decoded = json.loads(message)
+        except ValueError:
+            return message
+        return decoded if isinstance(decoded, dict) else message
+    return message
 
 
 # How to turn a message's content into the string a chat template renders, by what it is instead.

@@ -215,6 +215,29 @@ def test_a_field_mixing_conversations_and_plain_text_is_warned_of(tmp_path, demo
     assert not any("has roles other than" in r.getMessage() for r in caplog.records)  # user and assistant only
 
 
+def test_a_datasets_folder_of_tool_call_chats_is_read_as_its_jsonl(tmp_path, demo_records, chat_model_dir):
+    """datasets 5 loads chats whose messages have differing keys (tool calls in some) as List(Json()): each
+    message a JSON string in the Arrow file, decoded when datasets reads it. A new user's save_to_disk folder
+    of such chats was refused row by row; its messages are now decoded as datasets decodes them."""
+    datasets = pytest.importorskip("datasets")
+    chats = []
+    for i, r in enumerate(demo_records[:40]):
+        turn = {"role": "assistant", "content": r["text"]}
+        if i % 3 == 0:
+            turn["tool_calls"] = [{"type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+        chats.append({"messages": [{"role": "user", "content": r["name"]}, turn]})
+    jsonl = tmp_path / "chat.jsonl"
+    jsonl.write_text("".join(json.dumps(c) + "\n" for c in chats))
+    loaded = datasets.load_dataset("json", data_files=str(jsonl), split="train")
+    loaded.save_to_disk(str(tmp_path / "chatds"))
+    args = ["--text-field", "messages", "--model-dir", chat_model_dir, "--n-clusters", 4, "--no-plot"]
+    assert curate("--input", jsonl, "--output", tmp_path / "j" / "c.jsonl", *args) == 0
+    assert curate("--input", tmp_path / "chatds", "--output", tmp_path / "d" / "c", *args) == 0
+    _same_run(tmp_path / "j" / "c", tmp_path / "d" / "c")
+    assert np.array_equal(np.load(tmp_path / "chat_token_counts.messages.npy"),
+                          np.load(tmp_path / "chatds_token_counts.messages.npy"))
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_conversations_written_as_json_strings_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog, kind):
     """A new user's Parquet held its messages as a JSON string: read as plain text with no word said, its counts
