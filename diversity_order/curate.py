@@ -160,6 +160,11 @@ class CurateConfig:
         if inside:
             raise UserError(f"--output {self.output}: holds the input {inside[0]}; the curated folder would replace "
                             "it: choose another output path")
+        folders = [Path(given) for given in self.inputs.given if Path(given).is_dir()]
+        holding = [folder for folder in folders if folder.resolve() in self.output.resolve().parents]
+        if holding:
+            raise UserError(f"--output {self.output}: inside the --input folder {holding[0]}, which is read whole: "
+                            "a later run would read the curated records as input too; write outside it")
         if self.model_dir is not None and Path(self.model_dir).resolve() in self.output.resolve().parents:
             raise UserError(f"--output {self.output}: inside --model-dir {self.model_dir}, which this run reads and "
                             "never writes; choose another folder")

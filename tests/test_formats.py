@@ -615,6 +615,15 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
         assert run_error(capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / name
                          ).startswith(f"error: --output {tmp_path / name}: .")
         assert not (tmp_path / name).exists()
+    # Nor a file inside a folder given as --input: the next run over that folder would read it as input too.
+    (tmp_path / "fin").mkdir()
+    shutil.copy(jsonl, tmp_path / "fin" / "part.jsonl")
+    for name in ("cur.jsonl", "sub/cur.jsonl"):
+        assert run_error(capsys, "--input", tmp_path / "fin", "--model-dir", tiny_model_dir, "--output",
+                         tmp_path / "fin" / name) == (
+            f"error: --output {tmp_path / 'fin' / name}: inside the --input folder {tmp_path / 'fin'}, which is read "
+            "whole: a later run would read the curated records as input too; write outside it")
+    assert sorted(p.name for p in (tmp_path / "fin").iterdir()) == ["part.jsonl"]
     # Nor any file of the model folder, whatever its name.
     for name in ("config.json", "sub/curated.jsonl"):
         assert run_error(capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tiny_model_dir / name
