@@ -535,19 +535,26 @@ def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect:
                 hit: np.ndarray, use_registry: bool) -> tuple[_Set | None, np.ndarray | None]:
     """Of ``others`` and the registered sets of ``key``, the valid one holding most of the missing records."""
     missing = fingerprints[~hit]
-    ranked: list[tuple[int, object]] = [(int((match_rows(s.fingerprints, missing) >= 0).sum()), s) for s in others]
+    device = _device(files.data.parent)
+
+    def rank(stored_fingerprints: np.ndarray, data: Path) -> tuple[int, bool, bool]:
+        # Most missing rows first; of equals, a set of exactly these records in order, then one on the target's
+        # filesystem: those can be linked rather than copied.
+        return (int((match_rows(stored_fingerprints, missing) >= 0).sum()),
+                np.array_equal(stored_fingerprints, fingerprints), _device(data.parent) == device)
+
+    ranked: list[tuple[tuple, object]] = [(rank(s.fingerprints, s.files.data), s) for s in others]
     if use_registry and key is not None:
         seen = {files.marker.absolute()} | {s.files.marker.absolute() for s in others}
         for candidate in registered_sets(key):
             if candidate.marker.absolute() in seen:
                 continue
             try:  # a first count from the fingerprints alone; the set is validated if it is chosen
-                count = int((match_rows(np.load(candidate.fingerprints), missing) >= 0).sum())
+                ranked.append((rank(np.load(candidate.fingerprints), candidate.data), candidate))
             except (OSError, ValueError):
                 continue
-            ranked.append((count, candidate))
-    ranked.sort(key=lambda pair: -pair[0])
-    for count, candidate in ranked:
+    ranked.sort(key=lambda pair: (-pair[0][0], not pair[0][1], not pair[0][2]))  # stable: the latest first
+    for (count, _, _), candidate in ranked:
         if count == 0:
             break
         if isinstance(candidate, CacheFiles):
@@ -560,6 +567,16 @@ def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect:
         if (source[~hit] >= 0).any():
             return candidate, source
     return None, None
+
+
+def _device(folder: Path) -> int | None:
+    """The filesystem ``folder`` (or its nearest existing parent) is on."""
+    for path in (folder, *folder.parents):
+        try:
+            return os.stat(path).st_dev
+        except OSError:
+            continue
+    return None
 
 
 def match_rows(cached_fingerprints: np.ndarray, fingerprints: np.ndarray) -> np.ndarray:

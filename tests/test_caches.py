@@ -269,6 +269,28 @@ def test_a_registered_set_of_exactly_these_records_is_linked_not_copied(tmp_path
     np.testing.assert_array_equal(np.load(first), truth(fps))
 
 
+def test_of_sets_holding_every_record_the_one_of_exactly_these_records_is_linked(tmp_path, registry):
+    """A new user's third output copied the rows of a later, larger set (the same records and 1% more) although an
+    earlier set held exactly its records, in order, and could be linked."""
+    fps = np.arange(1, 31, dtype=np.uint64)
+    more = np.arange(1, 41, dtype=np.uint64)
+    caches.store(tmp_path / "a" / "exact.npy", KEY, fps, truth(fps))
+    caches.store(tmp_path / "b" / "larger.npy", KEY, more, truth(more))  # registered last: tried first before
+    found = caches.lookup(tmp_path / "c" / "third.npy", KEY, fps)
+    assert found.in_order and "exact.npy, linked as third.npy" in found.reason
+    assert os.path.samefile(tmp_path / "c" / "third.npy", tmp_path / "a" / "exact.npy")
+
+
+def test_of_equal_sets_the_one_on_the_targets_filesystem_is_linked(tmp_path, registry, monkeypatch):
+    fps = np.arange(1, 31, dtype=np.uint64)
+    caches.store(tmp_path / "same" / "s.npy", KEY, fps, truth(fps))
+    caches.store(tmp_path / "other" / "o.npy", KEY, fps, truth(fps))  # registered last: tried first before
+    real = caches._device
+    monkeypatch.setattr(caches, "_device", lambda folder: -1 if folder.name == "other" else real(folder))
+    found = caches.lookup(tmp_path / "target" / "t.npy", KEY, fps)
+    assert found.in_order and "s.npy, linked as t.npy" in found.reason
+
+
 def test_a_set_stored_with_the_registry_off_is_registered_when_next_used(tmp_path, registry, monkeypatch):
     fps = np.arange(1, 31, dtype=np.uint64)
     monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
