@@ -156,6 +156,9 @@ class CurateConfig:
                             f"{', '.join(SPECIAL_TOKEN_MODES)}")
         self.inputs = sources.resolve_inputs(self.input)
         self.written_kind = writers.output_kind(self.inputs.kind, self.output, self.output_format)
+        if outputs.data_suffix_length(self.output.name) == len(self.output.name):
+            raise UserError(f"--output {self.output}: give the file a name before its suffix (e.g. "
+                            f"{self.output.with_name('curated' + self.output.name)})")
         inside = [f for f in self.inputs.files if self.output.absolute() in f.absolute().parents]
         if inside:
             raise UserError(f"--output {self.output}: holds the input {inside[0]}; the curated folder would replace "

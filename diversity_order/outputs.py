@@ -28,15 +28,20 @@ DESCRIBING_ORDER = ("meta", "labels", "order", "ordering_plot", "cloud_plot", "c
 
 def output_stem(output: Path) -> Path:
     """``dir/name.jsonl[.gz|.zst]`` or ``dir/name.parquet`` -> ``dir/name``: the prefix of the files
-    written beside it (a datasets folder is its own stem)."""
-    name = output.name
+    written beside it (a datasets folder, and a name that is only a suffix, are their own stem)."""
+    cut = data_suffix_length(output.name)
+    return output if cut in (0, len(output.name)) else output.with_name(output.name[:-cut])
+
+
+def data_suffix_length(name: str) -> int:
+    """The length of ``name``'s data-file suffix (``.parquet``, ``.jsonl.gz``, ...); 0 without one."""
     if name.endswith(PARQUET_SUFFIX):
-        return output.with_name(name[: -len(PARQUET_SUFFIX)])
+        return len(PARQUET_SUFFIX)
     for compressed in ("", *COMPRESSED_SUFFIXES):
         for suffix in JSONL_SUFFIXES:
             if name.endswith(suffix + compressed):
-                return output.with_name(name[: -len(suffix + compressed)])
-    return output
+                return len(suffix + compressed)
+    return 0
 
 
 def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ...] = DEFAULT_TEXT_FIELD

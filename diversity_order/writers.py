@@ -25,6 +25,8 @@ from .errors import UserError
 from .sources import record_bytes
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
+# File suffixes with digits in them (the others are letters alone): --output refuses them as it refuses .csv.
+_FILE_SUFFIXES_WITH_DIGITS = (".bz2", ".mp4", ".mp3", ".h5", ".hdf5", ".7z", ".m4a", ".mp2", ".jp2", ".x3d")
 # Records converted per Parquet row group / per JSON piece: bounds the converter's memory.
 CONVERT_PIECE_BYTES = 256 << 20
 
@@ -34,14 +36,20 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
     named = "parquet" if output.name.endswith(".parquet") else (
         "jsonl" if _jsonl_name(output.name) else None)
     if named is None:
-        # Any other suffix names something else (a CSV, a model's .safetensors or chat template, a cache's
-        # .npy): JSONL written there would be mistaken for it, or replace it. No suffix: the input's format
-        # (a datasets folder for a datasets folder).
-        base = output.name.lower()
+        # Any other file suffix names something else (a CSV, a model's .safetensors or chat template, a cache's
+        # .npy): JSONL written there would be mistaken for it, or replace it. No suffix, or a dotted part that is
+        # no file suffix (curated.v2, data-2024.11.27): the input's format (a datasets folder for a datasets folder).
+        lowered = output.name.lower()
+        if lowered.endswith(".parquet") or _jsonl_name(lowered):
+            raise UserError(f"--output {output}: write its suffix in lower case ({output.name.lower()}), as the files "
+                            "beside it and the shards are named")
+        base = lowered
         for compressed in records.COMPRESSED_SUFFIXES:
             base = base.removesuffix(compressed)
+        if base.endswith(".parquet"):
+            raise UserError(f"--output {output}: Parquet compresses inside the file; name it .parquet")
         other = Path(base).suffix
-        if other:
+        if other and (other[1:].isalpha() or other in _FILE_SUFFIXES_WITH_DIGITS):
             raise UserError(f"--output {output}: {other} is not a format this writes; name it .jsonl (or .json, "
                             ".ndjson, each optionally .gz or .zst) or .parquet")
     if requested is not None:

@@ -615,6 +615,19 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
         assert run_error(capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / name
                          ).startswith(f"error: --output {tmp_path / name}: .")
         assert not (tmp_path / name).exists()
+    # Suffixes in capitals (the shards and the files beside it are named from it) and nameless outputs: one line.
+    for name, said in (("x.JSONL", "write its suffix in lower case (x.jsonl)"),
+                       ("x.Parquet", "write its suffix in lower case (x.parquet)"),
+                       ("x.jsonl.GZ", "write its suffix in lower case (x.jsonl.gz)"),
+                       ("x.parquet.gz", "Parquet compresses inside the file; name it .parquet"),
+                       (".jsonl", f"give the file a name before its suffix (e.g. {tmp_path / 'curated.jsonl'})")):
+        assert run_error(capsys, "--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / name
+                         ).startswith(f"error: --output {tmp_path / name}: {said}")
+    # A dotted part that is no file suffix is a name: the input's format.
+    for name in ("curated.v2", "data-2024.11.27"):
+        assert curate("--input", jsonl, "--model-dir", tiny_model_dir, "--output", tmp_path / "dots" / name,
+                      "--n-clusters", 1, "--no-plot") == 0
+        assert (tmp_path / "dots" / name).read_bytes() == jsonl.read_bytes()
     # Nor a file inside a folder given as --input: the next run over that folder would read it as input too.
     (tmp_path / "fin").mkdir()
     shutil.copy(jsonl, tmp_path / "fin" / "part.jsonl")
