@@ -752,7 +752,7 @@ def write_outputs(run: Run) -> None:
         if config.written_kind != "arrow":
             _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
         _remove_earlier_files_of_another_name(config.output, [path for path, _ in written], earlier, config.inputs.files)
-        on_disk, payload = sum(Path(path).stat().st_size for path, _ in written), sum(size for _, size in written)
+        on_disk, payload = sum(_bytes_on_disk(Path(path)) for path, _ in written), sum(size for _, size in written)
         compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
         log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
                  config.written_kind, config.output if len(written) == 1 else _files_named([path for path, _ in written]))
@@ -765,6 +765,13 @@ def write_outputs(run: Run) -> None:
             run.packed = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
                                               config.seq_len, config.count_special_tokens, config.export_packed,
                                               run.labels, config.progress)
+
+
+def _bytes_on_disk(path: Path) -> int:
+    """A file's size, or the sizes of the files in a folder (a datasets folder's output)."""
+    if path.is_dir():
+        return sum(child.stat().st_size for child in path.rglob("*") if child.is_file())
+    return path.stat().st_size
 
 
 def _recorded_path(path) -> str:
@@ -1060,9 +1067,12 @@ def _warn_if_degenerate(run: Run) -> None:
         log.warning("Every document is in one cluster: no order can change the clusters per window "
                     "(--n-clusters %d)", config.n_clusters)
     elif unique.size == 1:
+        total = int(run.counts.sum())
+        shorter = [length for length in (2 ** int(np.log2(max(total, 2) / 8)), 2 ** int(np.log2(max(total, 2) / 2)))
+                   if length >= 16]
         log.warning("All %s tokens fit in one %s-token window: no order can change its diversity; compare orders at "
-                    "a shorter --seq-len (e.g. --compare-strategies --seq-len 4096 16384)",
-                    f"{int(run.counts.sum()):,}", f"{config.seq_len:,}")
+                    "a shorter --seq-len%s", f"{total:,}", f"{config.seq_len:,}",
+                    f" (e.g. --compare-strategies --seq-len {' '.join(map(str, shorter))})" if shorter else "")
     elif np.median(documents) <= 1:
         why = ("the documents are about as long as --seq-len" if np.median(run.counts) * 4 >= config.seq_len else
                "most documents are short, but the few longer than --seq-len fill most windows")

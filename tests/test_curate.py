@@ -528,3 +528,13 @@ def test_metadata_paths_are_normalised_and_its_keys_name_no_paths(tmp_path, tiny
     assert meta["output_files"] == [str(tmp_path / "x.jsonl")]
     assert "Writing the curated data" in meta["timings_seconds"]
     assert not any(str(tmp_path) in key for key in meta["timings_seconds"])
+
+
+def test_the_size_written_counts_a_datasets_folder_s_files(tmp_path):
+    from diversity_order.curate import _bytes_on_disk
+
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "data-00000-of-00001.arrow").write_bytes(b"x" * 1000)
+    (tmp_path / "ds" / "state.json").write_bytes(b"{}")
+    assert _bytes_on_disk(tmp_path / "ds") == 1002  # a new user read "0.0 MB on disk" for a 396 KB folder
+    assert _bytes_on_disk(tmp_path / "ds" / "state.json") == 2

@@ -219,7 +219,10 @@ def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, 
     assert "Every document is in one cluster" in caplog.text
     caplog.clear()
     assert curate(*common, "--output", tmp_path / "w.jsonl", "--n-clusters", 6, "--seq-len", 10**9) == 0
-    assert "fit in one" in caplog.text
+    total = int(np.load(tmp_path / "data_token_counts.npy").sum())
+    said = next(r.getMessage() for r in caplog.records if "fit in one" in r.getMessage())
+    lengths = [int(v) for v in said.split("--seq-len ")[-1].rstrip(")").split()]
+    assert lengths and all(16 <= length <= total / 2 for length in lengths)  # shorter than the data, not 4,096+
     caplog.clear()
     assert curate(*common, "--output", tmp_path / "s.jsonl", "--n-clusters", 6, "--seq-len", 10) == 0
     assert "hold a single document (the documents are about as long as --seq-len)" in caplog.text
