@@ -389,10 +389,16 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             # lack, a narrower number type) are read as one: rows are written with the joined schema, nulls where
             # their file had nothing. Others (a string where the first has a number) cannot be one table.
             try:
-                schema = pa.unify_schemas([schema, file_schema], promote_options="permissive")
+                joined = pa.unify_schemas([schema, file_schema], promote_options="permissive")
             except (pa.ArrowException, TypeError, ValueError):
+                joined = None
+            lossy = None if joined is None else (_lossy_widening(schema, joined, pa)
+                                                 or _lossy_widening(file_schema, joined, pa))
+            if joined is None or lossy:
+                difference = lossy or schema_difference(schema, file_schema)
                 raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s "
-                                f"({schema_difference(schema, file_schema)}); give files of one schema") from None
+                                f"({difference}); give files of one schema") from None
+            schema = joined
     source._schema_cache = schema
     digests = bytearray()
     kinds = DocumentKinds()
@@ -430,6 +436,27 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     source.fingerprints = np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
     source.row_sizes = np.asarray(sizes, dtype=np.int64)
     return source
+
+
+def _lossy_widening(schema, joined, pa) -> str | None:
+    """Where joining made a column's integers floating point (large integers would change: 2**60 + 1 has no
+    float64), said; else None."""
+    def widened(old, new) -> bool:
+        if pa.types.is_integer(old) and pa.types.is_floating(new):
+            return True
+        if pa.types.is_struct(old) and pa.types.is_struct(new):
+            inner = {new.field(i).name: new.field(i).type for i in range(new.num_fields)}
+            return any(widened(old.field(i).type, inner[old.field(i).name]) for i in range(old.num_fields)
+                       if old.field(i).name in inner)
+        if (pa.types.is_list(old) or pa.types.is_large_list(old)) and (pa.types.is_list(new)
+                                                                        or pa.types.is_large_list(new)):
+            return widened(old.value_type, new.value_type)
+        return False
+
+    for column in schema:
+        if widened(column.type, joined.field(column.name).type):
+            return f"'{column.name}' holds integers in one file and floating point numbers in another"
+    return None
 
 
 def _conversation_hint(schema, pa) -> str:

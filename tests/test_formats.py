@@ -545,7 +545,10 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     for i, table in enumerate(scored):
         (tmp_path / "mixed").mkdir(exist_ok=True)
         pq.write_table(table, tmp_path / "mixed" / f"part-{i}.parquet")
-    for i, difference in ((1, "'quality' is string, not double"),):  # (the others join: see the test below)
+    scored.append(pa.table({"text": ["f"], "quality": pa.array([2**60 + 1], pa.int64())}))
+    pq.write_table(scored[-1], tmp_path / "mixed" / f"part-{len(scored) - 1}.parquet")
+    for i, difference in ((1, "'quality' is string, not double"),  # (columns that join: see the test below)
+                          (4, "'quality' holds integers in one file and floating point numbers in another")):
         assert run_error(capsys, "--input", tmp_path / "mixed" / "part-0.parquet", "--input",
                          tmp_path / "mixed" / f"part-{i}.parquet", *base) == (
             f"error: --input {tmp_path / 'mixed' / f'part-{i}.parquet'}: its columns differ from "
