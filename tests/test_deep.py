@@ -1107,6 +1107,9 @@ def test_an_output_that_is_not_a_npy_or_is_an_input_is_refused_before_any_work(d
         code = run_main(extract_deep_embeddings.main, ["--input", str(given), "--output", str(odd), *base])
         assert code == 2 and f"--output {odd} is the input file" in capsys.readouterr().err
     assert source.read_bytes() == before and odd.read_bytes() == before and not (tmp_path / "deep.jsonl").exists()
+    inside = tiny_model_dir / "x.npy"  # a new user's: it wrote 7 files into the model folder
+    code = run_main(extract_deep_embeddings.main, ["--input", str(source), "--output", str(inside), *base])
+    assert code == 2 and f"inside --model-dir {tiny_model_dir}" in capsys.readouterr().err and not inside.exists()
 
 
 def test_conversations_are_extracted_as_the_chat_template_renders_them(tiny_model_dir, tmp_path, caplog):

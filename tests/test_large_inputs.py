@@ -339,6 +339,9 @@ def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tm
     (["--ordering", "stratifed"], "invalid choice: 'stratifed' (choose from "),
     (["--no-plots"], "unrecognized arguments: --no-plots; did you mean --no-plot? (see --help)"),
     (["--seq-lenn", "5"], "unrecognized arguments: --seq-lenn 5; did you mean --seq-len? (see --help)"),
+    # A flag's first letters are no longer taken for it (--compare ran --compare-strategies).
+    (["--compare"], "unrecognized arguments: --compare; did you mean --compare-strategies? (see --help)"),
+    (["--output-shard", "2"], "unrecognized arguments: --output-shard 2; did you mean --output-shards?"),
 ])
 def test_a_misspelt_flag_or_choice_suggests_the_nearest(tmp_path, data, args, said, capsys):
     with pytest.raises(SystemExit) as exited:

@@ -33,6 +33,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, description: str | None = None, **kwargs) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        # No flag is taken for another by its first letters: --compare ran a 44 s --compare-strategies, and
+        # --output-shard 2 set --output-shards. A prefix is an error that names the flag.
+        kwargs.setdefault("allow_abbrev", False)
         # Run as the installed command (curate-dataset), the usage names it rather than the script.
         command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
         if kwargs.get("prog") and command == kwargs["prog"].removesuffix(".py").replace("_", "-"):
@@ -55,7 +58,8 @@ class ArgumentParser(argparse.ArgumentParser):
             if not unknown or not unknown.group(1).startswith("--"):
                 return ""
             given, options = unknown.group(1).split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]
-        close = difflib.get_close_matches(given, options, n=1, cutoff=0.75)
+        close = [o for o in options if o.startswith(given)] if not choice else []
+        close = close if len(close) == 1 else difflib.get_close_matches(given, options, n=1, cutoff=0.75)
         return f"; did you mean {close[0]}?" if close else ""
 
 

@@ -62,11 +62,14 @@ class DeepResult:
 
 
 
-def _check_output(output: Path, inputs) -> None:
+def _check_output(output: Path, inputs, model_dir: Path) -> None:
     """A writable ``.npy`` path that is none of the inputs (a .jsonl named as the output would be replaced by the
-    array)."""
+    array) and outside the model folder."""
     if output.is_dir():
         raise UserError(f"--output {output}: is a folder; give a .npy file path")
+    if Path(model_dir).resolve() in output.resolve().parents:
+        raise UserError(f"--output {output}: inside --model-dir {model_dir}, which this run reads and never writes; "
+                        "choose another folder")
     if output.suffix.lower() != ".npy":
         raise UserError(f"--output {output}: the deep embeddings are a NumPy array; give a name ending in .npy")
     for given in inputs:
@@ -118,7 +121,7 @@ def check_config(config: DeepConfig) -> None:
                             "tensor-parallel shards on the GPU whatever --device says; use --device cuda, or hide "
                             "the GPUs (CUDA_VISIBLE_DEVICES= before torchrun)")
     inputs = config.input if isinstance(config.input, (list, tuple)) else [config.input]
-    _check_output(Path(config.output), inputs)
+    _check_output(Path(config.output), inputs, Path(config.model_dir))
 
 
 def _gpu_visible() -> bool:
