@@ -338,10 +338,10 @@ def test_the_last_stages_side_by_side_write_what_they_write_one_after_another(tm
 @pytest.mark.parametrize("args,said", [
     (["--ordering", "stratifed"], "invalid choice: 'stratifed' (choose from "),
     (["--no-plots"], "unrecognized arguments: --no-plots; did you mean --no-plot? (see --help)"),
-    (["--seq-lenn", "5"], "unrecognized arguments: --seq-lenn 5; did you mean --seq-len? (see --help)"),
+    (["--seq-lenn", "5"], "unrecognized arguments: --seq-lenn; did you mean --seq-len? (see --help)"),
     # A flag's first letters are no longer taken for it (--compare ran --compare-strategies).
     (["--compare"], "unrecognized arguments: --compare; did you mean --compare-strategies? (see --help)"),
-    (["--output-shard", "2"], "unrecognized arguments: --output-shard 2; did you mean --output-shards?"),
+    (["--output-shard", "2"], "unrecognized arguments: --output-shard; did you mean --output-shards?"),
 ])
 def test_a_misspelt_flag_or_choice_suggests_the_nearest(tmp_path, data, args, said, capsys):
     with pytest.raises(SystemExit) as exited:
@@ -350,6 +350,14 @@ def test_a_misspelt_flag_or_choice_suggests_the_nearest(tmp_path, data, args, sa
     assert exited.value.code == 2 and said in err and err.count("\n") == 1
     if args[0] == "--ordering":
         assert err.endswith("'saw'); did you mean stratified? (see --help)\n")
+
+
+def test_a_misspelt_flag_is_said_before_the_flag_it_left_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        curate("--inptu", tmp_path / "x.jsonl", "--output", tmp_path / "o.jsonl")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "unrecognized arguments: --inptu; did you mean --input?" in err
+    assert "required" not in err
 
 
 def test_a_choice_like_none_suggests_nothing(tmp_path, data, capsys):

@@ -42,6 +42,15 @@ class ArgumentParser(argparse.ArgumentParser):
             kwargs["prog"] = command
         super().__init__(description=description, **kwargs)
 
+    def parse_args(self, args=None, namespace=None):
+        # A misspelt flag is said before a flag it left missing: '--inptu x' read as "--input is required".
+        argv = list(sys.argv[1:] if args is None else args)
+        unknown = [text.split("=", 1)[0] for text in map(str, argv)
+                   if text.startswith("--") and text != "--" and text.split("=", 1)[0] not in self._option_string_actions]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_args(argv, namespace)
+
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message}{self._suggestion(message)} (see --help)\n")
 
