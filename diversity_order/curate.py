@@ -168,9 +168,7 @@ class CurateConfig:
         if holding:
             raise UserError(f"--output {self.output}: inside the --input folder {holding[0]}, which is read whole: "
                             "a later run would read the curated records as input too; write outside it")
-        if self.model_dir is not None and Path(self.model_dir).resolve() in self.output.resolve().parents:
-            raise UserError(f"--output {self.output}: inside --model-dir {self.model_dir}, which this run reads and "
-                            "never writes; choose another folder")
+        outputs.check_outside_model_dir(self.output, self.model_dir)
         if self.written_kind == "arrow" and self.output_shards > 1:
             raise UserError("--output-shards: a datasets folder is written as one folder; for shards write Parquet "
                             "(--output-format parquet)")

@@ -89,6 +89,14 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def check_outside_model_dir(output: Path, model_dir: Path | None) -> None:
+    """Refuse an output inside ``--model-dir``: a run reads the model folder and never writes it (a JSONL named
+    chat_template.jinja or config.json, or seven files of deep embeddings, had gone there)."""
+    if model_dir is not None and Path(model_dir).resolve() in Path(output).resolve().parents:
+        raise UserError(f"--output {output}: inside --model-dir {model_dir}, which this run reads and never writes; "
+                        "choose another folder")
+
+
 def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path | None],
                     folder_output: bool = False) -> None:
     """Refuse, before any long work, outputs that cannot be written or would destroy an input.

@@ -22,7 +22,7 @@ import numpy as np
 from . import records
 from .atomic import atomic_path
 from .errors import UserError
-from .sources import record_bytes
+from .sources import PARQUET_SUFFIX, record_bytes
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
 # File suffixes with digits in them (the others are letters alone): --output refuses them as it refuses .csv.
@@ -33,20 +33,20 @@ CONVERT_PIECE_BYTES = 256 << 20
 
 def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
     """The format written: --output-format if given, else the output's suffix, else the input's."""
-    named = "parquet" if output.name.endswith(".parquet") else (
+    named = "parquet" if output.name.endswith(PARQUET_SUFFIX) else (
         "jsonl" if _jsonl_name(output.name) else None)
     if named is None:
         # Any other file suffix names something else (a CSV, a model's .safetensors or chat template, a cache's
         # .npy): JSONL written there would be mistaken for it, or replace it. No suffix, or a dotted part that is
         # no file suffix (curated.v2, data-2024.11.27): the input's format (a datasets folder for a datasets folder).
         lowered = output.name.lower()
-        if lowered.endswith(".parquet") or _jsonl_name(lowered):
+        if lowered.endswith(PARQUET_SUFFIX) or _jsonl_name(lowered):
             raise UserError(f"--output {output}: write its suffix in lower case ({output.name.lower()}), as the files "
                             "beside it and the shards are named")
         base = lowered
         for compressed in records.COMPRESSED_SUFFIXES:
             base = base.removesuffix(compressed)
-        if base.endswith(".parquet"):
+        if base.endswith(PARQUET_SUFFIX):
             raise UserError(f"--output {output}: Parquet compresses inside the file; name it .parquet")
         other = Path(base).suffix
         if other and (other[1:].isalpha() or other in _FILE_SUFFIXES_WITH_DIGITS):

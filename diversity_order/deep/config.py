@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import distributed
 from ..errors import UserError
-from ..outputs import same_file
+from ..outputs import check_outside_model_dir, same_file
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_TOKEN_BUDGET = 16384  # tokens per forward pass on CPU (documents x longest length)
@@ -67,9 +67,7 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
     array) and outside the model folder."""
     if output.is_dir():
         raise UserError(f"--output {output}: is a folder; give a .npy file path")
-    if Path(model_dir).resolve() in output.resolve().parents:
-        raise UserError(f"--output {output}: inside --model-dir {model_dir}, which this run reads and never writes; "
-                        "choose another folder")
+    check_outside_model_dir(output, model_dir)
     if output.suffix.lower() != ".npy":
         raise UserError(f"--output {output}: the deep embeddings are a NumPy array; give a name ending in .npy")
     for given in inputs:
