@@ -352,6 +352,50 @@ def test_a_misspelt_flag_or_choice_suggests_the_nearest(tmp_path, data, args, sa
         assert err.endswith("'saw'); did you mean stratified? (see --help)\n")
 
 
+@pytest.mark.parametrize("flag,given,meant", [
+    ("--count-special-tokens", "eso", "eos"),  # two letters swapped in a short word
+    ("--packing", "spilt", "split"),
+    ("--ordering", "baalnced", "balanced"),
+])
+def test_a_choice_with_letters_swapped_suggests_it(tmp_path, data, flag, given, meant, capsys):
+    with pytest.raises(SystemExit):
+        curate("--input", data, "--output", tmp_path / "o.jsonl", flag, given)
+    assert capsys.readouterr().err.endswith(f"; did you mean {meant}? (see --help)\n")
+
+
+def test_edits_apart_counts_as_a_plain_search_does():
+    """Checked against a breadth-first search over single edits (insert, delete, replace, swap neighbours)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from diversity_order.cli import _edits_apart
+
+    def one_edit(word, letters):
+        for i in range(len(word) + 1):
+            yield from (word[:i] + c + word[i:] for c in letters)
+            if i < len(word):
+                yield word[:i] + word[i + 1:]
+                yield from (word[:i] + c + word[i + 1:] for c in letters)
+            if i + 1 < len(word):
+                yield word[:i] + word[i + 1] + word[i] + word[i + 2:]
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.text("abc", max_size=4), st.text("abc", max_size=4))
+    def check(a, b):
+        reached, frontier, distance = {a}, {a}, 0
+        while b not in reached and distance < 3:
+            frontier = {w for word in frontier for w in one_edit(word, "abc")} - reached
+            reached |= frontier
+            distance += 1
+        plain = distance if b in reached else 3
+        found = _edits_apart(a, b)
+        # Each letter is edited once at most, so a swap then an insert between the two ('ca' -> 'abc') counts 3;
+        # never fewer than the search finds, and the same for words one edit apart.
+        assert found >= plain and (found == plain or plain >= 2)
+    check()
+    assert _edits_apart("ca", "abc") == 3 and _edits_apart("eso", "eos") == 1
+
+
 def test_a_misspelt_flag_is_said_before_the_flag_it_left_missing(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         curate("--inptu", tmp_path / "x.jsonl", "--output", tmp_path / "o.jsonl")

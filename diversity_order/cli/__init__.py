@@ -68,8 +68,24 @@ class ArgumentParser(argparse.ArgumentParser):
                 return ""
             given, options = unknown.group(1).split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]
         close = [o for o in options if o.startswith(given)] if not choice else []
+        if len(close) != 1:
+            # Two letters swapped or one typed wrong ('eso' for eos) is too far for difflib in a short word.
+            close = [o for o in options if _edits_apart(given, o) <= max(1, len(o) // 4)]
         close = close if len(close) == 1 else difflib.get_close_matches(given, options, n=1, cutoff=0.75)
         return f"; did you mean {close[0]}?" if close else ""
+
+
+def _edits_apart(a: str, b: str) -> int:
+    """Letters inserted, deleted, replaced or swapped with a neighbour to turn ``a`` into ``b`` (each once)."""
+    previous, row = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        current = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            current[j] = min(row[j] + 1, current[j - 1] + 1, row[j - 1] + (a[i - 1] != b[j - 1]))
+            if previous is not None and i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                current[j] = min(current[j], previous[j - 2] + 1)
+        previous, row = row, current
+    return row[-1]
 
 
 def add_input_flags(parser) -> None:
