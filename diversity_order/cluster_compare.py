@@ -10,6 +10,7 @@ row counts and k > N are clear one-line errors or warnings instead of crashes.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ ARI_LOW = 0.3
 # A shallow cluster "splits" when at least this share of it lands in each of 2+ deep clusters;
 # a deep cluster "merges" when 2+ shallow clusters each give it at least this share of itself.
 SPLIT_SHARE = 0.2
+# Keys every report has: an existing --json file without them is some other file, not replaced.
+REPORT_KEYS = frozenset({"ari", "nmi", "verdict", "shallow", "deep"})
 
 
 def verdict(ari: float) -> str:
@@ -48,6 +51,20 @@ def check_same_order(shallow_path: Path, deep_path: Path) -> None:
     caches.require_row_order(deep_path, caches.written_fingerprints(shallow_path),
                              f"--shallow {shallow_path} and --deep {deep_path}", "--deep's row", "row",
                              "--shallow's rows")
+
+
+def check_replaceable_report(path: Path) -> None:
+    """Refuse to write the report over an existing file that is not an earlier report: a curate run's
+    ``_meta.json`` or a model's ``config.json`` end in .json too."""
+    if not path.exists():
+        return
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and REPORT_KEYS <= earlier.keys()):
+        raise UserError(f"--json {path} exists and is not an earlier comparison report; choose another path "
+                        "(or remove it)")
 
 
 def token_limits(shallow_path: Path, deep_path: Path) -> dict[str, int | None]:

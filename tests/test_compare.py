@@ -188,6 +188,26 @@ def test_a_report_or_plot_never_replaces_an_input(tmp_path, capsys, monkeypatch)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_a_report_replaces_an_earlier_report_but_no_other_json(tmp_path, capsys):
+    """A curate run's ``_meta.json`` (or a model's ``config.json``) is a .json name too: it is kept."""
+    x, _ = blobs(n_per=10)
+    np.save(tmp_path / "s.npy", x)
+    base = ["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "s.npy"), "--n-clusters", "3", "--json"]
+    for name, text in (("run_meta.json", '{"n_documents": 30, "ordering": "stratified"}'), ("bad.json", "{not json"),
+                       ("list.json", "[1, 2]")):
+        (tmp_path / name).write_text(text)
+        rc = compare_clusterings.run_main(compare_clusterings.main, base + [str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert rc == 2 and err == f"error: --json {tmp_path / name} exists and is not an earlier comparison " \
+                                  "report; choose another path (or remove it)\n"
+        assert (tmp_path / name).read_text() == text
+    report = tmp_path / "r.json"
+    assert compare_clusterings.main(base + [str(report)]) == 0
+    first = json.loads(report.read_text())
+    assert compare_clusterings.main(base[:-3] + ["--n-clusters", "4", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["n_clusters"] == 4 != first["n_clusters"]
+
+
 def test_files_whose_rows_are_in_different_orders_are_refused(tmp_path, capsys, caplog):
     """By the fingerprints files curate_dataset.py and extract_deep_embeddings.py write beside their embeddings."""
     x, _ = blobs(n_per=30)

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             if same_file(path, source):
                 raise UserError(f"{flag} {path} is the {read_flag} file; choose another path")
         check_writable_folder(path.parent, flag)  # before the work, not after it
+    if args.json is not None:
+        cmp.check_replaceable_report(args.json)
     shallow = load_matrix(args.shallow, "--shallow")
     deep = load_matrix(args.deep, "--deep")
     cmp.check_same_order(args.shallow, args.deep)
