@@ -1112,6 +1112,23 @@ def test_an_output_that_is_not_a_npy_or_is_an_input_is_refused_before_any_work(d
     assert code == 2 and f"inside --model-dir {tiny_model_dir}" in capsys.readouterr().err and not inside.exists()
 
 
+def test_an_output_that_is_a_curate_cache_is_refused_and_kept(data, tiny_model_dir, tmp_path, capsys):
+    """Named like curate's embeddings cache (``OUT_embeddings.npy``), the deep rows would have replaced it."""
+    from diversity_order import caches
+
+    cache = tmp_path / "c_embeddings.npy"
+    rows = np.ones((3, 4), np.float32)
+    caches.store(cache, {"kind": "base_model_embed_tokens_mean_pool", "tokenizer": "t"},
+                 np.arange(3, dtype=np.uint64), rows)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    code = run_main(extract_deep_embeddings.main, ["--input", str(data[0]), "--output", str(cache), "--model-dir",
+                                                   str(tiny_model_dir), "--device", "cpu", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: --output {cache} is a cache of curate_dataset.py's " \
+                                "(base_model_embed_tokens_mean_pool); choose another path\n"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_conversations_are_extracted_as_the_chat_template_renders_them(tiny_model_dir, tmp_path, caplog):
     import shutil
 

@@ -74,12 +74,31 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
         for source in glob.glob(str(given)) or [given]:  # an input may be a pattern
             if same_file(Path(source), output):
                 raise UserError(f"--output {output} is the input file {source}; choose another output path")
+    _check_replaceable(output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".write-test-"):
             pass
     except OSError as exc:
         raise UserError(f"--output {output}: folder not writable ({exc.strerror or exc})") from None
+
+
+def _check_replaceable(output: Path) -> None:
+    """An existing ``.npy`` that is a curate run's cache is not replaced: deep embeddings written there would be
+    taken for the cache's rows until curate noticed the key. (A plain array, as the original toolkit wrote, is
+    computed again and replaced, as there.)"""
+    import json
+
+    from ..caches import files_for
+
+    marker = files_for(output).marker
+    try:
+        key = json.loads(marker.read_text(encoding="utf-8")).get("key")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return  # none, or a damaged one: the reuse step says so and computes the rows again
+    if output.exists() and isinstance(key, dict) and "model" not in key:
+        raise UserError(f"--output {output} is a cache of curate_dataset.py's ({key.get('kind', 'not deep embeddings')}); "
+                        "choose another path")
 
 
 def check_config(config: DeepConfig) -> None:
