@@ -393,8 +393,8 @@ def _check_manifest(files: CacheFiles, meta: dict, opened: dict[str, _Npy]) -> s
         npy = opened[role]
         if _digest_fd(npy.handle.fileno(), npy.stat.st_size, scheme) != _recorded_digest(recorded[role]):
             return (f"{Path(npy.handle.name).name} is not the file {files.marker.name} was written "
-                    f"with (replaced afterwards, e.g. by another run writing the same cache at the same time, or "
-                    f"swapped with another set's); recomputing")
+                    f"with (changed since: edited in place, written by another run at the same time, or swapped "
+                    f"with another set's); recomputing")
     # Same content under a new identity (copied, touched, restored from a backup): remember the
     # new identity so the next run need not read the files again.
     refreshed = dict(meta, files={role: dict(entry, **_identity(opened[role].stat)) if role in changed else entry
