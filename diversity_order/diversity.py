@@ -20,6 +20,15 @@ from .packing import WHOLE, n_pieces, packing_model, piece_tokens, place
 BOUNDARY_FRACTION = 0.05
 # D, the diversity criterion: an ordering's mean unique clusters per window >= stratified's - this.
 DIVERSITY_MARGIN = 0.05
+# "A random shuffle's" measures are the mean over seeded shuffles: one shuffle's boundary shift swings 2-5x from
+# seed to seed (50 shuffles of a 74,000-record prose corpus: 0.06 to 0.34), enough to flip a verdict either way.
+# Small corpora swing most (a few documents make the first and last 5% of the tokens) and cost least, so they get
+# more: enough shuffles to measure RANDOM_SHUFFLED_DOCUMENTS documents in all, from RANDOM_SHUFFLES_LEAST to MOST.
+RANDOM_SHUFFLES_LEAST = 5
+RANDOM_SHUFFLES_MOST = 100
+RANDOM_SHUFFLED_DOCUMENTS = 2_000_000
+# What the log and the plots call the orders every curate run measures (the keys of its metadata).
+MEASURED_ORDER_NAMES = {"original": "input", "curated": "curated", "random_shuffle": "random shuffle"}
 
 
 @njit(cache=True, nogil=True)
@@ -516,6 +525,57 @@ def clusters_present(labels: np.ndarray) -> int:
     """How many clusters have documents (a count, not np.unique's sort: 10M labels in 0.03 s, not 0.8)."""
     labels = np.asarray(labels)
     return int(np.count_nonzero(np.bincount(labels))) if labels.size else 0
+
+
+def baseline_shuffle_count(n_documents: int) -> int:
+    """How many shuffles the random baseline of ``n_documents`` documents averages."""
+    wanted = -(-RANDOM_SHUFFLED_DOCUMENTS // max(n_documents, 1))
+    return int(min(RANDOM_SHUFFLES_MOST, max(RANDOM_SHUFFLES_LEAST, wanted)))
+
+
+def baseline_shuffles(n_documents: int, seed: int):
+    """The shuffles the random baseline averages, one at a time (one in memory): seeded ``seed``, ``seed`` + 1, ...;
+    the first is the ``random`` ordering's."""
+    for offset in range(baseline_shuffle_count(n_documents)):
+        yield np.random.default_rng(seed + offset).permutation(n_documents).astype(np.int64)
+
+
+def random_baseline(n_documents: int, seed: int, measure) -> dict:
+    """``measure(order)`` (a dict of measures) of each of the baseline's shuffles, as their ``mean_measures``, with
+    how many shuffles it averages."""
+    measured = [measure(order) for order in baseline_shuffles(n_documents, seed)]
+    return {**mean_measures(measured), "shuffles": len(measured)}
+
+
+def measured_order_name(key: str, measures: dict) -> str:
+    """An order's name in the log and the plots: the random baseline says how many shuffles it averages."""
+    name = MEASURED_ORDER_NAMES[key]
+    return f"{name} (mean of {measures['shuffles']})" if "shuffles" in measures else name
+
+
+def mean_measures(measured: list[dict]) -> dict:
+    """The measures of several orders (dicts of one shape, nested ones too) as one: the mean of each number, but
+    the least of each "min" and the most of each "max"; counts stay whole numbers, means keep 4 decimals. Beside
+    each boundary shift, its range (the measure that swings most from order to order)."""
+    out = {}
+    for key, value in measured[0].items():
+        values = [m[key] for m in measured]
+        if isinstance(value, dict):
+            out[key] = mean_measures(values)
+        elif key == "min":
+            out[key] = min(values)
+        elif key == "max":
+            out[key] = max(values)
+        elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            out[key] = value  # not a measure (a name, a flag): the first's
+        elif isinstance(value, (int, np.integer)):
+            out[key] = int(round(float(np.mean(values))))
+        else:
+            out[key] = round(float(np.mean(values)), 4)
+    if "boundary_shift" in out:
+        out["boundary_shift_range"] = [min(m["boundary_shift"] for m in measured),
+                                       max(m["boundary_shift"] for m in measured)]
+    return out
 
 
 def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +53,12 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                 computed[name] = (order, seconds)
             windows = diversity.window_counts(labels, token_counts, seq_len, order, options.packing)
             curves[(name, seq_len)] = windows[0]
-            quality = diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters, windows,
-                                                 options.packing)
+            measured = partial(_measured, labels, token_counts, seq_len, n_clusters, options)
+            # The baseline the criteria measure against is the mean of several shuffles (the first is this order).
+            quality = diversity.random_baseline(labels.size, options.seed, measured) if name == "random" else \
+                measured(order, windows)
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality,
-                         "uniformity_bound": bound, **_field_measures(token_counts, seq_len, order, options)})
+                         "uniformity_bound": bound})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
         random_row = next((r for r in rows if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
         if random_row and uniformity_out_of_reach(bound, random_row["uniformity_mean"]):
@@ -63,6 +66,13 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                         "shuffle's %.4f): their lengths and clusters force at least %.4f", f"{seq_len:,}",
                         UNIFORMITY_RATIO, random_row["uniformity_mean"], bound)
     return rows, curves
+
+
+def _measured(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, n_clusters: int, options: OrderingOptions,
+              order: np.ndarray, windows: tuple | None = None) -> dict:
+    """One order's row of measures: ``diversity.ordering_quality`` and the --balance-field ones."""
+    return {**diversity.ordering_quality(labels, token_counts, seq_len, order, n_clusters, windows, options.packing),
+            **_field_measures(token_counts, seq_len, order, options)}
 
 
 def _field_measures(token_counts: np.ndarray, seq_len: int, order: np.ndarray, options: OrderingOptions) -> dict:
@@ -85,7 +95,7 @@ def _field_tables(at: dict[str, dict]) -> list[str]:
     random_row = at.get("random", {})
     for field in next(iter(at.values())).get("fields", {}):
         lines += ["", f"Field '{field}' (its categories' token shares, as the clusters' above; lower is better; "
-                      "x: against the random shuffle):", "",
+                      "x: against the random shuffles' mean):", "",
                   "| ordering | uniformity mean | x | boundary shift | x |", "|---|---:|---:|---:|---:|"]
         base = random_row.get("fields", {}).get(field)
         for name, row in at.items():
@@ -170,6 +180,9 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "the next document does not fit, so the order sets how many sequences the data takes). "
              f"Criteria, each ordering against stratified and the random shuffle at the same length: {CRITERIA} "
              "(a missed one is marked ✗; stratified and random, the two they measure against, show -). "
+             "The random row is the mean of seeded shuffles (one shuffle's boundary shift swings by 2-5 x from seed "
+             f"to seed): {diversity.RANDOM_SHUFFLES_LEAST} of a large corpus, up to {diversity.RANDOM_SHUFFLES_MOST} "
+             "of a small one. "
              "Time: the ordering's run time (compiled code warmed up first); orderings that do not depend on the "
              "sequence length run once and show that time at every length.", ""]
     if options:
@@ -220,6 +233,10 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
             lines += ["", "The documents' lengths and clusters set no floor on uniformity here (no document is long "
                           "enough, and no cluster has too few documents, to force a window off the corpus mix in "
                           "every order)."]
+        spread = at.get("random", {}).get("boundary_shift_range")
+        if spread:  # rows read back from a report written before the baseline was a mean lack it
+            lines += ["", f"The {at['random'].get('shuffles', 'several')} random shuffles' boundary shifts ranged "
+                          f"from {spread[0]:.4f} to {spread[1]:.4f}."]
         lines.append("")
     return "\n".join(lines)
 

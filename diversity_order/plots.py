@@ -15,6 +15,7 @@ import numpy as np
 
 from .atomic import atomic_open
 from .defaults import DEFAULT_SEED
+from .diversity import MEASURED_ORDER_NAMES, measured_order_name
 from .orderings import SPECS
 
 log = logging.getLogger(__name__)
@@ -184,10 +185,9 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
     ax.grid(alpha=0.3)
     fig.suptitle(f"Documents coloured by cluster (K = {n_clusters}) along the token stream, input vs curated order")
     if quality:
-        names = {"original": "input", "curated": "curated", "random_shuffle": "random shuffle"}
         text = "      ".join(
-            f"{names[key]}: {q['uniformity_mean']:.3f} (max {q['uniformity_max']:.2f}), shift {q['boundary_shift']:.3f}"
-            for key, q in quality.items() if key in names)
+            f"{measured_order_name(key, q)}: {q['uniformity_mean']:.3f} (max {q['uniformity_max']:.2f}), "
+            f"shift {q['boundary_shift']:.3f}" for key, q in quality.items() if key in MEASURED_ORDER_NAMES)
         fig.text(0.5, -0.005, "Token-share uniformity, mean over windows (max), and epoch-boundary shift; lower is "
                  "better\n" + text, ha="center", va="top", fontsize=10)
     fig.tight_layout()

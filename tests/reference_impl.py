@@ -6,6 +6,8 @@ these on random inputs. Nothing here is imported by the package.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -445,3 +447,28 @@ def ref_window_documents(labels_in_order, counts_in_order, seq_len, split=False)
     if S:
         out.append(D)
     return out or [0]
+
+
+def assert_mean_of_shuffles(measured: dict, labels, counts, k, seq_len, seed, packing="whole", ids=None):
+    """``measured`` is the mean of the measures of the random baseline's shuffles, each drawn here as the
+    ``random`` ordering draws one (seeds seed, seed + 1, ...): of the clusters, or of ``ids`` (a field's
+    categories) where given."""
+    import pytest
+
+    from diversity_order import diversity
+
+    count = min(100, max(5, math.ceil(2_000_000 / labels.size)))  # more shuffles for fewer documents
+    shuffles = [np.random.default_rng(seed + i).permutation(labels.size) for i in range(count)]
+    groups = labels if ids is None else ids
+    each = [diversity.ordering_quality(groups, counts, seq_len, order, k if ids is None else int(ids.max()) + 1,
+                                       packing=packing) for order in shuffles]
+    for key in set(measured) & {"efficiency", "fill", "uniformity_mean", "uniformity_max", "boundary_shift",
+                                "coverage"}:
+        assert measured[key] == pytest.approx(sum(q[key] for q in each) / count, abs=1e-4), key
+    if "diversity" in measured:
+        assert measured["shuffles"] == count
+        assert measured["diversity"]["mean"] == pytest.approx(sum(q["diversity"]["mean"] for q in each) / count,
+                                                              abs=1e-4)
+        assert measured["diversity"]["min"] == min(q["diversity"]["min"] for q in each)
+    assert measured["boundary_shift_range"] == [min(q["boundary_shift"] for q in each),
+                                                max(q["boundary_shift"] for q in each)]

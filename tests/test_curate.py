@@ -69,6 +69,11 @@ def test_curate_end_to_end(tmp_path, tiny_model_dir, topical_jsonl, caplog):
     assert meta["token_window_diversity"] == {"original": original, "curated": curated}
     assert curated["mean"] > original["mean"] * 2  # topic-grouped input: the reorder must clearly help
     assert "input order mean" in caplog.text and "curated mean" in caplog.text
+    # The gain is that of the unrounded means (the summaries round them to 2 decimals).
+    plain = ref_window_diversity(labels[order].tolist(), counts[order].tolist(), 1000)
+    before = ref_window_diversity(labels.tolist(), counts.tolist(), 1000)
+    gain = (sum(plain) / len(plain)) / (sum(before) / len(before)) * 100 - 100
+    assert f"windows): {gain:+.0f}%" in caplog.text
     # Caches are plain .npy in input order.
     emb = np.load(tmp_path / "out" / "data_curated_embeddings.npy")
     assert emb.shape == (240, 32) and emb.dtype == np.float32

@@ -14,6 +14,7 @@ from diversity_order import ordering_report as strategies
 from diversity_order.cli import run_main
 from diversity_order.orderings import ORDERINGS, SCORE_ORDERINGS, OrderingOptions, applicable_orderings
 from diversity_order.orderings.options import flag_of
+from reference_impl import assert_mean_of_shuffles
 
 
 def curate(*args):
@@ -99,7 +100,10 @@ def test_compare_strategies_writes_table_json_and_plot(tmp_path, tiny_model_dir,
     for row in report["rows"]:  # the table's numbers are the metrics of that ordering at that length
         expected = ORDERINGS[row["ordering"]](labels, counts, 5, OrderingOptions(seq_len=row["seq_len"]))
         quality = diversity.ordering_quality(labels, counts, row["seq_len"], expected, 5)
-        assert {k: row[k] for k in quality} == quality
+        if row["ordering"] == "random":  # the baseline: the mean of several shuffles
+            assert_mean_of_shuffles(row, labels, counts, 5, row["seq_len"], OrderingOptions().seed)
+        else:
+            assert {k: row[k] for k in quality} == quality
         assert f"| {row['ordering']} | {row['diversity']['mean']:.2f} |" in table
     assert not (tmp_path / "cur_strategies.png").exists()  # --no-plot skips the comparison's plot too
     assert out.exists() and meta["sequence_length"] == 2000  # the curated file follows the first --seq-len
@@ -243,6 +247,9 @@ def test_compare_strategies_measures_the_balance_field_under_every_ordering(tmp_
     for name, row in by_name.items():
         order = ORDERINGS[name](labels, counts, 5, options)
         q = diversity.ordering_quality(sources, counts, 2000, order, 3)
+        if name == "random":
+            assert_mean_of_shuffles(row["fields"]["source"], labels, counts, 5, 2000, options.seed, ids=sources)
+            continue
         assert row["fields"]["source"] == {"uniformity_mean": q["uniformity_mean"],
                                            "boundary_shift": q["boundary_shift"]}, name
     shuffle = by_name["random"]["fields"]["source"]["uniformity_mean"]

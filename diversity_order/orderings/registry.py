@@ -54,8 +54,9 @@ REGISTRY: tuple[OrderingSpec, ...] = (
                  "the original toolkit's greedy: the next document from the cluster most behind its document share",
                  ("within_cluster_sort",), meta_name="stratified_greedy", color="#ff7f0e", highlight=True),
     OrderingSpec("balanced", balanced_order, CLUSTER,
-                 "as many clusters per window as stratified on average, steadier token shares than a random "
-                 "shuffle, little head-to-tail drift", ("balance_fields",), seq_len_aware=True, color="#1f77b4",
+                 "each cluster (and --balance-field category) spread evenly over the stream: steadier token shares "
+                 "than a random shuffle, little head-to-tail drift, but fewer clusters per window than stratified on "
+                 "heavy-tailed data", ("balance_fields",), seq_len_aware=True, color="#1f77b4",
                  highlight=True),
     OrderingSpec("paced", paced_order, CLUSTER,
                  "as many clusters per window as stratified, the head of the order like its tail, long documents "
