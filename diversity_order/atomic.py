@@ -4,7 +4,9 @@ Everything users rely on (curated JSONL, caches, metadata, plots) is first writt
 temporary file in the destination folder, flushed and fsynced, then renamed over the target.
 A crash or Ctrl-C at any point leaves at most a stray ``.NAME.HOST.PID.RANDOM.tmp`` file, never
 a truncated target. The host and process id in the name tell a later run whether the writer is
-gone (``remove_stale_temps``); a live writer's temp file is never removed.
+gone (``remove_stale_temps``); a live writer's temp file is never removed. Files that are only right
+together (a set of shards) are written under staged names first and renamed together
+(``replaced_together``), so a run stopped part-way leaves the earlier set whole, not half replaced.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -52,12 +56,71 @@ def note_target(path: Path | str) -> None:
 
 
 def _temp_owner(path: Path, temp: Path) -> tuple[str, int] | None:
-    """(host, pid) from ``.NAME.HOST.PID.RANDOM.tmp``; None for a name without them."""
-    middle = temp.name[len(path.name) + 2 : -len(".tmp")]  # HOST.PID.RANDOM
+    """(host, pid) from ``.NAME.HOST.PID.RANDOM.tmp`` or ``.NAME.HOST.PID.staged.SUFFIX``; None for a name
+    without them."""
+    middle = temp.name[len(path.name) + 2 :]  # HOST.PID.RANDOM.tmp, or HOST.PID.staged.SUFFIX
+    staged = middle.rfind(f".{STAGED}")
+    middle = middle[:staged] + ".staged" if staged >= 0 else middle[: -len(".tmp")]
     parts = middle.rsplit(".", 2)
     if len(parts) != 3 or not parts[0] or not parts[1].isdigit():
         return None
     return parts[0], int(parts[1])
+
+
+STAGED = "staged"  # the mark in the names of files written to be renamed with others (``replaced_together``)
+
+
+def staged_path(path: Path, suffix: str) -> Path:
+    """Where a file of a set written together is written first: ``.NAME.HOST.PID.staged`` + ``suffix`` beside
+    ``path``, ending as ``path`` does, so a writer that reads the name's suffix (.zst, .parquet) writes the same
+    kind of file."""
+    path = Path(path)
+    return path.with_name(f"{temp_prefix(path)}{STAGED}{suffix}")
+
+
+@contextlib.contextmanager
+def replaced_together(paths: list[Path], suffix: str, before_commit=None) -> Iterator[list[Path]]:
+    """Staged names for ``paths`` (``staged_path``) to write each file to, atomically as usual; on a clean exit
+    ``before_commit()`` runs and every staged file is renamed over its path, with Ctrl-C and SIGTERM held off
+    until the last; else the staged files are removed and the files at ``paths`` stay as they were."""
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        note_target(path)  # a killed run's staged files are swept at the end of a later run
+    staged = [staged_path(path, suffix) for path in paths]
+    _STAGED_NOW.update(path.absolute() for path in staged)
+    try:
+        yield staged
+        if before_commit is not None:
+            before_commit()
+        with _signals_held():
+            for source, target in zip(staged, paths):
+                os.replace(source, target)
+    except BaseException:
+        for source in staged:
+            with contextlib.suppress(FileNotFoundError):
+                source.unlink()
+        raise
+    finally:
+        _STAGED_NOW.difference_update(path.absolute() for path in staged)
+
+
+# Staged files being written (``replaced_together``): already temp files, written in place rather than through
+# another temp, so a killed run leaves only names a later run sweeps.
+_STAGED_NOW: set[Path] = set()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM wait until the block ends (they are delivered then): a few renames that must all
+    happen, or none."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _process_alive(pid: int) -> bool:
@@ -73,8 +136,8 @@ def _process_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(path: Path | str) -> list[Path]:
-    """Delete the temp files that interrupted atomic writes to ``path`` left (``.NAME.*.tmp``),
-    when the process that wrote each one is gone; return those removed.
+    """Delete the temp files that interrupted atomic writes to ``path`` left (``.NAME.*.tmp``, and the staged
+    files of ``replaced_together``), when the process that wrote each one is gone; return those removed.
 
     Safe while other runs write ``path``: a temp of a live process on this host, or of any
     process on another host (which we cannot check), is kept. Temps without a host and PID in
@@ -83,7 +146,8 @@ def remove_stale_temps(path: Path | str) -> list[Path]:
     path = Path(path)
     removed = []
     try:
-        candidates = list(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
+        candidates = [*path.parent.glob(f".{glob_escape(path.name)}.*.tmp"),
+                      *path.parent.glob(f".{glob_escape(path.name)}.*.{STAGED}*")]
     except OSError:
         return removed
     for temp in candidates:
@@ -121,6 +185,15 @@ def atomic_path(path: Path | str) -> Iterator[str]:
     """The name of a temp file beside ``path`` (for writers that open files themselves, e.g. pyarrow's);
     on a clean exit it gets a plain file's permissions and is renamed over ``path``, else removed."""
     path = Path(path)
+    if path.absolute() in _STAGED_NOW:
+        try:
+            yield str(path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            raise
+        give_plain_permissions(path)
+        return
     note_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)

@@ -37,7 +37,7 @@ from . import (
     sources,
     writers,
 )
-from .atomic import atomic_open, save_json, save_npy, sweep_stale_temps
+from .atomic import atomic_open, replaced_together, save_json, save_npy, sweep_stale_temps
 from .defaults import DEFAULT_N_CLUSTERS
 from .errors import MAX_COUNT, EveryRankError, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
@@ -266,7 +266,9 @@ def curate(config: CurateConfig) -> CurateResult | None:
             write_metadata(run, plots_drawn=False)
         plot(run)
         meta = write_metadata(run)
-        sweep_stale_temps()  # a killed run's temp files beside what this run wrote (never a live run's)
+        # A killed run's temp files beside what this run wrote, and beside the shards of another count a killed
+        # run was writing (never a live run's).
+        sweep_stale_temps(writers.shard_names_with_temps(config.output))
         log.info("%s", run.timer.finished_line())
         return CurateResult(meta, run.labels, run.order, run.counts, run.embeddings, run.paths,
                             timings=run.timer.seconds)
@@ -734,10 +736,15 @@ def write_outputs(run: Run) -> None:
     earlier_meta = _earlier_meta(run.paths["meta"])
     earlier = _recorded_output_files(earlier_meta)
     run.earlier_packed_export = _warn_of_an_earlier_export(earlier_meta, run)
-    # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
-    # goes first: a run interrupted from here on leaves no metadata rather than a wrong one.
-    with contextlib.suppress(FileNotFoundError):
-        run.paths["meta"].unlink()
+    def remove_earlier_meta() -> None:
+        # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
+        # goes just before they do: a run interrupted while writing leaves the earlier files and their metadata,
+        # one interrupted after leaves no metadata rather than a wrong one.
+        with contextlib.suppress(FileNotFoundError):
+            run.paths["meta"].unlink()
+
+    if config.stats_only:
+        remove_earlier_meta()
     _remove_earlier_plots_and_comparison(run)
     if not config.stats_only:
         if config.output_shards > run.n:
@@ -746,10 +753,11 @@ def write_outputs(run: Run) -> None:
         shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
         with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
             if _shards_across_ranks(run):
+                remove_earlier_meta()
                 written = _write_shards_across_ranks(run)
             else:
                 written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
-                                                config.output_shards, run.parquet_schema)
+                                                config.output_shards, run.parquet_schema, remove_earlier_meta)
         run.curated_files = [_recorded_path(path) for path, _ in written]
         if config.written_kind != "arrow":
             _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
@@ -904,16 +912,20 @@ def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
     paths = writers.shard_paths(config.output, config.output_shards)
     failure = None
     mine = distributed.slice_of_order(ctx, order.size, config.output_shards)
-    try:
-        for part, lo, hi in mine:
-            writers.write_shard(run.index, order[lo:hi], paths[part], config.written_kind, run.parquet_schema)
-    except UserError as exc:
-        failure = exc
+    # Staged, and renamed only once every rank has written its own: a failure or Ctrl-C on any rank leaves the
+    # earlier shards as they were.
+    with replaced_together([paths[part] for part, _, _ in mine], writers.data_suffix(config.output)) as staged:
+        try:
+            for (_, lo, hi), target in zip(mine, staged):
+                writers.write_shard(run.index, order[lo:hi], target, config.written_kind, run.parquet_schema)
+        except UserError as exc:
+            failure = exc
+        if not distributed.all_agree(ctx, failure is None):
+            raise failure or UserError(f"{config.output}: another rank could not write its shards (see its log)")
     if mine:
         names = paths[mine[0][0]].name + ("" if len(mine) == 1 else f" to {paths[mine[-1][0]].name}")
         log.info("Rank %d wrote %s; the other ranks wrote the rest", ctx.rank, names)
-    if not distributed.all_agree(ctx, failure is None):
-        raise failure or UserError(f"{config.output}: another rank could not write its shards (see its log)")
+    distributed.barrier(ctx)  # every rank's shards renamed into place before rank 0 measures them
     return [(path, path.stat().st_size) for path in paths]
 
 

@@ -14,13 +14,14 @@ file or in ``--output-shards N`` consecutive slices of the order.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 
 from . import records
-from .atomic import atomic_path
+from .atomic import atomic_path, replaced_together
 from .errors import UserError
 from .sources import PARQUET_SUFFIX, record_bytes
 
@@ -76,6 +77,11 @@ def _stem_and_suffix(output: Path) -> tuple[Path, str]:
     return stem, output.name[len(stem.name):]
 
 
+def data_suffix(output: Path) -> str:
+    """The suffix every file of ``output``'s set ends with (``.jsonl.zst``), shard numbers before it."""
+    return _stem_and_suffix(output)[1]
+
+
 def shard_paths(output: Path, shards: int) -> list[Path]:
     """``B.ext`` as ``shards`` files ``B-00000-of-0000N.ext`` (itself when there is one)."""
     if shards == 1:
@@ -94,6 +100,18 @@ def other_shard_sets(output: Path, shards: int) -> list[Path]:
     return found + ([output] if shards > 1 and output.is_file() else [])
 
 
+def shard_names_with_temps(output: Path) -> list[Path]:
+    """The shard names of ``output``, of any count, that temp or staged files beside it are named after (a killed
+    run's, which ``atomic.remove_stale_temps`` beside those names removes)."""
+    stem, suffix = _stem_and_suffix(output)
+    pattern = re.compile(rf"\.({re.escape(stem.name)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)})\.")
+    try:
+        names = {found.group(1) for entry in os.scandir(stem.parent) if (found := pattern.match(entry.name))}
+    except OSError:
+        return []
+    return [stem.with_name(name) for name in sorted(names)]
+
+
 def shard_slices(n: int, shards: int) -> list[tuple[int, int]]:
     """Consecutive (lo, hi) positions of the order, one per shard, near-equal in record count."""
     bounds = np.linspace(0, n, shards + 1).round().astype(np.int64)
@@ -101,9 +119,13 @@ def shard_slices(n: int, shards: int) -> list[tuple[int, int]]:
 
 
 def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: int = 1,
-                  schema=None) -> list[tuple[Path, int]]:
+                  schema=None, before_commit=None) -> list[tuple[Path, int]]:
     """The records in ``order`` (a permutation of them) as ``kind``: (path, bytes) per file written. ``schema``:
-    JSONL converted to Parquet, the records' columns when already inferred (``parquet_schema``)."""
+    JSONL converted to Parquet, the records' columns when already inferred (``parquet_schema``).
+
+    The files are written under staged names and renamed together at the end (``before_commit()`` first), so a
+    run stopped part-way leaves the earlier files as they were: no new shards beside an earlier set, no set
+    half of one order and half of another."""
     order = np.asarray(order, dtype=np.int64)
     if order.shape[0] != len(source) or not np.array_equal(np.sort(order), np.arange(len(source))):
         raise ValueError("order must be a permutation of the record positions")
@@ -111,8 +133,14 @@ def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: in
     if schema is None and converts_to_parquet(source, kind):
         # Inferred over the input order, as curate infers it: the columns in the order the input first has them.
         schema = parquet_schema(source, np.arange(len(source)))
-    return [(path, write_shard(source, order[lo:hi], path, kind, schema))
-            for path, (lo, hi) in zip(paths, shard_slices(order.size, shards))]
+    slices = shard_slices(order.size, shards)
+    if kind == "arrow":  # one datasets folder, which its writer swaps in whole
+        if before_commit is not None:
+            before_commit()
+        return [(path, write_shard(source, order[lo:hi], path, kind, schema)) for path, (lo, hi) in zip(paths, slices)]
+    with replaced_together(paths, data_suffix(output), before_commit) as staged:
+        sizes = [write_shard(source, order[lo:hi], target, kind, schema) for target, (lo, hi) in zip(staged, slices)]
+    return list(zip(paths, sizes))
 
 
 def converts_to_parquet(source, kind: str) -> bool:

@@ -337,6 +337,58 @@ def test_shards_and_conversion(tmp_path, demo_jsonl, tiny_model_dir):
     assert rows == [json.loads(line) for line in (tmp_path / "one" / "c.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.parametrize("output", ["c.jsonl", "c.jsonl.zst", "c.parquet"])
+def test_a_run_stopped_while_writing_shards_leaves_the_earlier_set_whole(tmp_path, demo_jsonl, tiny_model_dir,
+                                                                         monkeypatch, output):
+    """A new user's Ctrl-C while 6 shards replaced 4 left 4 new shards beside the earlier set (a glob read
+    154,577 records of 92,746) and deleted the metadata describing the set."""
+    from diversity_order import writers
+
+    out = tmp_path / output
+    base = ["--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON]
+    assert curate(*base, "--output-shards", 4) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    real, calls = writers.write_shard, []
+
+    def stopped_at_the_third(source, rows, path, kind, schema=None):
+        calls.append(Path(path).name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(source, rows, path, kind, schema)
+
+    monkeypatch.setattr(writers, "write_shard", stopped_at_the_third)
+    assert curate(*base, "--output-shards", 6, "--ordering", "paced") == 130
+    assert all(".staged" in name and name.startswith(".c-0000") for name in calls)  # written under staged names
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    # Only the new token-count and embedding caches may differ; the curated set and its metadata are as they were.
+    assert {n: b for n, b in after.items() if "-of-" in n or n.endswith("_meta.json")} == \
+        {n: b for n, b in before.items() if "-of-" in n or n.endswith("_meta.json")}
+    assert not [p for p in tmp_path.iterdir() if "staged" in p.name]  # the staged shards were removed
+    monkeypatch.setattr(writers, "write_shard", real)
+    # A run killed (no clean-up) while writing 5 shards leaves staged files, which the next completed run sweeps.
+    from diversity_order import atomic
+
+    killed = tmp_path / f".c-00002-of-00005{out.name[1:]}.{atomic._HOST}.999999999.staged{out.name[1:]}"
+    killed.write_bytes(b"partial")
+    assert curate(*base, "--output-shards", 6) == 0
+    assert not killed.exists()
+    assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00006{out.name[1:]}" for i in range(6)]
+
+
+def test_a_killed_runs_staged_files_are_swept_never_a_live_ones(tmp_path):
+    from diversity_order import atomic
+
+    target = tmp_path / "c-00001-of-00004.jsonl.zst"
+    dead = tmp_path / f".{target.name}.{atomic._HOST}.999999999.staged.jsonl.zst"  # no such process
+    live = atomic.staged_path(target, ".jsonl.zst")
+    other_host = tmp_path / f".{target.name}.elsewhere.12.staged.jsonl.zst"
+    for path in (dead, live, other_host):
+        path.write_bytes(b"partial")
+    assert live.name == f".{target.name}.{atomic._HOST}.{os.getpid()}.staged.jsonl.zst"
+    assert atomic.remove_stale_temps(target) == [dead]
+    assert live.exists() and other_host.exists()
+
+
 def test_another_shard_count_replaces_the_earlier_set(tmp_path, demo_jsonl, tiny_model_dir, caplog):
     """An earlier run's files for the same output with another shard count would hold every record again."""
     out = tmp_path / "c.jsonl"

@@ -33,7 +33,8 @@ CHILD = textwrap.dedent("""
     @contextlib.contextmanager
     def stalling_open(path, mode="wb"):
         with real(path, mode) as handle:
-            if Path(path).name == target:
+            name = Path(path).name  # the curated file is written under a staged name first
+            if name == target or (name.startswith(f".{target}.") and ".staged" in name):
                 handle.write(b"partial" if "b" in mode else "partial")
                 handle.flush()
                 Path(marker).touch()
@@ -92,11 +93,16 @@ def test_kill_mid_write_then_rerun_equals_uninterrupted_run(tmp_path, tiny_model
         path = tmp_path / target
         before = path.read_bytes() if path.exists() else None
         run_killed_while_writing(target, args, tmp_path)
-        # The file being written still holds its previous complete version; the metadata, which describes
-        # the set, is gone from the moment a run starts replacing the set's files (none, rather than a wrong one).
-        assert (path.read_bytes() if path.exists() else None) == before, target
+        # The file being written still holds its previous complete version. Killed while the curated file was
+        # written (under a staged name), the earlier run's files and the metadata describing them are all there;
+        # the metadata goes only when the set's files are replaced (none, rather than a wrong one).
+        # Killed while the metadata was written, the curated file had been replaced: the earlier metadata is gone.
+        expected = None if target == "d_cur_meta.json" else before
+        assert (path.read_bytes() if path.exists() else None) == expected, target
         if target == "d_cur.jsonl":
-            assert not (tmp_path / "d_cur_meta.json").exists()
+            earlier = json.loads((tmp_path / "d_cur_meta.json").read_text())
+            assert earlier["final_count"] == len(records) == len(out.read_bytes().splitlines())
+            assert [p.name for p in tmp_path.glob(".d_cur.jsonl.*staged*")]  # the killed run's partial file
         for path in tmp_path.glob("*.cache.json"):
             meta = json.loads(path.read_text())
             data = np.load(path.with_name(path.name.replace(".cache.json", ".npy")), mmap_mode="r")
@@ -114,6 +120,7 @@ def test_kill_mid_write_then_rerun_equals_uninterrupted_run(tmp_path, tiny_model
     assert np.array_equal(np.load(tmp_path / "d_cur_embeddings.npy"), np.load(fresh / "d_cur_embeddings.npy"))
     assert np.array_equal(np.load(tmp_path / "d_token_counts.npy"), np.load(fresh / "d_token_counts.npy"))
     assert len(out.read_bytes().splitlines()) == len(grown)
+    assert not list(tmp_path.glob(".d_cur*"))  # the killed runs' partial files were swept
 
 
 def test_script_exits_2_with_one_line_and_no_traceback(tmp_path, tiny_model_dir):
