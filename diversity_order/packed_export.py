@@ -34,7 +34,10 @@ from .atomic import give_plain_permissions
 from .errors import UserError
 from .runtime import Progress
 
-SEQUENCES_PER_SHARD = 16384
+# Token ids held at once: one row group of sequences (int32, 64 MiB), whatever the data's size; a Parquet file
+# holds GROUPS_PER_SHARD of them (about 1 GiB of ids). A reader loads one row group at a time.
+ROW_GROUP_TOKENS = 1 << 24
+GROUPS_PER_SHARD = 16
 DOCUMENTS_PER_READ = 4096
 MARKER = "packed.json"
 
@@ -52,45 +55,65 @@ def check_folder(folder: Path) -> None:
 
 
 class _Packer:
-    """Concatenate documents and cut every ``seq_len`` tokens, keeping each piece's start, row and cluster."""
+    """Concatenate documents and cut every ``seq_len`` tokens into a buffer of ``group`` sequences (int32: the
+    only memory that grows with tokens), keeping each piece's start and row per sequence. Each time the buffer is
+    full, and at the end, ``emit(ids, starts, rows)`` takes its finished sequences."""
 
-    def __init__(self, seq_len: int):
-        self.seq_len = seq_len
-        self.ids: list[int] = []
-        self.starts: list[int] = []
-        self.rows: list[int] = []
-        self.done: list[tuple[list[int], list[int], list[int]]] = []
+    def __init__(self, seq_len: int, group: int, emit):
+        self.seq_len, self.group, self.emit = seq_len, group, emit
+        self.ids = np.empty((group, seq_len), dtype=np.int32)
+        self.sequence = 0  # the buffer's row being filled
+        self.fill = 0  # its tokens so far
+        self.starts: list[list[int]] = [[]]  # per buffered sequence, the last being filled
+        self.rows: list[list[int]] = [[]]
         self.last_closed_row = -1  # the row of the last piece of the last full sequence
 
-    def add(self, row: int, ids: list[int]) -> None:
-        if not ids:  # a zero-token document belongs to the window of the token before it
-            self.starts.append(len(self.ids))
-            self.rows.append(row)
+    def add(self, row: int, ids: np.ndarray) -> None:
+        if not ids.size:  # a zero-token document belongs to the window of the token before it
+            self.starts[-1].append(self.fill)
+            self.rows[-1].append(row)
             return
         position = 0
-        while position < len(ids):
-            if len(self.ids) == self.seq_len:
+        while position < ids.size:
+            if self.fill == self.seq_len:
                 self._close()
-            take = min(len(ids) - position, self.seq_len - len(self.ids))
-            self.starts.append(len(self.ids))
-            self.rows.append(row)
-            self.ids.extend(ids[position: position + take])
+            take = min(ids.size - position, self.seq_len - self.fill)
+            self.starts[-1].append(self.fill)
+            self.rows[-1].append(row)
+            self.ids[self.sequence, self.fill: self.fill + take] = ids[position: position + take]
+            self.fill += take
             position += take
 
     def finish(self) -> tuple[int, int]:
-        """Close the last sequence if full; returns the tokens left over (dropped) and the documents all of whose
-        tokens they hold (the first of them may have begun in the last full sequence)."""
-        if len(self.ids) == self.seq_len:
+        """Close the last sequence if full and emit what the buffer holds; returns the tokens left over (dropped)
+        and the documents all of whose tokens they hold (the first of them may have begun in the last full
+        sequence)."""
+        if self.fill == self.seq_len:
             self._close()
-        rows = set(self.rows)
+        if self.sequence:
+            self.emit(self.ids[: self.sequence], self.starts[: self.sequence], self.rows[: self.sequence])
+        rows = set(self.rows[-1])
         rows.discard(self.last_closed_row)  # in the tail too: it began in the last full sequence
-        return len(self.ids), len(rows)
+        return self.fill, len(rows)
 
     def _close(self) -> None:
-        if self.rows:
-            self.last_closed_row = self.rows[-1]
-        self.done.append((self.ids, self.starts, self.rows))
-        self.ids, self.starts, self.rows = [], [], []
+        if self.rows[-1]:
+            self.last_closed_row = self.rows[-1][-1]
+        self.sequence += 1
+        self.fill = 0
+        if self.sequence == self.group:
+            self.emit(self.ids, self.starts, self.rows)
+            self.sequence, self.starts, self.rows = 0, [[]], [[]]
+        else:
+            self.starts.append([])
+            self.rows.append([])
+
+
+def _lists(pa, values: np.ndarray, lengths: list[int], item_type):
+    """A Parquet list column from flat ``values`` and each list's length (no Python object per value)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=item_type))
 
 
 def _documents_in_order(source, order: np.ndarray):
@@ -110,51 +133,65 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     import pyarrow.parquet as pq
 
     check_folder(folder)
-    before, after = tokenizer.special_tokens_per_document(special_mode)
+    before, after = (np.asarray(tokens, dtype=np.int64) for tokens in tokenizer.special_tokens_per_document(special_mode))
     n_sequences = int(counts.sum()) // seq_len
-    n_shards = max(1, -(-n_sequences // SEQUENCES_PER_SHARD))
+    group = max(1, ROW_GROUP_TOKENS // seq_len)
+    per_shard = group * GROUPS_PER_SHARD
+    n_shards = max(1, -(-n_sequences // per_shard))
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    packer = _Packer(seq_len)
-    written = shard = 0
+    schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("document_starts", pa.list_(pa.int32())),
+                        ("document_rows", pa.list_(pa.int64())), ("document_clusters", pa.list_(pa.int32()))])
+    state = {"writer": None, "in_shard": 0, "shard": 0, "written": 0}
     unique = []
 
-    def flush(limit: int) -> None:
-        nonlocal written, shard
-        while len(packer.done) >= limit and packer.done:
-            rows = packer.done[:SEQUENCES_PER_SHARD]
-            del packer.done[:SEQUENCES_PER_SHARD]
-            clusters = [labels[np.asarray(r, dtype=np.int64)].astype(np.int32) for _, _, r in rows]
-            unique.extend(int(np.unique(c).size) for c in clusters)
-            table = pa.table({
-                "input_ids": pa.array([ids for ids, _, _ in rows], pa.list_(pa.int32())),
-                "document_starts": pa.array([starts for _, starts, _ in rows], pa.list_(pa.int32())),
-                "document_rows": pa.array([r for _, _, r in rows], pa.list_(pa.int64())),
-                "document_clusters": pa.array([c.tolist() for c in clusters], pa.list_(pa.int32())),
-            })
-            path = staging / f"packed-{shard:05d}-of-{n_shards:05d}.parquet"
-            pq.write_table(table, path)
-            give_plain_permissions(path)
-            written += len(rows)
-            shard += 1
+    def emit(ids: np.ndarray, starts: list[list[int]], rows: list[list[int]]) -> None:
+        lengths = [len(r) for r in rows]
+        flat_rows = np.fromiter((row for r in rows for row in r), dtype=np.int64, count=sum(lengths))
+        clusters = labels[flat_rows].astype(np.int32)
+        bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        unique.extend(int(np.unique(clusters[lo:hi]).size) for lo, hi in zip(bounds[:-1], bounds[1:]))
+        table = pa.table([_lists(pa, ids.ravel(), [seq_len] * len(rows), pa.int32()),
+                          _lists(pa, np.fromiter((x for r in starts for x in r), dtype=np.int32, count=sum(lengths)),
+                                 lengths, pa.int32()),
+                          _lists(pa, flat_rows, lengths, pa.int64()),
+                          _lists(pa, clusters, lengths, pa.int32())], schema=schema)
+        if state["writer"] is None:
+            path = staging / f"packed-{state['shard']:05d}-of-{n_shards:05d}.parquet"
+            state["writer"] = pq.ParquetWriter(path, schema)
+        state["writer"].write_table(table, row_group_size=len(rows))
+        state["in_shard"] += len(rows)
+        state["written"] += len(rows)
+        if state["in_shard"] >= per_shard:
+            close_shard()
 
+    def close_shard() -> None:
+        if state["writer"] is not None:
+            state["writer"].close()
+            give_plain_permissions(staging / f"packed-{state['shard']:05d}-of-{n_shards:05d}.parquet")
+            state["writer"], state["in_shard"] = None, 0
+            state["shard"] += 1
+
+    packer = _Packer(seq_len, group, emit)
     try:
         with Progress(int(order.size), "Packing", bar=progress) as bar:
             for rows, documents in _documents_in_order(source, np.asarray(order, dtype=np.int64)):
                 flat, lengths = tokenizer.encode_batch(documents)
                 offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
                 for i, row in enumerate(rows):
-                    ids = before + flat[offsets[i]: offsets[i + 1]].tolist() + after
-                    if len(ids) != int(counts[row]):
-                        raise UserError(f"{source.where(row)}: {len(ids)} tokens now, {int(counts[row])} when counted; "
+                    ids = flat[offsets[i]: offsets[i + 1]]
+                    if before.size or after.size:
+                        ids = np.concatenate([before, ids, after])
+                    if ids.size != int(counts[row]):
+                        raise UserError(f"{source.where(row)}: {ids.size} tokens now, {int(counts[row])} when counted; "
                                         "the input or the tokenizer changed during the run")
                     packer.add(row, ids)
-                flush(SEQUENCES_PER_SHARD)
                 bar.update(len(rows))
         dropped, documents_dropped = packer.finish()
-        flush(1)
-        meta = {"seq_len": seq_len, "order_blake2b": order_digest(order), "sequences": written, "shards": shard,
-                "tokens": written * seq_len,
+        close_shard()
+        written = state["written"]
+        meta = {"seq_len": seq_len, "order_blake2b": order_digest(order), "sequences": written,
+                "shards": state["shard"], "tokens": written * seq_len,
                 "tokens_dropped": dropped, "documents_dropped": documents_dropped, "count_special_tokens": special_mode,
                 "tokenizer": tokenizer.fingerprint,
                 "unique_clusters_per_sequence": {"mean": float(np.mean(unique)) if unique else 0.0,
@@ -165,6 +202,8 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
         os.chmod(staging, 0o755)
         replace_folder(staging, folder)
     except BaseException:
+        if state["writer"] is not None:
+            state["writer"].close()
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {**meta, "folder": os.path.abspath(folder)}

@@ -62,12 +62,21 @@ def test_split_packing_run_reports_the_concatenate_and_cut_statistics(tmp_path, 
         assert reported["mean"] == pytest.approx(expected.mean(), abs=0.005)
 
 
-def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_path, corpus, tiny_model_dir):
+@pytest.mark.parametrize("groups", ["one", "several"])
+def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_path, corpus, tiny_model_dir, groups,
+                                                                          monkeypatch):
+    """"several": row groups of 3 sequences, files of 2 groups, as a large export is cut (memory is held to one
+    row group: a new user's export held every sequence of a file as Python lists, 43 bytes per token)."""
     datasets = pytest.importorskip("datasets")  # a dev extra (save_to_disk folders)
+    import pyarrow.parquet as pq
 
+    from diversity_order import packed_export
     from diversity_order.diversity import window_counts
     from diversity_order.tokenizer import DocumentTokenizer
 
+    if groups == "several":
+        monkeypatch.setattr(packed_export, "ROW_GROUP_TOKENS", 3 * SEQ_LEN)
+        monkeypatch.setattr(packed_export, "GROUPS_PER_SHARD", 2)
     src, records = corpus
     packed = tmp_path / "packed"
     assert curate("--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
@@ -79,6 +88,14 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
     summary = json.loads((packed / "packed.json").read_text())
     meta = json.loads((tmp_path / "o" / "c_meta.json").read_text())
     assert len(data) == summary["sequences"] == meta["total_tokens"] // SEQ_LEN
+    sizes = [[pq.ParquetFile(f).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(f).num_row_groups)]
+             for f in files]
+    if groups == "several":
+        assert len(files) == summary["shards"] == -(-len(data) // 6) >= 3
+        assert all(s == [3, 3] for s in sizes[:-1]) and sum(sizes[-1]) == len(data) - 6 * (len(files) - 1)
+        assert files[0].endswith(f"packed-00000-of-{len(files):05d}.parquet")
+    else:
+        assert sizes == [[len(data)]]
     assert meta["empty_documents"] == 1  # record 7's text has no tokens, though its count holds the EOS
     assert all(len(ids) == SEQ_LEN for ids in data["input_ids"])
     # The tokens: every document's ids plus its EOS, in the curated order, cut every SEQ_LEN tokens.
