@@ -659,6 +659,7 @@ def report_measures(run: Run) -> None:
     """The measures in the log: diversity before and after, uniformity, boundary shift, warnings."""
     _log_improvement(run.quality["original"]["diversity"], run.quality["curated"]["diversity"], run.config,
                      *(float(run.windows[name][0].mean()) for name in ("original", "curated")))
+    _log_by_tenth(run.quality)
     _log_quality(run.quality)
     _warn_if_degenerate(run)
     _log_field_quality(run.field_quality, run.quality)
@@ -1068,6 +1069,26 @@ def _log_improvement(before: dict, after: dict, config: CurateConfig, mean_befor
              "-> curated mean %.2f (min %d, std %.2f, %d windows): %+.0f%%",
              f"{config.seq_len:,}", config.n_clusters, before["mean"], before["min"], before["std"],
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
+
+
+# A tenth of the epoch whose windows hold fewer than this share of a random shuffle's clusters there is warned of.
+BELOW_SHUFFLE = 0.9
+
+
+def _log_by_tenth(quality: dict) -> None:
+    """Clusters per window in each tenth of the epoch, and a warning where the curated order falls below a random
+    shuffle's in some tenth: a mean can hide a stretch of the epoch less diverse than the rest."""
+    parts = {key: q["diversity_by_tenth"] for key, q in quality.items()}
+    log.info("Unique clusters per window by tenth of the epoch: %s", "; ".join(
+        f"{diversity.measured_order_name(key, quality[key])} {' '.join(f'{v:.1f}' for v in values)}"
+        for key, values in parts.items()))
+    curated, shuffled = parts["curated"], parts["random_shuffle"]
+    worst = min(range(len(curated)), key=lambda i: curated[i] - shuffled[i])
+    if curated[worst] < BELOW_SHUFFLE * shuffled[worst]:
+        log.warning("In tenth %d of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
+                    "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): the documents that "
+                    "fill windows alone or in pairs gather there; --compare-strategies gives each ordering's lowest "
+                    "tenth", worst + 1, curated[worst], shuffled[worst], quality["curated"]["diversity"]["mean"])
 
 
 def _warn_if_degenerate(run: Run) -> None:

@@ -27,6 +27,8 @@ DIVERSITY_MARGIN = 0.05
 RANDOM_SHUFFLES_LEAST = 5
 RANDOM_SHUFFLES_MOST = 100
 RANDOM_SHUFFLED_DOCUMENTS = 2_000_000
+# The epoch cut into this many runs of windows for ``diversity_by_part``.
+EPOCH_PARTS = 10
 # What the log and the plots call the orders every curate run measures (the keys of its metadata).
 MEASURED_ORDER_NAMES = {"original": "input", "curated": "curated", "random_shuffle": "random shuffle"}
 
@@ -527,6 +529,12 @@ def clusters_present(labels: np.ndarray) -> int:
     return int(np.count_nonzero(np.bincount(labels))) if labels.size else 0
 
 
+def diversity_by_part(unique: np.ndarray, parts: int = EPOCH_PARTS) -> list[float]:
+    """Mean unique clusters per window in each of ``parts`` consecutive runs of the windows (tenths of the epoch):
+    an order's mean can hide a stretch of the epoch less diverse than the rest."""
+    return [round(float(part.mean()), 2) if part.size else 0.0 for part in np.array_split(np.asarray(unique), parts)]
+
+
 def baseline_shuffle_count(n_documents: int) -> int:
     """How many shuffles the random baseline of ``n_documents`` documents averages."""
     wanted = -(-RANDOM_SHUFFLED_DOCUMENTS // max(n_documents, 1))
@@ -566,6 +574,9 @@ def mean_measures(measured: list[dict]) -> dict:
             out[key] = min(values)
         elif key == "max":
             out[key] = max(values)
+        elif isinstance(value, list) and all(len(v) == len(value) for v in values) and \
+                all(isinstance(x, (int, float)) for v in values for x in v):
+            out[key] = [round(float(np.mean(column)), 4) for column in zip(*values)]
         elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             out[key] = value  # not a measure (a name, a flag): the first's
         elif isinstance(value, (int, np.integer)):
@@ -591,6 +602,7 @@ def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int,
     present = clusters_present(labels)
     return {
         "diversity": summarize_windows(unique),
+        "diversity_by_tenth": diversity_by_part(unique),
         "efficiency": round(efficiency(unique, documents, present), 4),
         "fill": round(sequence_fill(token_counts, deviation.size, seq_len), 4),  # one per window holding tokens
         "uniformity_max": round(float(deviation.max()), 4),

@@ -174,7 +174,9 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "Uniformity: per window, the largest |cluster token share - global share| (lower is better). "
              "Shift: total-variation distance between the cluster mix of the first and last 5% of tokens "
              "(lower is better). Coverage: fraction of tokens before the last cluster first appears "
-             "(lower is better). Efficiency: unique clusters over the most any order could put in these windows, "
+             "(lower is better). Lowest tenth: the mean diversity of the least diverse tenth of the epoch's "
+             "windows (a mean over the epoch can hide a stretch less diverse than the rest). "
+             "Efficiency: unique clusters over the most any order could put in these windows, "
              "min(clusters, documents in the window), summed over windows (1.0: nothing left to gain). "
              "Fill: share of the packed sequences' tokens that are not padding (packing whole, a window closes when "
              "the next document does not fit, so the order sets how many sequences the data takes). "
@@ -197,12 +199,13 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
         bound = next((r.get("uniformity_bound") for r in at.values()), None)
         unreachable = out_of_reach.get(seq_len, False)
         lines += [f"## seq-len {seq_len:,}", "",
-                  "| ordering | diversity mean | min | std | efficiency | fill | uniformity mean | uniformity max "
-                  "| boundary shift | coverage | criteria | time (s) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+                  "| ordering | diversity mean | min | std | lowest tenth | efficiency | fill | uniformity mean "
+                  "| uniformity max | boundary shift | coverage | criteria | time (s) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
         for r in at.values():
             d = r["diversity"]
-            lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} "
+            lowest = f"{min(r['diversity_by_tenth']):.2f}" if r.get("diversity_by_tenth") else "-"
+            lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} | {lowest} "
                          f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
                          f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.3f} |")

@@ -543,3 +543,28 @@ def test_the_size_written_counts_a_datasets_folder_s_files(tmp_path):
     (tmp_path / "ds" / "state.json").write_bytes(b"{}")
     assert _bytes_on_disk(tmp_path / "ds") == 1002  # a new user read "0.0 MB on disk" for a 396 KB folder
     assert _bytes_on_disk(tmp_path / "ds" / "state.json") == 2
+
+
+def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
+    """A new user's paced order: 16.0 clusters per window in the first tenth, 5.7 in the sixth where a shuffle had
+    8.0, and a mean over the epoch that hid it."""
+    import logging
+
+    from diversity_order.curate import _log_by_tenth
+
+    def quality(tenths, **extra):
+        return {"diversity": {"mean": sum(tenths) / len(tenths)}, "diversity_by_tenth": tenths, **extra}
+
+    shuffled = quality([8.0] * 10, shuffles=5)
+    with caplog.at_level(logging.INFO):
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([16.0, 11.5, 8.5, 8.3, 6.5, 5.7, 7.7, 9.7,
+                                                                           10.8, 16.1]), "random_shuffle": shuffled})
+    assert "by tenth of the epoch: input 6.0 6.0" in caplog.text and "random shuffle (mean of 5) 8.0" in caplog.text
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("In tenth 6 of the epoch the curated order's windows hold 5.7 "
+                                                     "clusters on average, fewer than a random shuffle's 8.0 there")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # within 10% of a shuffle's everywhere: nothing to warn of
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([7.3] + [9.0] * 9),
+                       "random_shuffle": shuffled})
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

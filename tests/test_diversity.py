@@ -269,3 +269,31 @@ def test_window_measures_refuse_an_order_outside_the_documents():
         with pytest.raises(IndexError):
             window_share_deviation(labels, counts, 8, np.array(order), 2)
     assert window_counts(labels, counts, 8, np.array([2, 0]))[0].tolist() == [1]  # a part of the documents: fine
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=60), st.integers(1, 12))
+def test_diversity_by_part_is_the_mean_of_each_run_of_windows(unique, parts):
+    """Windows cut into ``parts`` runs as even as can be, the first ones a window longer (as a plain loop deals)."""
+    from diversity_order.diversity import diversity_by_part
+
+    size, extra = divmod(len(unique), parts)
+    plain, start = [], 0
+    for i in range(parts):
+        length = size + (1 if i < extra else 0)
+        run = unique[start:start + length]
+        plain.append(round(sum(run) / len(run), 2) if run else 0.0)
+        start += length
+    assert diversity_by_part(np.array(unique), parts) == plain
+
+
+def test_mean_measures_of_several_orders():
+    from diversity_order.diversity import mean_measures
+
+    one = {"diversity": {"mean": 2.0, "min": 1, "max": 4, "n_sequences": 10}, "diversity_by_tenth": [1.0, 3.0],
+           "boundary_shift": 0.2, "name": "a"}
+    two = {"diversity": {"mean": 3.0, "min": 0, "max": 5, "n_sequences": 11}, "diversity_by_tenth": [2.0, 5.0],
+           "boundary_shift": 0.4, "name": "b"}
+    assert mean_measures([one, two]) == {
+        "diversity": {"mean": 2.5, "min": 0, "max": 5, "n_sequences": 10},  # 10.5 rounds to even
+        "diversity_by_tenth": [1.5, 4.0], "boundary_shift": 0.3, "name": "a", "boundary_shift_range": [0.2, 0.4]}
