@@ -118,6 +118,9 @@ class CacheLookup:
     files: CacheFiles | None = None  # the valid set that ``source``, ``cached`` and ``extras`` refer to
     # A lazy lookup's reused rows, not yet copied: (current rows, their rows in the array, mapped array).
     copies: list = field(default_factory=list)
+    # The data file of another run's set that every row came from, where one did (its files beside it, e.g. a
+    # projection's fit, belong to these rows too).
+    origin: Path | None = None
 
     @property
     def missing_rows(self) -> np.ndarray:
@@ -449,7 +452,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
                 log.info("%s: %s", alternative.data, found)
             continue
         if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
-            return _whole(found, n, f"all {n} rows reused from {alternative.data}", lazy)
+            return _whole(found, n, f"all {n} rows reused from {alternative.data}", lazy, alternative.data)
         others.append(found)
 
     source = match_rows(named.fingerprints, fingerprints) if named is not None else np.full(n, -1, np.int64)
@@ -467,7 +470,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
                 # Why the target's own set was not used, where it had one.
                 said = f"{reason}; " if reason and reason != NO_CACHE else ""
                 return _whole(linked, n, f"{said}all {n} rows are those of {filler.files.data}, linked as "
-                                         f"{files.data.name}, not copied ({FROM_ANOTHER_RUN})", lazy)
+                                         f"{files.data.name}, not copied ({FROM_ANOTHER_RUN})", lazy, filler.files.data)
         if filler is not None:
             filled = ~hit & (filler_source >= 0)
     base = named if named is not None else filler
@@ -491,7 +494,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     copies = copies if lazy else []
     if named is None:
         return CacheLookup(data, filled, "; ".join(parts), np.full(n, -1, np.int64), key=filler.meta.get("key"),
-                           copies=copies)
+                           copies=copies, origin=filler.files.data if filled.all() else None)
     return CacheLookup(data, hit | filled, "; ".join(parts), source, named.extras, named.data, named.meta.get("key"),
                        False, files, copies)
 
@@ -525,10 +528,11 @@ def _linked(source: _Set, target: CacheFiles, key: dict, expect: _Expect) -> _Se
     return linked if isinstance(linked, _Set) else None
 
 
-def _whole(found: _Set, n: int, reason: str, lazy: bool = False) -> CacheLookup:
+def _whole(found: _Set, n: int, reason: str, lazy: bool = False, origin: Path | None = None) -> CacheLookup:
     # Already in order: a sequential copy, much faster than gathering row by row (lazy: no copy at all).
     return CacheLookup(found.data if lazy else np.array(found.data), np.ones(n, dtype=bool), reason,
-                       np.arange(n, dtype=np.int64), found.extras, found.data, found.meta.get("key"), True, found.files)
+                       np.arange(n, dtype=np.int64), found.extras, found.data, found.meta.get("key"), True, found.files,
+                       origin=origin)
 
 
 def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect: _Expect, fingerprints: np.ndarray,

@@ -239,16 +239,41 @@ def cached_umap(path: Path, embeddings: np.ndarray, fingerprints: np.ndarray, se
         log.info("2-D projection: %s", found.reason)
         if not path.exists():  # found elsewhere: a copy beside this output, as a computed one would be
             caches.store(path, key, fingerprints, np.asarray(found.data))
+        if found.origin is not None:
+            _adopt_fit(fit_path(found.origin), fit_path(path))
         return found.data
     projection = placed_among_earlier_fit(path, embeddings, fingerprints, seed)
     if projection is None:
-        log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it",
-                 "no cached projection" if found.data is None and "no cache" in found.reason
-                 else "the embeddings or --seed changed since it was cached")
+        if found.data is None and "no cache" in found.reason:
+            why = "no cached projection"
+        elif path.exists() and not fit_path(path).exists():
+            why = f"the records changed, and no layout fit is kept ({fit_path(path).name}) to place them among"
+        else:
+            why = "the embeddings or --seed changed since it was cached"
+        log.info("Computing the 2-D projection (PCA -> UMAP) for the cluster cloud plot: %s; --no-plot skips it", why)
         projection, fit = fitted_projection(embeddings, seed, fingerprints)
         save_fit(fit_path(path), fit)
     caches.store(path, key, fingerprints, projection)
     return projection
+
+
+def _adopt_fit(source: Path, target: Path) -> None:
+    """The fit behind a projection taken whole from another run, kept beside this run's too, so that a later
+    append places its new records rather than fitting again (``placed_among_earlier_fit`` checks it is the one
+    behind those positions before using it)."""
+    if source == target or not source.is_file():
+        return
+    try:
+        data = source.read_bytes()
+        if target.is_file() and target.read_bytes() == data:
+            return
+        with atomic.atomic_open(target, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        log.info("%s not copied beside this output (%s): a re-run after records change fits the 2-D layout again",
+                 source, exc.strerror or exc)
+        return
+    log.info("2-D layout fit: %s, copied from %s", target.name, source)
 
 
 def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, seed: int) -> np.ndarray | None:

@@ -176,3 +176,40 @@ def test_a_layout_is_fitted_again_when_the_kept_fit_no_longer_stands_for_the_inp
     names = np.concatenate([names, np.arange(names.max() + 1, names.max() + 3, dtype=np.uint64)])
     assert "B_umap2d.fit.npz unreadable" in rerun(np.concatenate([wider, wider[:2]]), names)
     assert len(fits) == 11 and projection.load_fit(fit_file) is not None  # written anew
+
+
+def test_a_projection_taken_from_another_run_brings_its_fit_so_an_append_is_placed(tmp_path, fits, monkeypatch,
+                                                                                    caplog):
+    """A new user's second output linked the first's projection but not its fit: the next 1% append fitted UMAP
+    again (72 s, not 18), and the log blamed changed embeddings."""
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(tmp_path / "registry"))
+    embeddings, fingerprints = clustered(200, 0), np.arange(1, 201, dtype=np.uint64)
+    first, second = tmp_path / "run1" / "A_umap2d.npy", tmp_path / "run2" / "B_umap2d.npy"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    projection.cached_umap(first, embeddings, fingerprints, 7)
+    assert fits == [50]
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    projection.cached_umap(second, embeddings, fingerprints, 7)
+    assert fits == [50] and projection.fit_path(second).read_bytes() == projection.fit_path(first).read_bytes()
+    assert f"2-D layout fit: B_umap2d.fit.npz, copied from {projection.fit_path(first)}" in caplog.text
+    caplog.clear()
+    added = clustered(4, 1)
+    more = np.concatenate([embeddings, added])
+    names = np.concatenate([fingerprints, np.arange(201, 205, dtype=np.uint64)])
+    projection.cached_umap(second, more, names, 7)
+    assert fits == [50]  # placed, not fitted again
+    assert "4 new or edited record(s) placed among the 50 points UMAP was fitted on" in caplog.text
+
+
+def test_an_append_without_a_kept_fit_says_so_when_it_fits_again(tmp_path, fits, caplog):
+    path = tmp_path / "B_umap2d.npy"
+    embeddings, fingerprints = clustered(200, 0), np.arange(1, 201, dtype=np.uint64)
+    projection.cached_umap(path, embeddings, fingerprints, 7)
+    projection.fit_path(path).unlink()
+    caplog.set_level(logging.INFO, logger="diversity_order")
+    more = np.concatenate([embeddings, clustered(3, 1)])
+    projection.cached_umap(path, more, np.concatenate([fingerprints, np.arange(201, 204, dtype=np.uint64)]), 7)
+    assert fits == [50, 50]
+    assert "the records changed, and no layout fit is kept (B_umap2d.fit.npz) to place them among" in caplog.text
+    assert "the embeddings or --seed changed" not in caplog.text
