@@ -676,7 +676,7 @@ def _compare_strategies(run: Run) -> None:
     with run.timer.stage(comparing), heartbeat(comparing):
         rows, curves = ordering_report.compare_strategies(run.labels, run.counts, config.n_clusters, seq_lens,
                                                           options, names)
-        report, table = ordering_report.write_report(outputs.output_stem(config.output), rows, curves, config.n_clusters,
+        report, table = ordering_report.write_report(_comparison_stem(config), rows, curves, config.n_clusters,
                                                      config.inputs.name.name, registry.comparison_options(options),
                                                      plot=not config.no_plot)
     # (Markdown in the file; in a terminal its bold marks are noise)
@@ -713,6 +713,17 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
     return counts + len(added)
 
 
+def _is_trial(config: CurateConfig) -> bool:
+    """A --stats-only run beside an existing curated file: its files must not replace those describing it."""
+    return config.stats_only and any(path.exists() for path in writers.shard_paths(config.output, config.output_shards))
+
+
+def _comparison_stem(config: CurateConfig) -> Path:
+    """Where --compare-strategies' files go: ``B_strategies.*``, or a trial's own ``B_stats-only_strategies.*``."""
+    stem = outputs.output_stem(config.output)
+    return Path(f"{stem}{outputs.STATS_ONLY_TAG}") if _is_trial(config) else stem
+
+
 def settle_output_paths(run: Run) -> None:
     """Where this run's files go, before anything is written: a --stats-only trial beside an
     existing curated file never replaces the files that describe that file's order (an earlier
@@ -720,7 +731,7 @@ def settle_output_paths(run: Run) -> None:
     config = run.config
     if not config.stats_only:
         return
-    if not any(path.exists() for path in writers.shard_paths(config.output, config.output_shards)):
+    if not _is_trial(config):
         log.info("--stats-only: the curated data was not written")
         return
     same = _same_as_saved(run)
@@ -839,17 +850,16 @@ def _remove_earlier_plots_and_comparison(run: Run) -> None:
     files they describe, since it draws its own last. (The 2-D projection cache stays: it is trusted only for
     its embeddings.)"""
     config = run.config
-    report = ordering_report.report_paths(outputs.output_stem(config.output))
+    report = ordering_report.report_paths(_comparison_stem(config))  # a trial's are its own, B_stats-only_*
     plot_files = [run.paths[name] for name in PLOT_PATHS]
     if not config.no_plot:  # redrawn after the metadata: a run stopped before then must not leave the earlier ones
         for path in plot_files:
             path.unlink(missing_ok=True)
     stale = plot_files if config.no_plot else []
-    if not config.stats_only:  # (a --stats-only trial's plots are its own, B_stats-only_*; its comparison is not)
-        if not config.compare_strategies:
-            stale += [report["markdown"], report["json"], report["plot"]]
-        elif config.no_plot:
-            stale.append(report["plot"])
+    if not config.compare_strategies:
+        stale += [report["markdown"], report["json"], report["plot"]]
+    elif config.no_plot:
+        stale.append(report["plot"])
     removed = []
     for path in stale:
         with contextlib.suppress(FileNotFoundError):

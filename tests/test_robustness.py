@@ -148,6 +148,27 @@ def test_stats_only_trial_keeps_the_real_runs_files(tmp_path, tiny_model_dir, to
         assert ("this same order" in caplog.text) == same
 
 
+def test_a_stats_only_trial_writes_its_own_comparison_and_removes_only_its_own(tmp_path, tiny_model_dir,
+                                                                              topical_jsonl):
+    """A new user's trial comparison at one length replaced the real run's three-length one, and left its PNG
+    (drawn for three lengths and the score orderings) beside the new tables."""
+    out = tmp_path / "cur.jsonl"
+    common = ["--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+              "--compare-strategies"]
+    assert curate(*common, "--seq-len", 2000, 500) == 0
+    real = {p.name: p.read_bytes() for p in tmp_path.glob("cur_strategies.*")}
+    assert set(real) == {"cur_strategies.md", "cur_strategies.json", "cur_strategies.png"}
+    assert curate(*common, "--seq-len", 1000, "--stats-only") == 0  # a trial, plots drawn
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("cur_strategies.*")} == real
+    trial = json.loads((tmp_path / "cur_stats-only_strategies.json").read_text())
+    assert {row["seq_len"] for row in trial["rows"]} == {1000}
+    assert (tmp_path / "cur_stats-only_strategies.png").exists()
+    assert curate(*common, "--seq-len", 1000, "--stats-only", "--no-plot") == 0  # its own earlier PNG goes
+    assert not (tmp_path / "cur_stats-only_strategies.png").exists()
+    assert (tmp_path / "cur_stats-only_strategies.md").exists()
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("cur_strategies.*")} == real
+
+
 def test_two_runs_into_one_folder_keep_their_own_plots(tmp_path, tiny_model_dir, topical_jsonl):
     common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000]
     assert curate(*common, "--output", tmp_path / "a.jsonl") == 0
