@@ -44,6 +44,7 @@ from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .fields import DEFAULT_TEXT_FIELD, KNOWN_ROLES, as_tuple, cache_key
 from .orderings import ORDERINGS, SCORE_ORDERINGS, SPECS, OrderingOptions, registry
 from .orderings.options import flag_fields, flag_of
+from .packing import PACKING_MODELS, SPLIT
 from .projection import projection_or_none
 from .runtime import StageTimer, heartbeat, side_by_side, start
 
@@ -236,6 +237,8 @@ def curate(config: CurateConfig) -> CurateResult | None:
     """Run the pipeline; under torchrun, ranks other than 0 return None after labelling their rows."""
     config.validate()
     run = _start(config)
+    if run.ctx.is_main:
+        _warn_of_export_settings(config)
     try:
         if run.ctx.active:
             if not _embed_and_cluster_across_ranks(run):
@@ -274,6 +277,20 @@ def curate(config: CurateConfig) -> CurateResult | None:
                             timings=run.timer.seconds)
     finally:
         _finish(run)
+
+
+def _warn_of_export_settings(config: CurateConfig) -> None:
+    """What --export-packed does that a user may not expect of these flags, said before the long work."""
+    if config.export_packed is None:
+        return
+    if config.count_special_tokens == "none":
+        log.warning("--export-packed with --count-special-tokens none: the documents' tokens are concatenated with "
+                    "no separator between them; give --count-special-tokens eos (or tokenizer, bos-eos) to put the "
+                    "token your trainer separates documents with after each one")
+    if config.ordering_options.packing != PACKING_MODELS[SPLIT]:
+        log.warning("--export-packed cuts documents across sequences (packing split), while the statistics follow "
+                    "--packing %s; give --packing split to measure, and to order for, what the export holds",
+                    config.ordering_options.packing)
 
 
 def calibrate(config: CurateConfig) -> CurateResult | None:

@@ -174,3 +174,25 @@ def test_the_export_folder_is_recorded_absolute(tmp_path, corpus, tiny_model_dir
     with caplog.at_level(logging.WARNING):
         assert curate(*common, "--ordering", "random") == 0
     assert f"{tmp_path / 'packed'} holds the packed sequences of an earlier run's order" in caplog.text
+
+
+def test_an_export_without_a_separator_or_packed_whole_is_warned_of_before_the_work(tmp_path, corpus, tiny_model_dir,
+                                                                                     caplog):
+    """A new user's export joined documents with no token between them, and its statistics (packed whole, 11.84
+    clusters per window) were not those of the sequences exported (split: 13.09), without a word."""
+    import logging
+
+    src, _ = corpus
+    common = ["--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
+              "--n-clusters", 6, "--seq-len", SEQ_LEN, "--export-packed", tmp_path / "packed"]
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common) == 0
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith("--export-packed with --count-special-tokens none: the documents' tokens are "
+                            "concatenated with no separator") for m in said)
+    assert any(m.startswith("--export-packed cuts documents across sequences (packing split), while the statistics "
+                            "follow --packing whole") for m in said)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--count-special-tokens", "eos", "--packing", "split") == 0
+    assert not [r for r in caplog.records if r.getMessage().startswith("--export-packed")]
