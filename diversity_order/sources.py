@@ -26,6 +26,7 @@ A source is a sequence of records, each known by (file, row), with these members
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -160,9 +161,30 @@ def resolve_inputs(values) -> Inputs:
         if key in seen:
             raise UserError(f"--input: {path} is given twice; every record must appear once in the output")
         seen.add(key)
+    _refuse_earlier_outputs_of_these([path for _, path, _ in items])
     folders = [folder for _, _, folder in items if folder is not None]
     return Inputs(kinds[0], [path for _, path, _ in items], folders[0] if folders else None,
                   tuple(Path(v) for v in values))
+
+
+def _refuse_earlier_outputs_of_these(files: list[Path]) -> None:
+    """A curate run's output read together with the inputs it was made from (a folder or glob holding both, after
+    a run wrote its output among its inputs) holds their records again: each would be read twice. Found by the
+    metadata (``*_meta.json``) beside the files read."""
+    read = {path.resolve() for path in files}
+    for folder in sorted({path.resolve().parent for path in files}):
+        for meta_path in sorted(folder.glob("*_meta.json")):
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                outputs = {Path(name).resolve() for name in meta.get("output_files") or ()}
+                inputs = {Path(name).resolve() for name in meta.get("input_files") or ()}
+            except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError):
+                continue  # not a curate run's metadata
+            both_out, both_in = sorted(outputs & read), inputs & read
+            if both_out and both_in:
+                raise UserError(f"--input: {both_out[0]} is an earlier curate run's output of {len(both_in)} of the "
+                                f"other files read ({meta_path.name} says so): every record of those would be read "
+                                "twice; leave it out (move it, or name the input files or a narrower glob)")
 
 
 def open_source(inputs, text_fields, progress: bool = True, ctx=None):

@@ -169,6 +169,29 @@ def test_a_stats_only_trial_writes_its_own_comparison_and_removes_only_its_own(t
     assert {p.name: p.read_bytes() for p in tmp_path.glob("cur_strategies.*")} == real
 
 
+def test_an_earlier_output_read_with_its_own_inputs_is_refused(tmp_path, tiny_model_dir, capsys):
+    """A new user curated 'corpus_in/*.jsonl' into corpus_in/cur.jsonl, then read the folder: 18,912 records of
+    9,456, each twice, without a word."""
+    from conftest import topical_records, write_jsonl
+
+    folder = tmp_path / "corpus_in"
+    folder.mkdir()
+    records = topical_records(per_topic=10)
+    write_jsonl(folder / "a.jsonl", records[:30])
+    write_jsonl(folder / "b.jsonl", records[30:])
+    model = ["--model-dir", tiny_model_dir, "--n-clusters", 4, "--no-plot"]
+    assert curate("--input", folder / "*.jsonl", "--output", folder / "cur.jsonl", *model) == 0
+    for given in (folder, folder / "*.jsonl"):
+        err = run_error(capsys, "--input", given, "--output", tmp_path / "out" / "c.jsonl", *model)
+        assert err == (f"error: --input: {folder / 'cur.jsonl'} is an earlier curate run's output of 2 of the other "
+                       "files read (cur_meta.json says so): every record of those would be read twice; leave it out "
+                       "(move it, or name the input files or a narrower glob)")
+    # The output alone, or the inputs alone, are read as usual.
+    assert curate("--input", folder / "cur.jsonl", "--output", tmp_path / "o1" / "c.jsonl", *model) == 0
+    assert curate("--input", folder / "a.jsonl", "--input", folder / "b.jsonl", "--output",
+                  tmp_path / "o2" / "c.jsonl", *model) == 0
+
+
 def test_two_runs_into_one_folder_keep_their_own_plots(tmp_path, tiny_model_dir, topical_jsonl):
     common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000]
     assert curate(*common, "--output", tmp_path / "a.jsonl") == 0
