@@ -1076,15 +1076,17 @@ def calibration_report(rows, recommended) -> str:
 def _recommendation(recommended, rows) -> str:
     if recommended is None:
         return "No k could be scored (too few documents or clusters)"
-    line = (f"Recommended k = {recommended} (the highest k whose silhouette is within 5% of the peak); "
-            f"use --n-clusters {recommended}")
     scored = [row.k for row in rows if row.silhouette is not None]
     if recommended == min(scored) and len(scored) > 1:
-        # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer).
-        line += (f". But {recommended} is the smallest k tried and every larger k scores more than 5% below it: no k "
-                 "separates these embeddings clearly (shallow embeddings often score so), so the sweep does not "
-                 f"choose k; more clusters spread topics finer across windows (the default is {DEFAULT_N_CLUSTERS})")
-    elif recommended == max(scored) and len(scored) > 1:
+        # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer; a later
+        # one read "Recommended k = 5 ... But ... does not choose k" as the tool contradicting itself).
+        return (f"No k stands out: {recommended}, the smallest k tried, scores highest and every larger k more than 5% "
+                "below it, so no k separates these embeddings clearly (shallow embeddings often score so); keep "
+                f"--n-clusters {DEFAULT_N_CLUSTERS} (the default) or set it by how finely topics should spread "
+                "across windows (more clusters spread them finer)")
+    line = (f"Recommended k = {recommended} (the highest k whose silhouette is within 5% of the peak); "
+            f"use --n-clusters {recommended}")
+    if recommended == max(scored) and len(scored) > 1:
         line += f". {recommended} is the largest k tried: a larger k may score as well"
     return line
 

@@ -321,9 +321,11 @@ def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, s
         fit.place(embeddings, new, out)
     except (ValueError, IndexError) as exc:  # a fit file edited into another consistent-looking one
         return refit(f"it cannot place these records ({exc})")
-    log.info("2-D projection: %s; %d new or edited record(s) placed among the %s points UMAP was fitted on, "
-             "without fitting it again (for a new layout, delete %s and %s)", earlier.reason, new.size,
-             f"{fit.fingerprints.size:,}", path.name, fit_path(path).name)
+    placed = (f"{new.size:,} new or edited record(s) placed among the {fit.fingerprints.size:,} points UMAP was "
+              "fitted on, without fitting it again" if new.size else
+              "no new or edited records to place (records were removed or moved), the layout kept")
+    log.info("2-D projection: %s; %s (for a new layout, delete %s and %s)", earlier.reason, placed, path.name,
+             fit_path(path).name)
     return out
 
 

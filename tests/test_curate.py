@@ -223,8 +223,10 @@ def test_a_recommended_k_at_the_edge_of_the_sweep_is_said_to_be_no_peak():
         return [CalibrationRow(k, score, 1, 2.0, 3) for k, score in zip((5, 10, 15, 20), scores)]
 
     falling, rising, peaked = rows([0.14, 0.10, 0.07, 0.04]), rows([0.02, 0.05, 0.08, 0.11]), rows([0.05, 0.12, 0.06, 0.04])
-    said = "is the smallest k tried and every larger k scores more than 5% below it: no k separates"
-    assert recommend_k(falling) == 5 and said in calibration_report(falling, 5)
+    said = ("No k stands out: 5, the smallest k tried, scores highest and every larger k more than 5% below it, so "
+            "no k separates")
+    assert recommend_k(falling) == 5 and calibration_report(falling, 5).splitlines()[-1].startswith(said)
+    assert "Recommended" not in calibration_report(falling, 5)  # not a recommendation and its retraction
     dipped = rows([0.33, 0.3044, 0.3094, 0.3122])  # a later user's: falling, then rising again, never near 5's
     assert recommend_k(dipped) == 5 and said in calibration_report(dipped, 5)
     assert recommend_k(rising) == 20 and "20 is the largest k tried" in calibration_report(rising, 20)
@@ -244,13 +246,14 @@ def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, ca
     table = json.loads((tmp_path / "c_calibration.json").read_text())
     assert [r["k"] for r in table["rows"]] == [5, 10, 15, 20]
     assert table["recommended_k"] in (5, 10, 15, 20)
-    assert f"Recommended k = {table['recommended_k']}" in caplog.text
+    verdict = ("No k stands out: " if table["recommended_k"] == 5 else f"Recommended k = {table['recommended_k']} ")
+    assert verdict in caplog.text
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[:2] == ["k", "silhouette"] and len(printed) == 2 + len(table["rows"])
     for line, row in zip(printed[1:], table["rows"]):
         assert line.split()[:2] == [str(row["k"]), f"{row['silhouette']:.4f}"]
         assert line.split()[2:] == [str(row["size_min"]), "/", f"{row['size_median']:g}", "/", str(row["size_max"])]
-    assert printed[-1].startswith(f"Recommended k = {table['recommended_k']} ")
+    assert printed[-1].startswith(verdict)
     assert "cluster size min/median/max" not in caplog.text  # (the log has each k as it is scored, for progress)
     assert "not used with --calibrate-k" not in caplog.text
     # Flags only curating reads are said to be unused, by name (the calibration runs as before).

@@ -121,8 +121,11 @@ def test_records_added_later_are_placed_among_the_kept_fit_not_fitted_again(tmp_
     # Unchanged since: the cache as it is. Records moved and some removed: their positions follow their texts.
     assert np.array_equal(projection.cached_umap(path, more, names, 7), second)
     keep = np.random.default_rng(2).permutation(260)[:240]
+    caplog.clear()
     moved = projection.cached_umap(path, more[keep], names[keep], 7)
     assert fits == [50]
+    assert "no new or edited records to place (records were removed or moved), the layout kept" in caplog.text
+    assert "0 new or edited" not in caplog.text
     np.testing.assert_array_equal(moved, second[caches.match_rows(names, names[keep])])  # a text's one position
 
 

@@ -181,8 +181,8 @@ def test_an_earlier_output_read_with_its_own_inputs_is_refused(tmp_path, tiny_mo
     write_jsonl(folder / "b.jsonl", records[30:])
     model = ["--model-dir", tiny_model_dir, "--n-clusters", 4, "--no-plot"]
     assert curate("--input", folder / "*.jsonl", "--output", folder / "cur.jsonl", *model) == 0
-    for given in (folder, folder / "*.jsonl"):
-        err = run_error(capsys, "--input", given, "--output", tmp_path / "out" / "c.jsonl", *model)
+    for read in (folder, folder / "*.jsonl"):
+        err = run_error(capsys, "--input", read, "--output", tmp_path / "out" / "c.jsonl", *model)
         assert err == (f"error: --input: {folder / 'cur.jsonl'} is an earlier curate run's output of 2 of the other "
                        "files read (cur_meta.json says so): every record of those would be read twice; leave it out "
                        "(move it, or name the input files or a narrower glob)")
