@@ -60,7 +60,7 @@ def _temp_owner(path: Path, temp: Path) -> tuple[str, int] | None:
     without them."""
     middle = temp.name[len(path.name) + 2 :]  # HOST.PID.RANDOM.tmp, or HOST.PID.staged.SUFFIX
     staged = middle.rfind(f".{STAGED}")
-    middle = middle[:staged] + ".staged" if staged >= 0 else middle[: -len(".tmp")]
+    middle = middle[:staged] + f".{STAGED}" if staged >= 0 else middle[: -len(".tmp")]
     parts = middle.rsplit(".", 2)
     if len(parts) != 3 or not parts[0] or not parts[1].isdigit():
         return None

@@ -644,8 +644,8 @@ def _ordering_settings(config: CurateConfig) -> str:
 
 
 def measure(run: Run) -> None:
-    """Every measure of the curated order, of the input order and of a random shuffle (the mean of
-    ``diversity.RANDOM_SHUFFLES`` seeded ones)."""
+    """Every measure of the curated order, of the input order and of a random shuffle (the mean of seeded ones:
+    ``diversity.random_baseline``)."""
     config = run.config
     labels, counts, k, seq_len, packing = run.labels, run.counts, config.n_clusters, config.seq_len, run.options.packing
 
@@ -765,6 +765,7 @@ def write_outputs(run: Run) -> None:
     earlier_meta = _earlier_meta(run.paths["meta"])
     earlier = _recorded_output_files(earlier_meta)
     run.earlier_packed_export = _warn_of_an_earlier_export(earlier_meta, run)
+
     def remove_earlier_meta() -> None:
         # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
         # goes just before they do: a run interrupted while writing leaves the earlier files and their metadata,
@@ -782,8 +783,7 @@ def write_outputs(run: Run) -> None:
         shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
         with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
             if _shards_across_ranks(run):
-                remove_earlier_meta()
-                written = _write_shards_across_ranks(run)
+                written = _write_shards_across_ranks(run, remove_earlier_meta)
             else:
                 written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
                                                 config.output_shards, run.parquet_schema, remove_earlier_meta)
@@ -932,7 +932,7 @@ def _shards_across_ranks(run: Run) -> bool:
     return run.ctx.active and run.config.output_shards > 1 and not run.config.stats_only
 
 
-def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
+def _write_shards_across_ranks(run: Run, before_commit=None) -> list[tuple[Path, int]]:
     """Every rank writes its consecutive parts of the curated order (8 bytes per record travel from
     rank 0); a failure on any rank stops all of them with one line. (path, bytes) of every shard."""
     config, ctx = run.config, run.ctx
@@ -948,6 +948,8 @@ def _write_shards_across_ranks(run: Run) -> list[tuple[Path, int]]:
                 writers.write_shard(run.index, order[lo:hi], target, config.written_kind, run.parquet_schema)
         except UserError as exc:
             failure = exc
+        if failure is None and before_commit is not None:
+            before_commit()  # rank 0's: done before any rank renames its shards (they wait for all to agree)
         if not distributed.all_agree(ctx, failure is None):
             raise failure or UserError(f"{config.output}: another rank could not write its shards (see its log)")
     if mine:
