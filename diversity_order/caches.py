@@ -333,6 +333,11 @@ def _describe(array: np.ndarray) -> str:
     return f"{array.dtype} rows of shape {'x'.join(map(str, array.shape[1:])) or 'scalar'}"
 
 
+class OtherRows(str):
+    """Why a set was not used: it holds rows of another dtype or shape (another --embedding-dtype's set of the same
+    key), which is no fault of the set: said once at debug level, not for each such set on every run."""
+
+
 def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | str:
     """The set of ``files`` when it is complete, of ``key`` (None: any) and ``expect``; else why not."""
     name = files.data.name
@@ -368,7 +373,7 @@ def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | st
         if any(meta.get("extras", {}).get(extra) != int(array.shape[0]) for extra, array in extras.items()):
             return f"{name} cache files disagree on their sizes; recomputing"
         if not expect.matches(data):
-            return f"{name} holds {_describe(data)}, expected {expect.describe()}; recomputing"
+            return OtherRows(f"{name} holds {_describe(data)}, expected {expect.describe()}; recomputing")
         legacy = "files" not in meta
         if not legacy:
             problem = _check_manifest(files, meta, opened)
@@ -564,7 +569,8 @@ def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect:
         if isinstance(candidate, CacheFiles):
             opened = _open_set(candidate, key, expect)
             if isinstance(opened, str):
-                log.info("Registered cache %s skipped: %s", candidate.data, opened)
+                (log.debug if isinstance(opened, OtherRows) else log.info)("Registered cache %s skipped: %s",
+                                                                           candidate.data, opened)
                 continue
             candidate = opened
         source = match_rows(candidate.fingerprints, fingerprints)

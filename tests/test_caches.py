@@ -241,6 +241,21 @@ def test_missing_rows_come_from_the_registered_set_with_most_of_them(tmp_path, r
     assert found.data is None and not found.hit.any()
 
 
+def test_registered_sets_of_another_dtype_are_passed_over_without_a_line_each(tmp_path, registry, caplog):
+    """Sets of the same key in float16 (another --embedding-dtype) were each said to be "skipped" on every run."""
+    fps = np.arange(1, 31, dtype=np.uint64)
+    for i in range(3):
+        caches.store(tmp_path / f"half{i}.npy", KEY, fps, truth(fps).astype(np.float16))
+    caches.store(tmp_path / "changed.npy", KEY, fps[:20], truth(fps[:20]))
+    np.save(tmp_path / "changed.npy", truth(fps[:20]) * 2)  # a real fault: still said
+    caplog.set_level(logging.DEBUG)
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps, dtype=np.float32, row_shape=(3,))
+    assert not found.hit.any()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "skipped" in r.getMessage()]
+    assert len(said) == 1 and "changed.npy skipped" in said[0]
+    assert sum("half" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG) == 3
+
+
 def test_a_registered_set_of_exactly_these_records_is_linked_not_copied(tmp_path, registry, caplog):
     fps = np.arange(1, 31, dtype=np.uint64)
     first = tmp_path / "a" / "first.npy"
