@@ -476,7 +476,11 @@ def _chat_template_used(run: Run) -> dict | None:
                     "every record the same kind", field, kinds.conversations, run.n, run.index.where(kinds.first_text_row),
                     run.index.where(kinds.first_conversation_row))
     _warn_unknown_roles(run, kinds)
-    return say_chat_template(field, Path(run.config.model_dir)) if run.config.model_dir is not None else None
+    if run.config.model_dir is None:
+        # (--load-embeddings with cached token counts: the conversations were rendered by an earlier run)
+        return {"file": None, "blake2b": None, "note": "not known: no --model-dir; the token counts were read from "
+                                                       "a cache an earlier run made"}
+    return say_chat_template(field, Path(run.config.model_dir))
 
 
 def _warn_unknown_roles(run: Run, kinds: records.DocumentKinds) -> None:

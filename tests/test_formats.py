@@ -131,6 +131,12 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
     assert meta_r["chat_template"] is None
     assert (tmp_path / "c" / "c.jsonl").read_bytes().splitlines() == [
         chat.read_bytes().splitlines()[i] for i in np.load(tmp_path / "c" / "c_order.npy")]
+    # Without --model-dir (embeddings given, token counts from the cache) the template is not known: said, not null.
+    assert curate("--input", chat, "--text-field", "messages", "--output", tmp_path / "e" / "c.jsonl",
+                  "--load-embeddings", tmp_path / "c" / "c_embeddings.npy", *COMMON) == 0
+    meta_e = json.loads((tmp_path / "e" / "c_meta.json").read_text())
+    assert meta_e["chat_template"]["file"] is None and meta_e["chat_template"]["note"].startswith("not known: no --model-dir")
+    assert meta_e["total_tokens"] == meta_c["total_tokens"]
 
 
 def test_the_same_conversations_from_jsonl_and_parquet_share_their_caches(tmp_path, demo_records, chat_model_dir,
