@@ -770,44 +770,74 @@ def write_outputs(run: Run) -> None:
     earlier = _recorded_output_files(earlier_meta)
     run.earlier_packed_export = _warn_of_an_earlier_export(earlier_meta, run)
 
-    def remove_earlier_meta() -> None:
+    across_ranks = not config.stats_only and _shards_across_ranks(run)
+    # The export is made first and put in place with the curated files (one process): a run stopped while it is
+    # made leaves the earlier files, export and metadata as they were. (Under torchrun the other ranks wait for the
+    # shards, so it follows them there, as before.)
+    staged_export = None if across_ranks else _export_packed(run)
+
+    def commit() -> None:
         # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
         # goes just before they do: a run interrupted while writing leaves the earlier files and their metadata,
         # one interrupted after leaves no metadata rather than a wrong one.
         with contextlib.suppress(FileNotFoundError):
             run.paths["meta"].unlink()
+        if staged_export is not None:
+            staged_export.place()
 
-    if config.stats_only:
-        remove_earlier_meta()
-    _remove_earlier_plots_and_comparison(run)
-    if not config.stats_only:
-        if config.output_shards > run.n:
-            log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
-                        run.n, config.output_shards - run.n)
-        shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
-        with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
-            if _shards_across_ranks(run):
-                written = _write_shards_across_ranks(run, remove_earlier_meta)
-            else:
-                written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
-                                                config.output_shards, run.parquet_schema, remove_earlier_meta)
-        run.curated_files = [_recorded_path(path) for path, _ in written]
-        if config.written_kind != "arrow":
-            _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
-        _remove_earlier_files_of_another_name(config.output, [path for path, _ in written], earlier, config.inputs.files)
-        on_disk, payload = sum(_bytes_on_disk(Path(path)) for path, _ in written), sum(size for _, size in written)
-        compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
-        log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
-                 config.written_kind, config.output if len(written) == 1 else _files_named([path for path, _ in written]))
+    try:
+        if config.stats_only:
+            commit()
+        _remove_earlier_plots_and_comparison(run)
+        if not config.stats_only:
+            _write_curated(run, earlier, commit, across_ranks)
+    finally:
+        if staged_export is not None:
+            staged_export.discard()  # (nothing left to remove once placed)
     save_npy(run.paths["labels"], run.labels)
     save_npy(run.paths["order"], run.order)
-    if config.export_packed is not None:
-        from . import packed_export
+    if across_ranks:
+        staged_export = _export_packed(run)
+        if staged_export is not None:
+            staged_export.place()
+    run.packed = staged_export.summary if staged_export is not None else None
 
-        with run.timer.stage(f"Exporting packed sequences to {config.export_packed}"):
-            run.packed = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
-                                              config.seq_len, config.count_special_tokens, config.export_packed,
-                                              run.labels, config.progress)
+
+def _export_packed(run: Run):
+    """--export-packed's sequences, written beside their folder (``packed_export.StagedExport``); None without it."""
+    config = run.config
+    if config.export_packed is None:
+        return None
+    from . import packed_export
+
+    with run.timer.stage(f"Exporting packed sequences to {config.export_packed}"):
+        return packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
+                                    config.seq_len, config.count_special_tokens, config.export_packed, run.labels,
+                                    config.progress)
+
+
+def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> None:
+    """The curated file(s), ``commit()`` run just before they replace the earlier ones; then the earlier run's files
+    this set makes stale are removed, and what was written is said."""
+    config = run.config
+    if config.output_shards > run.n:
+        log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
+                    run.n, config.output_shards - run.n)
+    shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
+    with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
+        if across_ranks:
+            written = _write_shards_across_ranks(run, commit)
+        else:
+            written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
+                                            config.output_shards, run.parquet_schema, commit)
+    run.curated_files = [_recorded_path(path) for path, _ in written]
+    if config.written_kind != "arrow":
+        _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)
+    _remove_earlier_files_of_another_name(config.output, [path for path, _ in written], earlier, config.inputs.files)
+    on_disk, payload = sum(_bytes_on_disk(Path(path)) for path, _ in written), sum(size for _, size in written)
+    compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
+    log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
+             config.written_kind, config.output if len(written) == 1 else _files_named([path for path, _ in written]))
 
 
 def _bytes_on_disk(path: Path) -> int:

@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -126,9 +127,26 @@ def _documents_in_order(source, order: np.ndarray):
         yield chunk.tolist(), [found[row] for row in chunk.tolist()]
 
 
+@dataclass
+class StagedExport:
+    """An export written beside its folder, not yet in place: ``place`` puts it there (replacing an earlier one,
+    atomically), ``discard`` removes it."""
+
+    summary: dict  # what packed.json says, and the folder
+    staging: Path
+    folder: Path
+
+    def place(self) -> None:
+        replace_folder(self.staging, self.folder)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
 def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: int, special_mode: str, folder: Path,
-           labels: np.ndarray, progress: bool = True) -> dict:
-    """Write the packed sequences of ``order`` to ``folder`` (replaced atomically); returns what was written."""
+           labels: np.ndarray, progress: bool = True) -> StagedExport:
+    """Write the packed sequences of ``order`` beside ``folder``, to be put there by the caller (with the curated
+    files it describes: a run stopped before then leaves the earlier export, and the metadata naming it)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -200,10 +218,9 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
         (staging / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
         give_plain_permissions(staging / MARKER)
         os.chmod(staging, 0o755)
-        replace_folder(staging, folder)
     except BaseException:
         if state["writer"] is not None:
             state["writer"].close()
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {**meta, "folder": os.path.abspath(folder)}
+    return StagedExport({**meta, "folder": os.path.abspath(folder)}, staging, folder)

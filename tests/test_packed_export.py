@@ -196,3 +196,35 @@ def test_an_export_without_a_separator_or_packed_whole_is_warned_of_before_the_w
     with caplog.at_level(logging.WARNING):
         assert curate(*common, "--count-special-tokens", "eos", "--packing", "split") == 0
     assert not [r for r in caplog.records if r.getMessage().startswith("--export-packed")]
+
+
+def test_a_run_stopped_while_exporting_leaves_the_earlier_files_and_export_known(tmp_path, corpus, tiny_model_dir,
+                                                                                 monkeypatch, caplog):
+    """A new user's run at another length was stopped while packing: it had replaced the curated file and removed
+    the metadata naming the earlier export, so the next run, without --export-packed, never warned of it. The
+    export is now made first and put in place with the curated file."""
+    import logging
+
+    from diversity_order import packed_export
+
+    src, _ = corpus
+    packed, out = tmp_path / "packed", tmp_path / "o" / "c.jsonl"
+    common = ["--input", src, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot",
+              "--count-special-tokens", "eos", "--packing", "split"]
+    assert curate(*common, "--seq-len", SEQ_LEN, "--export-packed", packed) == 0
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()
+              and (p.parent == packed or p.name in ("c.jsonl", "c_meta.json"))}
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packed_export._Packer, "add", stopped)
+    assert curate(*common, "--seq-len", 2 * SEQ_LEN, "--export-packed", packed, "--ordering", "random") == 130
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()
+             and (p.parent == packed or p.name in ("c.jsonl", "c_meta.json"))}
+    assert after == before  # the curated file, its metadata and the export, as they were
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".packed")]  # no staging left
+    monkeypatch.undo()
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--seq-len", 2 * SEQ_LEN, "--ordering", "random") == 0
+    assert f"{packed} holds the packed sequences of an earlier run's order, not this one's" in caplog.text
