@@ -345,7 +345,7 @@ def _embed_across_ranks(run: Run, fail_fast: bool):
     index_input(run, fail_fast)
     with run.timer.stage(f"{_counts_stage(config)} ({ctx.world_size} ranks)"):
         if config.load_embeddings is None:
-            run.counts, vectors = scale_out.counts_and_shared_embeddings(
+            counts, vectors = scale_out.counts_and_shared_embeddings(
                 ctx, run.index, run.paths, run.model, config.text_field, config.embed_batch_size, config.progress,
                 run.rank_rows)
             run.method = SHALLOW_METHOD
@@ -356,9 +356,12 @@ def _embed_across_ranks(run: Run, fail_fast: bool):
                 raise EveryRankError(str(exc)) from None
             if ctx.is_main:  # its warnings once
                 features.check_external_rows(config.load_embeddings, run.index.fingerprints)
-            run.counts, _ = features.counts_and_embeddings(run.index, run.paths, run.model, config.text_field, False,
-                                                           config.embed_batch_size, config.progress, ctx)
+            counts, _ = features.counts_and_embeddings(run.index, run.paths, run.model, config.text_field, False,
+                                                       config.embed_batch_size, config.progress, ctx)
             run.method = EXTERNAL_METHOD
+        # (rank 0's; the other ranks have none) As one process counts them: with the tokens the trainer adds. Under
+        # torchrun they were left out, so --count-special-tokens changed nothing there but fail an export.
+        run.counts = _with_special_tokens(run, counts)
     return vectors
 
 

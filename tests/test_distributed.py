@@ -243,6 +243,31 @@ def test_torchrun_stopped_while_embedding_keeps_every_ranks_rows_for_the_rerun(t
     assert not list(cut.glob("*.kept*"))
 
 
+def test_torchrun_counts_the_special_tokens_and_exports_as_one_process_does(tmp_path, tiny_model_dir):
+    """Under torchrun --count-special-tokens was left out of the counts (the order and statistics ignored it), and
+    --export-packed then stopped: "164 tokens now, 163 when counted". Now ranks order, measure and export as one
+    process does."""
+    records = topical_records(per_topic=10)
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--seq-len", 256,
+              "--count-special-tokens", "eos", "--packing", "split"]
+    for folder in (single, multi):
+        folder.mkdir()
+        write_jsonl(folder / "d.jsonl", records)
+    assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output", single / "c.jsonl",
+                                                           "--export-packed", single / "packed", *common,
+                                                           "--no-progress"]]) == 0
+    torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", "--export-packed", multi / "packed",
+              *common, "--output-shards", 2])
+    metas = [json.loads((folder / "c_meta.json").read_text()) for folder in (single, multi)]
+    assert metas[0]["total_tokens"] == metas[1]["total_tokens"] == \
+        int(np.load(single / "d_token_counts.npy").sum()) + len(records)  # one EOS each
+    assert metas[1]["special_tokens_per_document"] == 1
+    assert np.array_equal(np.load(single / "c_order.npy"), np.load(multi / "c_order.npy"))
+    assert (single / "packed" / "packed-00000-of-00001.parquet").read_bytes() == \
+        (multi / "packed" / "packed-00000-of-00001.parquet").read_bytes()
+
+
 def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     """--output-shards under torchrun: each rank writes its consecutive parts of the order; the shards
     equal a single process's byte for byte. Converted to Parquet, every shard has the columns of all
