@@ -59,6 +59,11 @@ KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "fu
 NO_ROLES = frozenset()
 
 
+def shown_keys(record: dict) -> str:
+    """A record's first keys, each on the message's one line (a key with a newline or tab is JSON-quoted)."""
+    return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(map(str, record))[:10]) or "none"
+
+
 def _conversation(value: list, where: str, field: str) -> Conversation:
     unknown = []
     value = [_decoded_message(message) for message in value]
@@ -68,8 +73,7 @@ def _conversation(value: list, where: str, field: str) -> Conversation:
                             "chat templates read role/content messages: convert it (from human -> role user, gpt -> "
                             "assistant, system -> system; value -> content)")
         if not isinstance(message, dict) or "content" not in message or "role" not in message:
-            has = (f" (its keys: {', '.join(map(str, message))})" if isinstance(message, dict)
-                   else f" (a JSON {json_type(message)})")
+            has = f" (its keys: {shown_keys(message)})" if isinstance(message, dict) else f" (a JSON {json_type(message)})"
             raise UserError(f"{where}: field '{field}[{i}]' is not a {{\"role\": ..., \"content\": ...}} object{has}")
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):
             kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])

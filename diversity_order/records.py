@@ -582,10 +582,10 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
             return text
         if text is _MISSING and "." not in text_field:
             raise UserError(f"{path}:{line_number}: no field '{text_field}' (this record has keys: "
-                            f"{_keys_text(record)}); choose the text field with --text-field"
+                            f"{fields.shown_keys(record)}); choose the text field with --text-field"
                             + fields.missing_field_hint(record))
         text_field = (text_field,)  # a conversation, or a value fields.extract refuses in the same words
-    return fields.extract(record, text_field, lambda: f"{path}:{line_number}", _keys_text)
+    return fields.extract(record, text_field, lambda: f"{path}:{line_number}", fields.shown_keys)
 
 
 class TextReader:
@@ -1040,11 +1040,6 @@ def read_field_values(index: RecordIndex, field: str) -> list:
     return values
 
 
-def _keys_text(record: dict) -> str:
-    """The record's first keys, each on the message's one line (a key with a newline or tab is JSON-quoted)."""
-    return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(record)[:10]) or "none"
-
-
 def record_keys(source, row: int) -> str:
     """The keys (columns) of record ``row`` of any source, read again (for error messages only)."""
     keys = getattr(source, "record_keys", None)
@@ -1052,7 +1047,7 @@ def record_keys(source, row: int) -> str:
         return keys(row)
     with open_binary(source.path) as handle:
         handle.seek(int(source.starts[row]))
-        return _keys_text(json.loads(handle.read(int(source.lengths[row]))))
+        return fields.shown_keys(json.loads(handle.read(int(source.lengths[row]))))
 
 
 def _finite_number(value) -> float | None:

@@ -630,7 +630,8 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
         f"error: {chat}:2: field 'messages[0]' has a content that is a JSON array, expected a string (content "
         "parts: join their texts into one string; images and audio have no tokens here)")
-    for message, said in (({"role": "user", "text": "hi"}, "(its keys: role, text)"), ("hi", "(a JSON string)")):
+    for message, said in (({"role": "user", "text": "hi"}, "(its keys: role, text)"), ("hi", "(a JSON string)"),
+                          ({"\n": None}, '(its keys: "\\n")')):  # a fuzzed key: still one line
         chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
                         json.dumps({"messages": [{"role": "user", "content": "hi"}, message]}) + "\n")
         assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
