@@ -559,9 +559,14 @@ def _best_other(others: list[_Set], files: CacheFiles, key: dict | None, expect:
             if candidate.marker.absolute() in seen:
                 continue
             try:  # a first count from the fingerprints alone; the set is validated if it is chosen
-                ranked.append((rank(np.load(candidate.fingerprints), candidate.data), candidate))
+                stored = np.load(candidate.fingerprints)
             except (OSError, ValueError):
                 continue
+            if stored.ndim != 1 or stored.dtype != np.uint64:  # not a fingerprints file (replaced by another array)
+                log.info("Registered cache %s skipped: %s is not one uint64 per row", candidate.data,
+                         candidate.fingerprints.name)
+                continue
+            ranked.append((rank(stored, candidate.data), candidate))
     ranked.sort(key=lambda pair: (-pair[0][0], not pair[0][1], not pair[0][2]))  # stable: the latest first
     for (count, _, _), candidate in ranked:
         if count == 0:

@@ -256,6 +256,18 @@ def test_registered_sets_of_another_dtype_are_passed_over_without_a_line_each(tm
     assert sum("half" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG) == 3
 
 
+def test_a_registered_set_whose_fingerprints_file_was_replaced_is_skipped_not_a_crash(tmp_path, registry, caplog):
+    """A new user's extraction wrote a 16 x 576 array over a cache's fingerprints file: every later run of any
+    input crashed in the registry search (IndexError), until the file was deleted."""
+    fps = np.arange(1, 31, dtype=np.uint64)
+    caches.store(tmp_path / "a.npy", KEY, fps, truth(fps))
+    np.save(tmp_path / "a.fingerprints.npy", np.zeros((16, 3), np.float32))
+    caplog.set_level(logging.INFO)
+    found = caches.lookup(tmp_path / "new.npy", KEY, np.arange(100, 140, dtype=np.uint64))
+    assert not found.hit.any()
+    assert "Registered cache " in caplog.text and "a.fingerprints.npy is not one uint64 per row" in caplog.text
+
+
 def test_a_registered_set_of_exactly_these_records_is_linked_not_copied(tmp_path, registry, caplog):
     fps = np.arange(1, 31, dtype=np.uint64)
     first = tmp_path / "a" / "first.npy"
