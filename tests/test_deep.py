@@ -1129,6 +1129,23 @@ def test_an_output_that_is_a_curate_cache_is_refused_and_kept(data, tiny_model_d
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_an_output_that_is_a_curate_runs_labels_order_or_fingerprints_is_refused(data, tiny_model_dir, tmp_path,
+                                                                                  capsys):
+    """A new user's extraction wrote over c_labels.npy, c_order.npy and c_embeddings.fingerprints.npy."""
+    labels, order, fingerprints = tmp_path / "c_labels.npy", tmp_path / "c_order.npy", tmp_path / "c.fingerprints.npy"
+    np.save(labels, np.arange(10) % 3)
+    np.save(order, np.arange(10)[::-1].copy())
+    np.save(fingerprints, np.arange(10, dtype=np.uint64))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for target, said in ((labels, "holds 10 int64 value(s), not embeddings"), (order, "holds 10 int64 value(s)"),
+                         (fingerprints, "is a cache's fingerprints file")):
+        code = run_main(extract_deep_embeddings.main, ["--input", str(data[0]), "--output", str(target), "--model-dir",
+                                                       str(tiny_model_dir), "--device", "cpu", "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith(f"error: --output {target} ") and said in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_conversations_are_extracted_as_the_chat_template_renders_them(tiny_model_dir, tmp_path, caplog):
     import shutil
 

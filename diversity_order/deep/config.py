@@ -84,21 +84,34 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
 
 
 def _check_replaceable(output: Path) -> None:
-    """An existing ``.npy`` that is a curate run's cache is not replaced: deep embeddings written there would be
-    taken for the cache's rows until curate noticed the key. (A plain array, as the original toolkit wrote, is
-    computed again and replaced, as there.)"""
+    """An existing ``.npy`` is replaced only where it can be this script's output: a curate run's files (a cache, its
+    fingerprints, the labels or order) would be lost or taken for deep embeddings. A plain N x D float array with
+    no manifest, as the original toolkit wrote, is computed again and replaced, as there."""
     import json
+
+    import numpy as np
 
     from ..caches import files_for
 
-    marker = files_for(output).marker
+    if not output.exists():
+        return
+    if output.name.endswith(".fingerprints.npy"):
+        raise UserError(f"--output {output} is a cache's fingerprints file; choose another path")
     try:
-        key = json.loads(marker.read_text(encoding="utf-8")).get("key")
+        key = json.loads(files_for(output).marker.read_text(encoding="utf-8")).get("key")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return  # none, or a damaged one: the reuse step says so and computes the rows again
-    if output.exists() and isinstance(key, dict) and "model" not in key:
+        key = None  # none, or a damaged one: the reuse step says so and computes the rows again
+    if isinstance(key, dict) and "model" not in key:
         raise UserError(f"--output {output} is a cache of curate_dataset.py's ({key.get('kind', 'not deep embeddings')}); "
                         "choose another path")
+    try:
+        held = np.load(output, mmap_mode="r")
+        shape, dtype = held.shape, held.dtype
+    except (OSError, ValueError):
+        return  # unreadable: nothing to keep
+    if len(shape) != 2 or dtype.kind != "f":
+        raise UserError(f"--output {output} holds {'x'.join(map(str, shape)) or 'one'} {dtype} value(s), not "
+                        "embeddings (a curate run's labels or order?); choose another path")
 
 
 def check_config(config: DeepConfig) -> None:
