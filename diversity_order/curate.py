@@ -1139,8 +1139,10 @@ def _log_improvement(before: dict, after: dict, config: CurateConfig, mean_befor
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
 
 
-# A tenth of the epoch whose windows hold fewer than this share of a random shuffle's clusters there is warned of.
+# A tenth of the epoch whose windows hold fewer than this share of a random shuffle's clusters there is warned of
+# (with fewer than EPOCH_PARTS_WARNED windows a "tenth" is a window or two: nothing is said).
 BELOW_SHUFFLE = 0.9
+EPOCH_PARTS_WARNED = diversity.EPOCH_PARTS
 
 
 def _log_by_tenth(quality: dict) -> None:
@@ -1151,7 +1153,9 @@ def _log_by_tenth(quality: dict) -> None:
         f"{diversity.measured_order_name(key, quality[key])} {' '.join(f'{v:.1f}' for v in values)}"
         for key, values in parts.items()))
     curated, shuffled = parts["curated"], parts["random_shuffle"]
-    worst = min(range(len(curated)), key=lambda i: curated[i] - shuffled[i])
+    if len(curated) != len(shuffled) or len(curated) < EPOCH_PARTS_WARNED:
+        return  # too few windows to speak of parts of the epoch (or the orders cut them apart)
+    worst = min(range(len(curated)), key=lambda i: curated[i] / shuffled[i] if shuffled[i] else float("inf"))
     if curated[worst] < BELOW_SHUFFLE * shuffled[worst]:
         log.warning("In tenth %d of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
                     "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): the documents that "

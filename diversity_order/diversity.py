@@ -530,9 +530,11 @@ def clusters_present(labels: np.ndarray) -> int:
 
 
 def diversity_by_part(unique: np.ndarray, parts: int = EPOCH_PARTS) -> list[float]:
-    """Mean unique clusters per window in each of ``parts`` consecutive runs of the windows (tenths of the epoch):
-    an order's mean can hide a stretch of the epoch less diverse than the rest."""
-    return [round(float(part.mean()), 2) if part.size else 0.0 for part in np.array_split(np.asarray(unique), parts)]
+    """Mean unique clusters per window in each of ``parts`` consecutive runs of the windows (tenths of the epoch;
+    one per window where there are fewer): an order's mean can hide a stretch of the epoch less diverse than the
+    rest."""
+    unique = np.asarray(unique)
+    return [round(float(part.mean()), 2) for part in np.array_split(unique, min(parts, unique.size)) if part.size]
 
 
 def baseline_shuffle_count(n_documents: int) -> int:
@@ -562,21 +564,18 @@ def measured_order_name(key: str, measures: dict) -> str:
 
 
 def mean_measures(measured: list[dict]) -> dict:
-    """The measures of several orders (dicts of one shape, nested ones too) as one: the mean of each number, but
-    the least of each "min" and the most of each "max"; counts stay whole numbers, means keep 4 decimals. Beside
-    each boundary shift, its range (the measure that swings most from order to order)."""
+    """The measures of several orders (dicts of one shape, nested ones too) as one, a typical order's: the mean of
+    each number (a "min" too: the least of 100 shuffles' least windows is a rare draw's); counts stay whole numbers,
+    means keep 4 decimals (lists of means, 2). Beside each boundary shift, its range (the measure that swings most
+    from order to order)."""
     out = {}
     for key, value in measured[0].items():
         values = [m[key] for m in measured]
         if isinstance(value, dict):
             out[key] = mean_measures(values)
-        elif key == "min":
-            out[key] = min(values)
-        elif key == "max":
-            out[key] = max(values)
         elif isinstance(value, list) and all(len(v) == len(value) for v in values) and \
                 all(isinstance(x, (int, float)) for v in values for x in v):
-            out[key] = [round(float(np.mean(column)), 4) for column in zip(*values)]
+            out[key] = [round(float(np.mean(column)), 2) for column in zip(*values)]
         elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             out[key] = value  # not a measure (a name, a flag): the first's
         elif isinstance(value, (int, np.integer)):

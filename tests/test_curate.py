@@ -567,6 +567,17 @@ def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
     assert len(warned) == 1 and warned[0].startswith("In tenth 6 of the epoch the curated order's windows hold 5.7 "
                                                      "clusters on average, fewer than a random shuffle's 8.0 there")
     caplog.clear()
+    with caplog.at_level(logging.INFO):  # the tenth furthest below in ratio, not in clusters (a reviewer's case)
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([19.9] + [20.0] * 8 + [5.0]),
+                       "random_shuffle": quality([22.0] * 9 + [6.0], shuffles=5)})
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("In tenth 10 of the epoch the curated order's windows hold 5.0")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # fewer than ten windows: a "tenth" is a window; nothing to warn of
+        _log_by_tenth({"original": quality([6.0] * 7), "curated": quality([10.0] * 6 + [0.5]),
+                       "random_shuffle": quality([8.0] * 7, shuffles=5)})
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    caplog.clear()
     with caplog.at_level(logging.INFO):  # within 10% of a shuffle's everywhere: nothing to warn of
         _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([7.3] + [9.0] * 9),
                        "random_shuffle": shuffled})
