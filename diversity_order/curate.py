@@ -280,13 +280,10 @@ def curate(config: CurateConfig) -> CurateResult | None:
 
 
 def _warn_of_export_settings(config: CurateConfig) -> None:
-    """What --export-packed does that a user may not expect of these flags, said before the long work."""
+    """What --export-packed does that a user may not expect of the packing flag, said before the long work (of a
+    missing separator, once the tokens are counted: ``_with_special_tokens``)."""
     if config.export_packed is None:
         return
-    if config.count_special_tokens == "none":
-        log.warning("--export-packed with --count-special-tokens none: the documents' tokens are concatenated with "
-                    "no separator between them; give --count-special-tokens eos (or tokenizer, bos-eos) to put the "
-                    "token your trainer separates documents with after each one")
     if config.ordering_options.packing != PACKING_MODELS[SPLIT]:
         log.warning("--export-packed cuts documents across sequences (packing split), while the statistics follow "
                     "--packing %s; give --packing split to measure, and to order for, what the export holds",
@@ -727,13 +724,21 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
 
     The caches keep the documents' own counts; the added tokens are not embedded."""
     mode = run.config.count_special_tokens
-    if counts is None or mode == "none":
+    if counts is None:
         return counts
-    before, after = run.model.tokenizer(f"for --count-special-tokens {mode}").special_tokens_per_document(mode)
-    added = before + after
+    added = []
+    if mode != "none":
+        before, after = run.model.tokenizer(f"for --count-special-tokens {mode}").special_tokens_per_document(mode)
+        added = before + after
+        log.info("--count-special-tokens %s: %d token(s) added to each document's count (%s)", mode, len(added),
+                 run.model.tokenizer("").token_texts(added) if added else "this tokenizer adds none")
     run.special_tokens_per_document = len(added)
-    log.info("--count-special-tokens %s: %d token(s) added to each document's count (%s)", mode, len(added),
-             run.model.tokenizer("").token_texts(added) if added else "this tokenizer adds none")
+    kinds = getattr(run.index, "kinds", None)
+    if run.config.export_packed is not None and not added and not (kinds is not None and kinds.conversations):
+        # (a chat template ends each turn itself)
+        log.warning("--export-packed with --count-special-tokens %s: the documents' tokens are concatenated with no "
+                    "token between them; give --count-special-tokens eos (or bos-eos) to put the token your trainer "
+                    "separates documents with after each one", mode)
     return counts + len(added)
 
 

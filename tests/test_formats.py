@@ -106,7 +106,7 @@ def test_demo_in_every_format_gives_the_jsonl_runs_labels_and_order(tmp_path, de
     assert got == [demo_records[i] for i in order]
 
 
-def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_records, chat_model_dir):
+def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_records, chat_model_dir, caplog):
     from diversity_order.tokenizer import DocumentTokenizer
 
     chats = [{"messages": [{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"]}]}
@@ -134,6 +134,15 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
     # Without --model-dir (embeddings given, token counts from the cache) the template is not known: said, not null.
     assert curate("--input", chat, "--text-field", "messages", "--output", tmp_path / "e" / "c.jsonl",
                   "--load-embeddings", tmp_path / "c" / "c_embeddings.npy", *COMMON) == 0
+    # Exported, conversations need no separator flag: the chat template ends each turn (a reviewer was told
+    # otherwise); plain texts with none are warned of.
+    with caplog.at_level(logging.WARNING):
+        for name, path, field in (("xc", chat, "messages"), ("xr", rendered, "text")):
+            assert curate("--input", path, "--text-field", field, "--output", tmp_path / name / "c.jsonl",
+                          "--model-dir", chat_model_dir, "--packing", "split", "--export-packed",
+                          tmp_path / name / "packed", *COMMON) == 0
+            said = "concatenated with no token between them" in caplog.text
+            assert said == (name == "xr"), name
     meta_e = json.loads((tmp_path / "e" / "c_meta.json").read_text())
     assert meta_e["chat_template"]["file"] is None and meta_e["chat_template"]["note"].startswith("not known: no --model-dir")
     assert meta_e["total_tokens"] == meta_c["total_tokens"]

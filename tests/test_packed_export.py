@@ -189,7 +189,7 @@ def test_an_export_without_a_separator_or_packed_whole_is_warned_of_before_the_w
         assert curate(*common) == 0
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(m.startswith("--export-packed with --count-special-tokens none: the documents' tokens are "
-                            "concatenated with no separator") for m in said)
+                            "concatenated with no token between them") for m in said)
     assert any(m.startswith("--export-packed cuts documents across sequences (packing split), while the statistics "
                             "follow --packing whole") for m in said)
     caplog.clear()
