@@ -101,10 +101,11 @@ def other_shard_sets(output: Path, shards: int) -> list[Path]:
 
 
 def shard_names_with_temps(output: Path) -> list[Path]:
-    """The shard names of ``output``, of any count, that temp or staged files beside it are named after (a killed
-    run's, which ``atomic.remove_stale_temps`` beside those names removes)."""
-    stem, suffix = _stem_and_suffix(output)
-    pattern = re.compile(rf"\.({re.escape(stem.name)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)})\.")
+    """The shard names of ``output``, of any count and any data suffix (a killed run may have written .jsonl.zst
+    where this one writes .jsonl), that temp or staged files beside it are named after: ``atomic.remove_stale_temps``
+    beside those names removes a dead run's."""
+    stem, _ = _stem_and_suffix(output)
+    pattern = re.compile(rf"\.({re.escape(stem.name)}-\d{{5}}-of-\d{{5}}\.[a-z]+(?:\.(?:gz|zst))?)\.")
     try:
         names = {found.group(1) for entry in os.scandir(stem.parent) if (found := pattern.match(entry.name))}
     except OSError:

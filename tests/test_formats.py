@@ -384,9 +384,12 @@ def test_a_run_stopped_while_writing_shards_leaves_the_earlier_set_whole(tmp_pat
     from diversity_order import atomic
 
     killed = tmp_path / f".c-00002-of-00005{out.name[1:]}.{atomic._HOST}.999999999.staged{out.name[1:]}"
-    killed.write_bytes(b"partial")
+    other = ".jsonl.gz" if output != "c.jsonl.gz" else ".jsonl"  # a killed run that wrote another suffix
+    killed_other = tmp_path / f".c-00000-of-00002{other}.{atomic._HOST}.999999999.staged{other}"
+    for path in (killed, killed_other):
+        path.write_bytes(b"partial")
     assert curate(*base, "--output-shards", 6) == 0
-    assert not killed.exists()
+    assert not killed.exists() and not killed_other.exists()
     assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00006{out.name[1:]}" for i in range(6)]
 
 
