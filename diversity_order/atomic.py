@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import tempfile
@@ -159,7 +160,10 @@ def remove_stale_temps(path: Path | str) -> list[Path]:
             stale = host == _HOST and pid != os.getpid() and not _process_alive(pid)
         if stale:
             with contextlib.suppress(OSError):
-                temp.unlink()
+                if temp.is_dir() and not temp.is_symlink():  # a staging folder (a packed export's)
+                    shutil.rmtree(temp)
+                else:
+                    temp.unlink()
                 removed.append(temp)
     return removed
 

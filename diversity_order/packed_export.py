@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .arrow_sources import replace_folder
-from .atomic import give_plain_permissions
+from .atomic import give_plain_permissions, note_target, temp_prefix
 from .errors import UserError
 from .runtime import Progress
 
@@ -157,7 +157,9 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     per_shard = group * GROUPS_PER_SHARD
     n_shards = max(1, -(-n_sequences // per_shard))
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    # Named as atomic writes' temps (host, process): a killed run's is removed by a later run (``sweep_stale_temps``).
+    note_target(folder)
+    staging = Path(tempfile.mkdtemp(prefix=temp_prefix(folder), suffix=".tmp", dir=folder.parent))
     schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("document_starts", pa.list_(pa.int32())),
                         ("document_rows", pa.list_(pa.int64())), ("document_clusters", pa.list_(pa.int32()))])
     state = {"writer": None, "in_shard": 0, "shard": 0, "written": 0}

@@ -228,3 +228,21 @@ def test_a_run_stopped_while_exporting_leaves_the_earlier_files_and_export_known
     with caplog.at_level(logging.WARNING):
         assert curate(*common, "--seq-len", 2 * SEQ_LEN, "--ordering", "random") == 0
     assert f"{packed} holds the packed sequences of an earlier run's order, not this one's" in caplog.text
+
+
+def test_a_killed_exports_staging_folder_is_removed_by_a_later_run(tmp_path, corpus, tiny_model_dir):
+    """A reviewer's killed exports left .packed.XXXX.tmp folders (up to 64 MiB a row group) that no run removed."""
+    from diversity_order import atomic
+
+    src, _ = corpus
+    packed = tmp_path / "packed"
+    dead = tmp_path / f".packed.{atomic._HOST}.999999999.abcd1234.tmp"  # no such process
+    live = tmp_path / f".packed.{atomic._HOST}.1.abcd1234.tmp"  # pid 1 is alive: never a live run's
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "packed-00000-of-00001.parquet").write_bytes(b"partial")
+    assert curate("--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
+                  "--n-clusters", 6, "--seq-len", SEQ_LEN, "--packing", "split", "--count-special-tokens", "eos",
+                  "--export-packed", packed) == 0
+    assert not dead.exists() and live.exists() and (packed / "packed.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".packed")] == [live.name]
