@@ -40,6 +40,7 @@ from .runtime import Progress
 ROW_GROUP_TOKENS = 1 << 24
 GROUPS_PER_SHARD = 16
 DOCUMENTS_PER_READ = 4096
+TOKENS_PER_READ = 1 << 19
 MARKER = "packed.json"
 
 
@@ -117,10 +118,16 @@ def _lists(pa, values: np.ndarray, lengths: list[int], item_type):
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=item_type))
 
 
-def _documents_in_order(source, order: np.ndarray):
-    """(row, document) in ``order``, read a few thousand at a time."""
-    for lo in range(0, order.size, DOCUMENTS_PER_READ):
+def _documents_in_order(source, order: np.ndarray, counts: np.ndarray):
+    """(rows, documents) in ``order``, read and tokenized a batch at a time: at most ``DOCUMENTS_PER_READ``
+    documents and ``TOKENS_PER_READ`` tokens (the tokenizer holds ~350 bytes per token of a batch while it works;
+    a document longer than that goes alone)."""
+    lo = 0
+    while lo < order.size:
         chunk = order[lo: lo + DOCUMENTS_PER_READ]
+        fits = int(np.searchsorted(np.cumsum(counts[chunk]), TOKENS_PER_READ, side="right"))
+        chunk = chunk[: max(fits, 1)]
+        lo += chunk.size
         found = {}
         for rows, documents in source.iter_documents(np.sort(chunk)):
             found.update(zip(rows.tolist(), documents))
@@ -195,7 +202,7 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     packer = _Packer(seq_len, group, emit)
     try:
         with Progress(int(order.size), "Packing", bar=progress) as bar:
-            for rows, documents in _documents_in_order(source, np.asarray(order, dtype=np.int64)):
+            for rows, documents in _documents_in_order(source, np.asarray(order, dtype=np.int64), counts):
                 flat, lengths = tokenizer.encode_batch(documents)
                 offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
                 for i, row in enumerate(rows):

@@ -77,6 +77,11 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
     if groups == "several":
         monkeypatch.setattr(packed_export, "ROW_GROUP_TOKENS", 3 * SEQ_LEN)
         monkeypatch.setattr(packed_export, "GROUPS_PER_SHARD", 2)
+        monkeypatch.setattr(packed_export, "TOKENS_PER_READ", 500)  # tokenized a few documents at a time
+        batches = []
+        real = packed_export._documents_in_order
+        monkeypatch.setattr(packed_export, "_documents_in_order",
+                            lambda *a: (batches.append(len(rows)) or (rows, docs) for rows, docs in real(*a)))
     src, records = corpus
     packed = tmp_path / "packed"
     assert curate("--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
@@ -91,6 +96,7 @@ def test_packed_export_loads_with_datasets_and_has_the_reported_diversity(tmp_pa
     sizes = [[pq.ParquetFile(f).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(f).num_row_groups)]
              for f in files]
     if groups == "several":
+        assert len(batches) > 10 and sum(batches) == len(records)  # batches of up to 500 tokens, or one document
         assert len(files) == summary["shards"] == -(-len(data) // 6) >= 3
         assert all(s == [3, 3] for s in sizes[:-1]) and sum(sizes[-1]) == len(data) - 6 * (len(files) - 1)
         assert files[0].endswith(f"packed-00000-of-{len(files):05d}.parquet")
