@@ -663,8 +663,10 @@ def measure(run: Run) -> None:
         by_order = {name: measured(order, run.windows[name])
                     for name, order in (("original", None), ("curated", run.order))}
         random_shuffle = diversity.random_baseline(labels.size, run.options.seed, measured)
-        by_order["random_shuffle"] = {"quality": {**random_shuffle["quality"], "shuffles": random_shuffle["shuffles"]},
-                                      "fields": random_shuffle["fields"]}
+        shuffles = random_shuffle["shuffles"]
+        by_order["random_shuffle"] = {"quality": {**random_shuffle["quality"], "shuffles": shuffles},
+                                      "fields": {field: {**q, "shuffles": shuffles}
+                                                 for field, q in random_shuffle["fields"].items()}}
         run.quality = {name: m["quality"] for name, m in by_order.items()}
         run.field_quality = {field: {name: m["fields"][field] for name, m in by_order.items()}
                              for field in by_order["original"]["fields"]}
@@ -702,7 +704,8 @@ def _compare_strategies(run: Run) -> None:
                                                      plot=not config.no_plot)
     # (Markdown in the file; in a terminal its bold marks are noise)
     chosen = f"--ordering {config.ordering}" + (" (the default)" if config.ordering == CurateConfig.ordering else "")
-    print(table.replace("**", ""), f"--stats-only: nothing written; {chosen} is the order the statistics describe."
+    print(table.replace("**", ""), f"--stats-only: no curated data written; {chosen} is the order the statistics "
+                                   "describe."
           if config.stats_only else f"{_written_names(config)} written in {chosen}'s order.", sep="\n", flush=True)
     log.info("Strategy comparison: %s", ", ".join(str(path) for path in report.values()))
     run.comparison = {"seq_lens": seq_lens, "orderings": names, "files": {k: _recorded_path(v) for k, v in report.items()}}
@@ -765,8 +768,11 @@ def settle_output_paths(run: Run) -> None:
         return
     same = _same_as_saved(run)
     run.paths = outputs.stats_only_paths(run.paths, config.output)
-    log.info("--stats-only: %s is left as it is (it follows %s); this run's metadata, labels, order and plots "
-             "are %s%s_*", config.output, "this same order" if same else "another order, an earlier run's",
+    shards = [path for path in writers.shard_paths(config.output, config.output_shards) if path.exists()]
+    log.info("--stats-only: %s %s left as %s (%s %s); this run's metadata, labels, order and plots are %s%s_*",
+             _files_named(shards), "is" if len(shards) == 1 else "are", "it is" if len(shards) == 1 else "they are",
+             "it follows" if len(shards) == 1 else "they follow",
+             "this same order" if same else "another order, an earlier run's",
              outputs.output_stem(config.output).name, outputs.STATS_ONLY_TAG)
 
 

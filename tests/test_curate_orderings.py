@@ -140,7 +140,8 @@ def test_score_orderings_included_with_score_field(tmp_path, tiny_model_dir, sco
     assert {r["ordering"] for r in report["rows"]} == set(ORDERINGS)
     assert not out.exists()  # and stdout does not say it was written (a new user's report)
     assert capsys.readouterr().out.rstrip().endswith(
-        "--stats-only: nothing written; --ordering stratified (the default) is the order the statistics describe.")
+        "--stats-only: no curated data written; --ordering stratified (the default) is the order the statistics "
+        "describe.")
 
 
 def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_jsonl, capsys):
@@ -253,6 +254,9 @@ def test_compare_strategies_measures_the_balance_field_under_every_ordering(tmp_
         assert row["fields"]["source"] == {"uniformity_mean": q["uniformity_mean"],
                                            "boundary_shift": q["boundary_shift"]}, name
     shuffle = by_name["random"]["fields"]["source"]["uniformity_mean"]
+    meta = json.loads((tmp_path / "cur_meta.json").read_text())  # the run's own baseline says its shuffles too
+    assert meta["balance_field_quality"]["source"]["random_shuffle"]["shuffles"] == \
+        meta["ordering_quality"]["random_shuffle"]["shuffles"] == 100
     paced = by_name["paced"]["fields"]["source"]["uniformity_mean"]
     assert f"| paced | {paced:.4f} | {paced / shuffle:.2f} |" in printed
 

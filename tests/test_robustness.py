@@ -146,6 +146,13 @@ def test_stats_only_trial_keeps_the_real_runs_files(tmp_path, tiny_model_dir, to
         same = np.array_equal(np.load(tmp_path / "cur_stats-only_order.npy"), np.load(tmp_path / "cur_order.npy"))
         assert same == (ordering == "stratified")
         assert ("this same order" in caplog.text) == same
+        assert f"--stats-only: {out} is left as it is (it follows" in caplog.text
+    # Beside shards, the trial names them, not the unsharded name that does not exist.
+    assert curate(*common, "--output-shards", 2) == 0
+    caplog.clear()
+    assert curate(*common, "--output-shards", 2, "--stats-only") == 0
+    assert (f"--stats-only: {tmp_path / 'cur-00000-of-00002.jsonl'} ... cur-00001-of-00002.jsonl are left as they "
+            "are (they follow this same order)") in caplog.text
 
 
 def test_a_stats_only_trial_writes_its_own_comparison_and_removes_only_its_own(tmp_path, tiny_model_dir,
