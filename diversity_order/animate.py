@@ -70,6 +70,8 @@ def read_meta(meta_path: Path) -> dict:
         raise UserError(f"--meta {meta_path}: not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise UserError(f"--meta {meta_path}: expected a JSON object")
+    if meta.get("complete") is False:
+        raise UserError(f"--meta {meta_path}: {meta.get('note', 'the run that wrote it did not finish')}")
     return meta
 
 

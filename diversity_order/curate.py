@@ -799,12 +799,26 @@ def write_outputs(run: Run) -> None:
         if staged_export is not None:
             staged_export.place()
 
+    def committed() -> None:
+        # Until the run's own metadata: a stub naming the files now in place, so a run stopped from here on (the
+        # cluster descriptions, the plots) leaves them known to the next run (its shard-set cleanup, the export
+        # warning, the refusal to read them with their inputs), and refused by tools that read the metadata.
+        export = staged_export.summary if staged_export is not None else None
+        save_json(run.paths["meta"], {
+            "complete": False,
+            "note": "a curate run stopped after writing these files, before its metadata: run it again",
+            "output": _recorded_path(config.output),
+            "output_files": [_recorded_path(p) for p in writers.shard_paths(config.output, config.output_shards)],
+            "input_files": [_recorded_path(path) for path in config.inputs.files],
+            "packed_export": export,
+            "earlier_packed_export": None if export is not None else run.earlier_packed_export})
+
     try:
         if config.stats_only:
             commit()
         _remove_earlier_plots_and_comparison(run)
         if not config.stats_only:
-            _write_curated(run, earlier, commit, across_ranks)
+            _write_curated(run, earlier, commit, committed, across_ranks)
     finally:
         if staged_export is not None:
             staged_export.discard()  # (nothing left to remove once placed)
@@ -830,9 +844,10 @@ def _export_packed(run: Run):
                                     config.progress)
 
 
-def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> None:
-    """The curated file(s), ``commit()`` run just before they replace the earlier ones; then the earlier run's files
-    this set makes stale are removed, and what was written is said."""
+def _write_curated(run: Run, earlier: set[Path], commit, committed, across_ranks: bool) -> None:
+    """The curated file(s), ``commit()`` run just before they replace the earlier ones and ``committed()`` just
+    after (in one process); then the earlier run's files this set makes stale are removed, and what was written is
+    said."""
     config = run.config
     if config.output_shards > run.n:
         log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
@@ -843,7 +858,7 @@ def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> 
             written = _write_shards_across_ranks(run, commit)
         else:
             written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
-                                            config.output_shards, run.parquet_schema, commit)
+                                            config.output_shards, run.parquet_schema, commit, committed)
     run.curated_files = [_recorded_path(path) for path, _ in written]
     if config.written_kind != "arrow":
         _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)

@@ -393,6 +393,38 @@ def test_a_run_stopped_while_writing_shards_leaves_the_earlier_set_whole(tmp_pat
     assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00006{out.name[1:]}" for i in range(6)]
 
 
+def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, demo_jsonl, tiny_model_dir,
+                                                                      monkeypatch, capsys):
+    """A reviewer's Ctrl-C while the clusters were described (after the shards were in place, before the metadata)
+    left 3 shards no metadata named; the next run with 2 shards kept them: every record twice in the folder."""
+    from diversity_order import curate as curate_module
+
+    out = tmp_path / "c.jsonl"
+    base = ["--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON]
+    assert curate(*base, "--output-shards", 4) == 0
+
+    def stopped(run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(curate_module, "describe", stopped)
+    assert curate(*base, "--output-shards", 3) == 130
+    stub = json.loads((tmp_path / "c_meta.json").read_text())
+    assert stub["complete"] is False and stub["output_files"] == [str(tmp_path / f"c-{i:05d}-of-00003.jsonl")
+                                                                 for i in range(3)]
+    assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00003.jsonl" for i in range(3)]
+    from diversity_order.cli import animate_ordering
+
+    code = run_main(animate_ordering.main, ["--meta", str(tmp_path / "c_meta.json"), "--output",
+                                            str(tmp_path / "a.mp4")])
+    assert code == 2 and "a curate run stopped after writing these files, before its metadata: run it again" \
+        in capsys.readouterr().err
+    monkeypatch.undo()
+    assert curate(*base, "--output-shards", 2) == 0  # the stopped run's set is named, so it goes
+    assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00002.jsonl" for i in range(2)]
+    lines = b"".join(p.read_bytes() for p in sorted(tmp_path.glob("c-*"))).splitlines()
+    assert sorted(lines) == sorted(Path(demo_jsonl).read_bytes().splitlines())
+
+
 def test_a_killed_runs_staged_files_are_swept_never_a_live_ones(tmp_path):
     from diversity_order import atomic
 
@@ -495,7 +527,9 @@ def test_an_interrupted_run_leaves_no_earlier_metadata_beside_its_files(tmp_path
     monkeypatch.setattr(curate_module, "describe", interrupted)  # after the curated file, before the metadata
     assert curate("--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON,
                   "--ordering", "random") == 130
-    assert not (tmp_path / "c_meta.json").exists()
+    # Not the earlier run's metadata: a stub that names the files now there and says the run did not finish.
+    stub = json.loads((tmp_path / "c_meta.json").read_text())
+    assert stub["complete"] is False and stub["output_files"] == [str(out)] and "ordering" not in stub
     assert sorted(out.read_bytes().splitlines()) == sorted(Path(demo_jsonl).read_bytes().splitlines())
 
 
