@@ -356,6 +356,12 @@ def test_a_misspelt_flag_or_choice_suggests_the_nearest(tmp_path, data, args, sa
     ("--count-special-tokens", "eso", "eos"),  # two letters swapped in a short word
     ("--packing", "spilt", "split"),
     ("--ordering", "baalnced", "balanced"),
+    # Another case, a common short name, the metadata's name for the default, the first letters (a reviewer's).
+    ("--count-special-tokens", "EOS", "eos"),
+    ("--embedding-dtype", "fp16", "float16"),
+    ("--score-order", "desc", "descending"),
+    ("--ordering", "stratified_greedy", "stratified"),
+    ("--output-format", "parq", "parquet"),
 ])
 def test_a_choice_with_letters_swapped_suggests_it(tmp_path, data, flag, given, meant, capsys):
     with pytest.raises(SystemExit):

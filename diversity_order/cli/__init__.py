@@ -67,12 +67,21 @@ class ArgumentParser(argparse.ArgumentParser):
             if not unknown or not unknown.group(1).startswith("--"):
                 return ""
             given, options = unknown.group(1).split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]
-        close = [o for o in options if o.startswith(given)] if not choice else []
+        close = [o for o in options if o.startswith(given)] if given else []  # a flag's or choice's first letters
+        if choice and len(close) != 1:
+            # Another case ('EOS'), a common short name ('bf16', 'desc'), or the metadata's name for the default.
+            wanted = CHOICE_ALIASES.get(given.lower(), given.lower())
+            close = [o for o in options if o.lower() == wanted]
         if len(close) != 1:
             # Two letters swapped or one typed wrong ('eso' for eos) is too far for difflib in a short word.
             close = [o for o in options if _edits_apart(given, o) <= max(1, len(o) // 4)]
         close = close if len(close) == 1 else difflib.get_close_matches(given, options, n=1, cutoff=0.75)
         return f"; did you mean {close[0]}?" if close else ""
+
+
+# Short names users type for our choices (dtypes as PyTorch users write them, sort directions).
+CHOICE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",
+                  "desc": "descending", "asc": "ascending", "stratified_greedy": "stratified"}
 
 
 def _edits_apart(a: str, b: str) -> int:
