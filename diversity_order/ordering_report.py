@@ -35,6 +35,7 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
     for seq_len in seq_lens:
         # What the documents' lengths force on every order: how far the orderings' uniformity can still fall.
         bound = diversity.uniformity_lower_bound(labels, token_counts, seq_len, n_clusters, options.packing)
+        measured = partial(_measured, labels, token_counts, seq_len, n_clusters, options)
         for name in names:
             if name in computed and not SPECS[name].seq_len_aware:  # computed once
                 order, seconds = computed[name]
@@ -53,7 +54,6 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                 computed[name] = (order, seconds)
             windows = diversity.window_counts(labels, token_counts, seq_len, order, options.packing)
             curves[(name, seq_len)] = windows[0]
-            measured = partial(_measured, labels, token_counts, seq_len, n_clusters, options)
             # The baseline the criteria measure against is the mean of several shuffles (the first is this order).
             quality = diversity.random_baseline(labels.size, options.seed, measured) if name == "random" else \
                 measured(order, windows)
