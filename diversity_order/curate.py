@@ -790,35 +790,42 @@ def write_outputs(run: Run) -> None:
     # shards, so it follows them there, as before.)
     staged_export = None if across_ranks else _export_packed(run)
 
-    def commit() -> None:
-        # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
-        # goes just before they do: a run interrupted while writing leaves the earlier files and their metadata,
-        # one interrupted after leaves no metadata rather than a wrong one.
-        with contextlib.suppress(FileNotFoundError):
-            run.paths["meta"].unlink()
-        if staged_export is not None:
-            staged_export.place()
+    written_files = [Path(_recorded_path(path)) for path in writers.shard_paths(config.output, config.output_shards)]
 
-    def committed() -> None:
-        # Until the run's own metadata: a stub naming the files now in place, so a run stopped from here on (the
-        # cluster descriptions, the plots) leaves them known to the next run (its shard-set cleanup, the export
-        # warning, the refusal to read them with their inputs), and refused by tools that read the metadata.
+    def save_stub(files) -> None:
+        # Until the run's own metadata: a stub naming the curated files that may be in place, so a run stopped
+        # from here on (while the shards are renamed, by any rank; the clean-up; the cluster descriptions; the
+        # plots) leaves them known to the next run (its shard-set clean-up, the export warning, the refusal to
+        # read them with their inputs), and refused by tools that read the metadata.
         export = staged_export.summary if staged_export is not None else None
         save_json(run.paths["meta"], {
             "complete": False,
             "note": "a curate run stopped after writing these files, before its metadata: run it again",
             "output": _recorded_path(config.output),
-            "output_files": [_recorded_path(p) for p in writers.shard_paths(config.output, config.output_shards)],
+            "output_files": [str(path) for path in files],
             "input_files": [_recorded_path(path) for path in config.inputs.files],
             "packed_export": export,
             "earlier_packed_export": None if export is not None else run.earlier_packed_export})
+
+    def commit() -> None:
+        # The metadata describes the set of files; an earlier run's would describe files this run replaces, so it
+        # goes just before they do. Its stub names the earlier files and this run's both: until the renames and
+        # the clean-up are done, either may be there.
+        if config.stats_only:
+            with contextlib.suppress(FileNotFoundError):
+                run.paths["meta"].unlink()
+        else:
+            save_stub(sorted(set(written_files) | earlier))
+        if staged_export is not None:
+            staged_export.place()
 
     try:
         if config.stats_only:
             commit()
         _remove_earlier_plots_and_comparison(run)
         if not config.stats_only:
-            _write_curated(run, earlier, commit, committed, across_ranks)
+            _write_curated(run, earlier, commit, across_ranks)
+            save_stub(written_files)  # the earlier run's other files are gone now
     finally:
         if staged_export is not None:
             staged_export.discard()  # (nothing left to remove once placed)
@@ -844,9 +851,8 @@ def _export_packed(run: Run):
                                     config.progress)
 
 
-def _write_curated(run: Run, earlier: set[Path], commit, committed, across_ranks: bool) -> None:
-    """The curated file(s), ``commit()`` run just before they replace the earlier ones and ``committed()`` just
-    after (in one process); then the earlier run's files this set makes stale are removed, and what was written is
+def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> None:
+    """The curated file(s), ``commit()`` run just before they replace the earlier ones; then the earlier run's files this set makes stale are removed, and what was written is
     said."""
     config = run.config
     if config.output_shards > run.n:
@@ -858,7 +864,7 @@ def _write_curated(run: Run, earlier: set[Path], commit, committed, across_ranks
             written = _write_shards_across_ranks(run, commit)
         else:
             written = writers.write_curated(run.index, run.order, config.output, config.written_kind,
-                                            config.output_shards, run.parquet_schema, commit, committed)
+                                            config.output_shards, run.parquet_schema, commit)
     run.curated_files = [_recorded_path(path) for path, _ in written]
     if config.written_kind != "arrow":
         _remove_other_shard_sets(config.output, config.output_shards, earlier, config.inputs.files)

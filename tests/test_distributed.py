@@ -300,6 +300,46 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     assert tables[0].schema == singles[0].schema  # the same columns in the same order
 
 
+STOPPED_AFTER_THE_SHARDS = """
+from diversity_order import curate
+
+
+def stopped(run):
+    raise KeyboardInterrupt  # rank 0, once every rank's shards are renamed, before the metadata
+
+curate.describe = stopped
+import curate_dataset
+from diversity_order.cli import run_command
+raise SystemExit(run_command(curate_dataset.main))
+"""
+
+
+def test_torchrun_stopped_after_the_ranks_renamed_their_shards_leaves_them_known(tmp_path, tiny_model_dir):
+    """Under torchrun a stop after the ranks renamed their shards, before rank 0's metadata, left a set no
+    metadata named (the earlier one was removed first); a later run with another count kept it beside its own,
+    every record twice. Rank 0 leaves a stub naming the shards, as one process does."""
+    records = topical_records(per_topic=10)
+    write_jsonl(tmp_path / "d.jsonl", records)
+    common = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+              "--device", "cpu", "--n-clusters", 4, "--no-plot"]
+    torchrun([*common, "--output-shards", 4])
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED_AFTER_THE_SHARDS)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), *map(str, [*common, "--output-shards", 3]), "--no-progress"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    stub = json.loads((tmp_path / "c_meta.json").read_text())
+    three = [str(tmp_path / f"c-{i:05d}-of-00003.jsonl") for i in range(3)]
+    assert stub["complete"] is False and stub["output_files"] == three
+    assert sorted(str(p) for p in tmp_path.glob("c-*")) == three  # the earlier 4 removed once the 3 were in place
+    torchrun([*common, "--output-shards", 2])
+    assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00002.jsonl" for i in range(2)]
+    lines = [line for path in sorted(tmp_path.glob("c-*")) for line in path.read_bytes().splitlines()]
+    assert sorted(lines) == sorted((tmp_path / "d.jsonl").read_bytes().splitlines())
+
+
 def test_torchrun_refuses_records_parquet_cannot_hold_before_embedding(tmp_path, tiny_model_dir):
     """A type clash in records only rank 1 reads, or one between the ranks' records (every value rank 0 reads a
     number, every one rank 1 reads a string), is found when the ranks read their records: rank 0 says it in one

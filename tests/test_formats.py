@@ -514,6 +514,40 @@ def test_metadata_paths_are_found_from_another_folder(tmp_path, demo_jsonl, tiny
     assert lookalike.read_text() == "another dataset\n" and "Removed 2 curated file(s)" in caplog.text
 
 
+def test_a_run_stopped_while_its_shards_are_renamed_leaves_both_sets_known(tmp_path, demo_jsonl, tiny_model_dir,
+                                                                         monkeypatch):
+    """Killed between the renames of a new shard set (one of 3 in place beside the earlier 4): no metadata named
+    either set, so the next run with 2 shards kept all 5 files, every record twice. The stub written before the
+    renames names both sets, and the next run removes them."""
+    from diversity_order import atomic
+
+    out = tmp_path / "c.jsonl"
+    base = ["--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON]
+    assert curate(*base, "--output-shards", 4) == 0
+    real, renamed = os.replace, []
+
+    def killed_after_one(source, target):
+        if ".staged" in str(source):
+            if renamed:
+                raise KeyboardInterrupt
+            renamed.append(target)
+        real(source, target)
+
+    monkeypatch.setattr(atomic.os, "replace", killed_after_one)
+    assert curate(*base, "--output-shards", 3) == 130
+    monkeypatch.setattr(atomic.os, "replace", real)
+    earlier = [str(tmp_path / f"c-{i:05d}-of-00004.jsonl") for i in range(4)]
+    stub = json.loads((tmp_path / "c_meta.json").read_text())
+    assert stub["complete"] is False and set(stub["output_files"]) == \
+        set(earlier) | {str(tmp_path / f"c-{i:05d}-of-00003.jsonl") for i in range(3)}
+    assert sorted(p.name for p in tmp_path.glob("c-*")) == \
+        ["c-00000-of-00003.jsonl"] + [f"c-{i:05d}-of-00004.jsonl" for i in range(4)]
+    assert curate(*base, "--output-shards", 2) == 0
+    assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00002.jsonl" for i in range(2)]
+    lines = [line for path in sorted(tmp_path.glob("c-*")) for line in path.read_bytes().splitlines()]
+    assert sorted(lines) == sorted(Path(demo_jsonl).read_bytes().splitlines())
+
+
 def test_an_interrupted_run_leaves_no_earlier_metadata_beside_its_files(tmp_path, demo_jsonl, tiny_model_dir,
                                                                         monkeypatch):
     out = tmp_path / "c.jsonl"
