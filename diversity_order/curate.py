@@ -852,8 +852,8 @@ def _export_packed(run: Run):
 
 
 def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> None:
-    """The curated file(s), ``commit()`` run just before they replace the earlier ones; then the earlier run's files this set makes stale are removed, and what was written is
-    said."""
+    """The curated file(s), ``commit()`` run just before they replace the earlier ones; then the earlier run's
+    files this set makes stale are removed, and what was written is said."""
     config = run.config
     if config.output_shards > run.n:
         log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
