@@ -45,16 +45,17 @@ def finishing_what() -> str | None:
 
 
 class Terminated(SystemExit):
-    """SIGTERM while work worth keeping runs (Slurm preemption or time limit, ``timeout``, ``docker stop``)."""
+    """SIGTERM (Slurm preemption or time limit, ``timeout``, ``docker stop``), raised so the work done so far can
+    be kept and the run end with a line, as after Ctrl-C."""
 
 
 @contextlib.contextmanager
 def sigterm_raises():
     """While open, SIGTERM raises ``Terminated`` (exit status 143, as a shell reports for a process SIGTERM
     ended), so the work done so far can be kept; Python's default would end the process at once and lose it."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # not ours to change
-        yield
+    current = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or current is not signal.SIG_DFL:
+        yield  # not ours to change, or a command's handler that raises Terminated already (``raises_terminated``)
         return
 
     def handler(signum, frame):

@@ -94,15 +94,14 @@ def test_kill_mid_write_then_rerun_equals_uninterrupted_run(tmp_path, tiny_model
         before = path.read_bytes() if path.exists() else None
         run_killed_while_writing(target, args, tmp_path)
         # The file being written still holds its previous complete version. Killed while the curated file was
-        # written (under a staged name), the earlier run's files and the metadata describing them are all there;
-        # the metadata goes only when the set's files are replaced (none, rather than a wrong one).
-        # Killed while the metadata was written, the curated file had been replaced: the earlier metadata is gone.
-        expected = None if target == "d_cur_meta.json" else before
-        assert (path.read_bytes() if path.exists() else None) == expected, target
-        if target == "d_cur.jsonl":
+        # written (under a staged name), the earlier run's files and the metadata describing them are all there.
+        # The metadata's first write is the stub that replaces it just before the curated file is: killed then,
+        # both are as they were.
+        assert (path.read_bytes() if path.exists() else None) == before, target
+        if target in ("d_cur.jsonl", "d_cur_meta.json"):
             earlier = json.loads((tmp_path / "d_cur_meta.json").read_text())
             assert earlier["final_count"] == len(records) == len(out.read_bytes().splitlines())
-            assert [p.name for p in tmp_path.glob(".d_cur.jsonl.*staged*")]  # the killed run's partial file
+            assert [p.name for p in tmp_path.glob(".d_cur.jsonl.*staged*")]  # the killed run's staged file
         for path in tmp_path.glob("*.cache.json"):
             meta = json.loads(path.read_text())
             data = np.load(path.with_name(path.name.replace(".cache.json", ".npy")), mmap_mode="r")
@@ -277,6 +276,42 @@ def test_sigterm_while_embedding_keeps_the_rows_done(tmp_path, tiny_model_dir):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Embedding {len(records) - 48} record(s) of {len(records)}" in rerun.stderr
     assert caches.filled_rows(tmp_path / "c_embeddings.npy") is None
+
+
+SIGTERM_WHILE_DESCRIBING = textwrap.dedent("""
+    import os, signal, sys, time
+    from diversity_order import curate
+
+    def terminated(run):
+        os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's time limit, once the curated file is in place
+        time.sleep(30)
+
+    curate.describe = terminated
+    import curate_dataset
+    from diversity_order.cli import run_command
+    sys.exit(run_command(curate_dataset.main))
+""")
+
+
+def test_sigterm_outside_embedding_ends_the_run_with_a_line_and_143(tmp_path, tiny_model_dir):
+    """SIGTERM after embedding ended the run at once without a word (Python's default): a user reading the
+    scheduler's log saw the last stage's line and nothing else. Now it stops as Ctrl-C does: one line, exit 143,
+    the files written complete and known to the next run."""
+    records = topical_records(per_topic=20)
+    write_jsonl(tmp_path / "d.jsonl", records)
+    args = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+            "--n-clusters", 4, "--no-plot", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
+    done = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_DESCRIBING, *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1] == \
+        "terminated (SIGTERM): every file written is complete; none was left half-written"
+    assert sorted((tmp_path / "c.jsonl").read_bytes().splitlines()) == \
+        sorted((tmp_path / "d.jsonl").read_bytes().splitlines())
+    assert json.loads((tmp_path / "c_meta.json").read_text())["complete"] is False
+    assert not [path for path in tmp_path.iterdir() if path.name.endswith(".tmp") or "staged" in path.name]
 
 
 def test_ctrl_c_while_only_counting_tokens_keeps_the_counts_done(tmp_path, tiny_model_dir, monkeypatch, caplog):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import EveryRankError, UserError
-from ..interrupts import finishing_what, request_interrupt
+from ..interrupts import Terminated, finishing_what, request_interrupt
 
 log = logging.getLogger("diversity_order")
 
@@ -142,6 +142,7 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 INTERRUPTED = "interrupted: every file written is complete; none was left half-written"
+TERMINATED = "terminated (SIGTERM): every file written is complete; none was left half-written"
 
 
 # After Ctrl-C, how long a command may take to stop by itself before it is ended. Python turns Ctrl-C into
@@ -150,14 +151,14 @@ INTERRUPTED = "interrupted: every file written is complete; none was left half-w
 # ignored"), so the run would go on; a thread can also hold up the exit.
 INTERRUPT_GRACE_S = 10.0
 FINISHING_LIMIT_S = 600.0  # the longest the grace is held off by ``interrupts.finishing``
-_interrupt = {"received": False, "reported": False}
+_interrupt = {"received": False, "reported": False, "code": 130}
 
 
 def _report_interrupt() -> None:
     if not _interrupt["reported"]:
         _interrupt["reported"] = True
         if os.environ.get("RANK", "0") == "0":  # under torchrun the ranks share one stderr: rank 0 says it
-            print(INTERRUPTED, file=sys.stderr, flush=True)
+            print(TERMINATED if _interrupt["code"] == 143 else INTERRUPTED, file=sys.stderr, flush=True)
 
 
 def _end_after_grace() -> None:
@@ -170,22 +171,35 @@ def _end_after_grace() -> None:
             told = True
         time.sleep(0.1)
     _report_interrupt()
-    os._exit(130)  # atomic writes leave at most a temp file, which a later run removes
+    os._exit(_interrupt["code"])  # atomic writes leave at most a temp file, which a later run removes
 
 
 def _quiet_about_interrupts(unraisable) -> None:
-    """``sys.unraisablehook`` that says nothing of a KeyboardInterrupt raised where Python cannot raise it
-    (a ``__del__``, a weakref callback inside the import machinery): ``run_command`` reports it."""
-    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+    """``sys.unraisablehook`` that says nothing of a KeyboardInterrupt (or SIGTERM's ``Terminated``) raised where
+    Python cannot raise it (a ``__del__``, a weakref callback inside the import machinery): ``run_command``
+    reports it."""
+    if not isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
         sys.__unraisablehook__(unraisable)
 
 
 def _on_interrupt(signum, frame) -> None:
-    if not _interrupt["received"]:
-        _interrupt["received"] = True
-        request_interrupt()  # where a library drops the KeyboardInterrupt, the next stage raises it again
-        threading.Thread(target=_end_after_grace, name="interrupt-grace", daemon=True).start()
+    _stop_received(130)
     raise KeyboardInterrupt
+
+
+def _on_terminate(signum, frame) -> None:
+    """SIGTERM (a scheduler's preemption or time limit, ``timeout``, ``docker stop``) stops a command as Ctrl-C
+    does: the work worth keeping is kept, one line says so, and the exit status is 143, as for a process
+    SIGTERM ended. (Python's default ends it at once, without a word.)"""
+    _stop_received(128 + signum)
+    raise Terminated(128 + signum)
+
+
+def _stop_received(code: int) -> None:
+    if not _interrupt["received"]:
+        _interrupt["received"], _interrupt["code"] = True, code
+        request_interrupt()  # where a library drops the exception, the next stage raises it again
+        threading.Thread(target=_end_after_grace, name="interrupt-grace", daemon=True).start()
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
@@ -210,9 +224,9 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
                          "install the project's requirements (pip install -e . or make venv) or run the command "
                          "with the Python that has them (.venv/bin/python)\n")
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as stop:
         _report_interrupt()
-        return 130
+        return _interrupt["code"] if _interrupt["received"] else 143 if isinstance(stop, Terminated) else 130
     finally:
         from ..outputs import remove_created_folders
 
@@ -226,14 +240,18 @@ def run_command(main: Callable[[list[str] | None], int]) -> int:
     still running by then."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_interrupt)
+        # Under torchrun the agent stops every rank with SIGTERM, and ranks blocked in a collective would not
+        # see an exception: the ranks keep their work while they embed (``kept_rows``) and end at once elsewhere.
+        if os.environ.get("WORLD_SIZE", "1") == "1" and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_terminate)
         sys.unraisablehook = _quiet_about_interrupts
     try:
         code = run_main(main)
     except Exception:
         if not _interrupt["received"]:
             raise
-        code = 130  # what the interrupt broke on its way (an import it cut short fails as ImportError)
+        code = _interrupt["code"]  # what the interrupt broke on its way (an import it cut short fails as ImportError)
     if _interrupt["received"]:
         _report_interrupt()
-        return 130
+        return _interrupt["code"]
     return code
