@@ -114,7 +114,9 @@ class ArrowTableSource:
         return f"row group {piece.index}" if self.kind == "parquet" else f"record batch {piece.index}"
 
     def _top_columns(self) -> list[str]:
-        return sorted({f.split(".")[0] for f in self.text_fields} & set(self._schema().names)) or \
+        """The columns a document is read from: its fields', and those a conversation's template is called with."""
+        names = set(self._schema().names)
+        return sorted(({f.split(".")[0] for f in self.text_fields} | set(fields_mod.TEMPLATE_ARGUMENTS)) & names) or \
             [f.split(".")[0] for f in self.text_fields]
 
     def _schema(self):

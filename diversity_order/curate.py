@@ -737,6 +737,11 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
                  run.model.tokenizer("").token_texts(added) if added else "this tokenizer adds none")
     run.special_tokens_per_document = len(added)
     kinds = getattr(run.index, "kinds", None)
+    if added and kinds is not None and kinds.conversations:
+        log.warning("--count-special-tokens %s adds %d token(s) to each of the %d conversations too, which TRL's SFT "
+                    "trainer does not (the chat template ends each turn; it appends EOS to plain texts only): leave "
+                    "the flag off for conversations unless your trainer adds them", mode, len(added),
+                    kinds.conversations)
     if run.config.export_packed is not None and not added and not (kinds is not None and kinds.conversations):
         # (a chat template ends each turn itself)
         log.warning("--export-packed with --count-special-tokens %s: the documents' tokens are concatenated with no "

@@ -6,7 +6,10 @@ or a conversation rendered with the tokenizer's own chat template.
 - ``--text-field prompt --text-field completion`` joins the fields' texts with ``JOIN``;
 - a field that holds a conversation, a list of ``{"role": ..., "content": ...}`` messages (the
   ``messages`` of chat fine-tuning sets), is rendered with the tokenizer's chat template, which is
-  what a chat trainer tokenizes; the counts and embeddings are of those tokens.
+  what a chat trainer tokenizes; the counts and embeddings are of those tokens. As TRL's SFT trainer
+  does: several conversation fields (``prompt`` + ``completion``) are one conversation, ShareGPT's
+  ``from``/``value`` keys are read as ``role``/``content``, and a record's ``tools`` and
+  ``chat_template_kwargs`` are passed to the template.
 
 A record's fingerprint (what the caches are keyed by) covers the extracted value itself (a
 conversation in canonical JSON), so editing any selected field invalidates just that record.
@@ -35,10 +38,27 @@ class Conversation:
     # its roles outside KNOWN_ROLES, found while the messages are checked (reading the JSON again took half as
     # long as parsing the record)
     unknown_roles: frozenset = dataclass_field(default=frozenset(), compare=False)
+    # the record's TEMPLATE_ARGUMENTS as canonical JSON ("" where it has none: a conversation's fingerprint is
+    # then its messages' alone, as before they were read)
+    arguments_json: str = ""
 
     @property
     def messages(self) -> list[dict]:
         return json.loads(self.messages_json)
+
+    @property
+    def template_arguments(self) -> dict:
+        """What the record adds to the chat template's call: ``tools=...`` and its ``chat_template_kwargs``."""
+        if not self.arguments_json:
+            return {}
+        arguments = json.loads(self.arguments_json)
+        return {**({"tools": arguments["tools"]} if "tools" in arguments else {}),
+                **arguments.get("chat_template_kwargs", {})}
+
+
+# A conversation record's top-level fields that a chat trainer passes to the template beside the messages (TRL's
+# SFT trainer: ``tools``, a list or its JSON text, and ``chat_template_kwargs``, merged into the call).
+TEMPLATE_ARGUMENTS = ("tools", "chat_template_kwargs")
 
 
 def lookup(record: dict, path: str):
@@ -64,29 +84,67 @@ def shown_keys(record: dict) -> str:
     return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(map(str, record))[:10]) or "none"
 
 
-def _conversation(value: list, where: str, field: str) -> Conversation:
-    unknown = []
-    value = [_decoded_message(message) for message in value]
-    for i, message in enumerate(value):
-        if isinstance(message, dict) and "from" in message and "value" in message and "role" not in message:
-            raise UserError(f"{where}: field '{field}[{i}]' is a ShareGPT message ({{\"from\": ..., \"value\": ...}}); "
-                            "chat templates read role/content messages: convert it (from human -> role user, gpt -> "
-                            "assistant, system -> system; value -> content)")
-        if not isinstance(message, dict) or "content" not in message or "role" not in message:
-            has = f" (its keys: {shown_keys(message)})" if isinstance(message, dict) else f" (a JSON {json_type(message)})"
-            raise UserError(f"{where}: field '{field}[{i}]' is not a {{\"role\": ..., \"content\": ...}} object{has}")
-        if not isinstance(message["role"], str) or not isinstance(message["content"], str):
-            kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
-            what = "content" if isinstance(message["role"], str) else "role"
-            raise UserError(f"{where}: field '{field}[{i}]' has a {what} that is a JSON {kind}, expected a string"
-                            + (_CONTENT_HINTS.get(kind, "") if what == "content" else ""))
-        if message["role"] not in KNOWN_ROLES:
-            unknown.append(message["role"])
-    if not value:
-        raise UserError(f"{where}: field '{field}' is an empty conversation")
-    return Conversation(json.dumps([_without_nulls(message) for message in value], ensure_ascii=False,
-                                   sort_keys=True, separators=(",", ":")), where,
-                        frozenset(unknown) if unknown else NO_ROLES)
+def _conversation(parts: list[tuple[str, list]], where: str, record: dict) -> Conversation:
+    """The messages of every conversation field in ``parts`` ((field, messages), in --text-field order) as one
+    conversation, with the record's template arguments."""
+    unknown, messages = [], []
+    for field, value in parts:
+        if not value:
+            raise UserError(f"{where}: field '{field}' is an empty conversation")
+        for i, message in enumerate(map(_decoded_message, value)):
+            messages.append(_checked_message(_from_sharegpt(message), where, f"{field}[{i}]"))
+            if messages[-1]["role"] not in KNOWN_ROLES:
+                unknown.append(messages[-1]["role"])
+    return Conversation(_canonical([_without_nulls(message) for message in messages]), where,
+                        frozenset(unknown) if unknown else NO_ROLES, _template_arguments(record, where))
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _from_sharegpt(message):
+    """A ShareGPT message (``from``/``value``) with the keys chat templates read, renamed as TRL renames them; its
+    roles (human, gpt) are kept, and said as unknown roles."""
+    if isinstance(message, dict) and "role" not in message and "content" not in message and \
+            "from" in message and "value" in message:
+        return {("role" if key == "from" else "content" if key == "value" else key): item
+                for key, item in message.items()}
+    return message
+
+
+def _checked_message(message, where: str, name: str) -> dict:
+    if not isinstance(message, dict) or "content" not in message or "role" not in message:
+        has = f" (its keys: {shown_keys(message)})" if isinstance(message, dict) else f" (a JSON {json_type(message)})"
+        raise UserError(f"{where}: field '{name}' is not a {{\"role\": ..., \"content\": ...}} object{has}"
+                        + (_NO_CONTENT_HINT if isinstance(message, dict) and "tool_calls" in message else ""))
+    if not isinstance(message["role"], str) or not isinstance(message["content"], str):
+        kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
+        what = "content" if isinstance(message["role"], str) else "role"
+        raise UserError(f"{where}: field '{name}' has a {what} that is a JSON {kind}, expected a string"
+                        + (_CONTENT_HINTS.get(kind, "") if what == "content" else ""))
+    return message
+
+
+def _template_arguments(record: dict, where: str) -> str:
+    """The record's ``TEMPLATE_ARGUMENTS`` (null ones left out), as canonical JSON; "" where it has none."""
+    arguments = {}
+    tools = record.get("tools")
+    if isinstance(tools, str):  # TRL decodes a tools column stored as JSON text
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise UserError(f"{where}: field 'tools' is a string that is not JSON (a chat trainer decodes it to pass "
+                            "the tools to the chat template)") from None
+    if tools is not None:
+        arguments["tools"] = _without_nulls(tools)
+    options = record.get("chat_template_kwargs")
+    if options is not None and not isinstance(options, dict):
+        raise UserError(f"{where}: field 'chat_template_kwargs' is a JSON {json_type(options)}, expected an object "
+                        "(the chat template's keyword arguments)")
+    if options:
+        arguments["chat_template_kwargs"] = _without_nulls(options)
+    return _canonical(arguments) if arguments else ""
 
 
 def _decoded_message(message):
@@ -107,6 +165,7 @@ _CONTENT_HINTS = {
     "null": " (a turn that only calls tools: give it the content \"\"; its tool_calls stay as they are)",
     "array": " (content parts: join their texts into one string; images and audio have no tokens here)",
 }
+_NO_CONTENT_HINT = " (a turn that only calls tools, as OpenAI's API writes it: give it the content \"\"; its tool_calls stay)"
 
 
 def _without_nulls(value):
@@ -155,7 +214,7 @@ def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Co
     ``where()`` names the record in errors (``file:line``), called only on an error;
     ``keys_text(record)`` lists its keys.
     """
-    parts = []
+    parts, conversations = [], []
     for field in fields:
         value = lookup(record, field)
         if value is MISSING:
@@ -163,15 +222,19 @@ def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Co
                             "text field with --text-field (a dotted path such as meta.body reads nested objects)"
                             + missing_field_hint(record))
         if isinstance(value, str):
-            parts.append(value)
-        elif isinstance(value, list) and len(fields) == 1:
-            return _conversation(value, where(), field)
+            parts.append(field)
         elif isinstance(value, list):
-            raise UserError(f"{where()}: field '{field}' is a conversation; a conversation must be the only --text-field")
+            conversations.append((field, value))
         else:
             raise UserError(f"{where()}: field '{field}' is a JSON {json_type(value)}, expected a string "
                             "(or a conversation: a list of role/content messages)")
-    return parts[0] if len(parts) == 1 else JOIN.join(parts)
+    if conversations and parts:
+        raise UserError(f"{where()}: field '{conversations[0][0]}' is a conversation and '{parts[0]}' a text; fields "
+                        "read together must be all texts (joined) or all conversations (prompt + completion messages)")
+    if conversations:
+        return _conversation(conversations, where(), record)
+    texts = [lookup(record, field) for field in parts]
+    return texts[0] if len(texts) == 1 else JOIN.join(texts)
 
 
 def as_tuple(text_field: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -184,14 +247,17 @@ def cache_key(text_field: str | tuple[str, ...]) -> str:
 
 
 def fingerprint_text(value: str | Conversation) -> str:
-    """The text a fingerprint covers: the document itself, or the conversation's canonical JSON."""
-    return value.messages_json if isinstance(value, Conversation) else value
+    """The text a fingerprint covers: the document itself, or the conversation's canonical JSON (and its template
+    arguments')."""
+    if isinstance(value, Conversation):
+        return value.messages_json + ("\0" + value.arguments_json if value.arguments_json else "")
+    return value
 
 
 def render(value: str | Conversation, tokenizer) -> str:
     """The text the trainer tokenizes: the document, or the conversation through the chat template."""
     if isinstance(value, Conversation):
-        return tokenizer.render_chat(value.messages, value.where)
+        return tokenizer.render_chat(value.messages, value.where, value.template_arguments)
     return value
 
 

@@ -113,16 +113,17 @@ class DocumentTokenizer:
         now, so that the first batch's progress line does not count it into the rate and the ETA."""
         self._hf  # noqa: B018 (loaded on first use)
 
-    def render_chat(self, messages: list[dict], where: str = "") -> str:
-        """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized. ``where``: the
-        record's place (``file:line``), for the error when the template refuses it."""
+    def render_chat(self, messages: list[dict], where: str = "", arguments: dict | None = None) -> str:
+        """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized, called with the
+        record's ``arguments`` (``tools=...``, its chat_template_kwargs). ``where``: the record's place
+        (``file:line``), for the error when the template refuses it."""
         hf = self._hf
         if not getattr(hf, "chat_template", None):
             raise UserError(f"--model-dir {self.model_dir}: the tokenizer has no chat template, so a conversation "
                             "field cannot be rendered as a chat trainer would; give a model folder whose tokenizer "
                             "has one (chat_template.jinja or tokenizer_config.json's chat_template), or a text field")
         try:
-            return hf.apply_chat_template(messages, tokenize=False)
+            return hf.apply_chat_template(messages, tokenize=False, **(arguments or {}))
         except Exception as exc:  # noqa: BLE001 - a template raises what its Jinja code raises
             raise UserError(f"{where + ': ' if where else ''}the chat template of --model-dir {self.model_dir} cannot "
                             "render this conversation "

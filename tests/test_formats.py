@@ -280,6 +280,59 @@ def test_conversations_written_as_json_strings_are_warned_of(tmp_path, demo_reco
     assert "written as a JSON string" not in caplog.text
 
 
+def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, tiny_model_dir, caplog):
+    """TRL's SFT trainer calls the chat template with the record's ``tools`` (a list, or its JSON text) and its
+    ``chat_template_kwargs``, renames ShareGPT's from/value to role/content, and renders a conversational
+    prompt + completion as one conversation. The counts were of the messages alone (a reviewer's tool-calling set:
+    17% short) or the records refused; each is now what transformers renders with those arguments."""
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "tools_model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(
+        "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
+        "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+        "{% if enable_thinking %}<think>{% endif %}")
+    tool = {"name": "get_weather", "parameters": {"city": {"type": "string"}}}
+    turns = [{"role": "user", "content": "weather in Paris?"}, {"role": "assistant", "content": "sunny"}]
+    records = [{"messages": turns},
+               {"messages": turns, "tools": [tool]},
+               {"messages": turns, "tools": json.dumps([tool])},
+               {"messages": turns, "tools": None, "chat_template_kwargs": {"enable_thinking": True}},
+               {"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]
+    hf = AutoTokenizer.from_pretrained(model)
+
+    def tokens(messages, **arguments):
+        return len(hf(hf.apply_chat_template(messages, tokenize=False, **arguments), add_special_tokens=False).input_ids)
+
+    expected = [tokens(turns), tokens(turns, tools=[tool]), tokens(turns, tools=[tool]),
+                tokens(turns, enable_thinking=True),
+                tokens([{"role": "human", "content": "hi"}, {"role": "gpt", "content": "hello"}])]
+    assert len(set(expected[:2])) == 2 and expected[3] != expected[0]  # the arguments change the tokens
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps(r) + "\n" for r in records * 4))
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", chat, "--text-field", "messages", "--output", tmp_path / "c.jsonl", "--model-dir",
+                      model, "--n-clusters", 2, "--count-special-tokens", "eos") == 0
+    assert np.load(tmp_path / "chat_token_counts.messages.npy").tolist() == expected * 4
+    assert "--count-special-tokens eos adds 1 token(s) to each of the 20 conversations too, which TRL's SFT " \
+        "trainer does not" in caplog.text
+    # Parquet: the tools column is read with the messages (null where a record has none).
+    table = pa.Table.from_pylist([{"messages": r.get("messages"), "tools": json.dumps(r["tools"]) if isinstance(
+        r.get("tools"), list) else r.get("tools")} for r in records[:3]] * 4)
+    pq.write_table(table, tmp_path / "chat.parquet")
+    assert curate("--input", tmp_path / "chat.parquet", "--text-field", "messages", "--output", tmp_path / "p.parquet",
+                  "--model-dir", model, "--n-clusters", 2) == 0
+    assert np.load(tmp_path / "chat_token_counts.messages.npy").tolist() == expected[:3] * 4
+    # A conversational prompt + completion is the one conversation prompt + completion.
+    pc = tmp_path / "pc.jsonl"
+    pc.write_text("".join(json.dumps({"prompt": turns[:1], "completion": turns[1:], "tools": [tool]}) + "\n"
+                          for _ in range(8)))
+    assert curate("--input", pc, "--text-field", "prompt", "--text-field", "completion", "--output",
+                  tmp_path / "pc_c.jsonl", "--model-dir", model, "--n-clusters", 2) == 0
+    assert np.load(tmp_path / "pc_token_counts.prompt+completion.npy").tolist() == [expected[1]] * 8
+
+
 def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
     """ShareGPT's human/gpt kept in role/content messages: said once, with how many and where the first is; the
     run goes on (the template renders them, and a trainer with the same template sees the same text)."""
@@ -717,9 +770,18 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
         assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
             f"error: {chat}:2: field 'messages[1]' is not a {{\"role\": ..., \"content\": ...}} object {said}")
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" +
-                    json.dumps({"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yes"}]}) + "\n")
-    assert run_error(capsys, "--input", chat, "--text-field", "messages", *base).startswith(
-        f"error: {chat}:2: field 'messages[0]' is a ShareGPT message")
+                    json.dumps({"messages": [{"role": "assistant", "tool_calls": [{"name": "f"}]}]}) + "\n")
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", *base).endswith(
+        "(its keys: role, tool_calls) (a turn that only calls tools, as OpenAI's API writes it: give it the content "
+        "\"\"; its tool_calls stay)")
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": "[{"}) + "\n")
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", *base) == (
+        f"error: {chat}:1: field 'tools' is a string that is not JSON (a chat trainer decodes it to pass the tools to "
+        "the chat template)")
+    chat.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "completion": "yes"}) + "\n")
+    assert run_error(capsys, "--input", chat, "--text-field", "prompt", "--text-field", "completion", *base) == (
+        f"error: {chat}:1: field 'prompt' is a conversation and 'completion' a text; fields read together must be "
+        "all texts (joined) or all conversations (prompt + completion messages)")
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     assert "has no chat template" in run_error(capsys, "--input", chat, "--text-field", "messages", *base)
     # A template that refuses a conversation (as many raise on a role they do not know): the record is named.
