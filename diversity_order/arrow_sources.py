@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import arrow_json
 from . import fields as fields_mod
 from .atomic import atomic_path, give_plain_permissions
 from .errors import UserError
@@ -136,7 +137,7 @@ class ArrowTableSource:
         plain = self._plain_text_column()
         if plain is not None and table.column(plain).null_count == 0:
             return table.column(plain).to_pylist()  # one string column: no per-row dict (6x faster)
-        records = table.to_pylist()
+        records = arrow_json.rows(table)
         first = piece.first
         picked = range(len(records)) if local_rows is None else local_rows.tolist()
         return [fields_mod.extract(record, self.text_fields, lambda i=i: self.where(first + i), self._columns_text)
@@ -145,7 +146,7 @@ class ArrowTableSource:
     def _bad_rows(self, piece: _Piece) -> list[tuple[int, str]]:
         """(row, error) of each row of ``piece`` whose document cannot be read, as ``_documents`` says it."""
         bad = []
-        for i, record in enumerate(self._text_table(piece).to_pylist()):
+        for i, record in enumerate(arrow_json.rows(self._text_table(piece))):
             try:
                 fields_mod.extract(record, self.text_fields, lambda i=i: self.where(piece.first + i), self._columns_text)
             except UserError as exc:
@@ -185,7 +186,7 @@ class ArrowTableSource:
             return [fields_mod.MISSING] * len(self)
         values: list = []
         for piece in self.pieces:
-            for record in self._read_piece(piece, [top]).to_pylist():
+            for record in arrow_json.rows(self._read_piece(piece, [top])):
                 values.append(fields_mod.lookup(record, name))
         return values
 
@@ -260,7 +261,7 @@ class ArrowTableSource:
     def _verify(self, table, rows: np.ndarray) -> None:
         from .records import text_fingerprint
 
-        for record, row in zip(table.select(self._top_columns()).to_pylist(), rows.tolist()):
+        for record, row in zip(arrow_json.rows(table.select(self._top_columns())), rows.tolist()):
             value = fields_mod.extract(record, self.text_fields, lambda row=row: self.where(row), self._columns_text)
             if text_fingerprint(fields_mod.fingerprint_text(value)) != int(self.fingerprints[row]):
                 raise UserError(f"{self.where(row)} changed while this run was going; nothing was written: run "

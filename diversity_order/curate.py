@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import (
+    arrow_json,
     atomic,
     clustering,
     distributed,
@@ -432,13 +433,15 @@ def _parquet_columns(run: Run):
     if not ctx.active:
         return writers.parquet_schema(run.index, np.arange(run.n))
     bounds = scale_out.own_rows(ctx, run.index, run.rank_rows)
-    schema, failure = None, None
+    schema, object_keys, failure = None, {}, None
     try:
-        schema = writers.parquet_schema(run.index, np.arange(bounds[ctx.rank], bounds[ctx.rank + 1]), check=False)
+        # Unchecked for a part of the records: a field holding {} there may hold fields in another part.
+        schema, object_keys = writers.inferred_columns(run.index, np.arange(bounds[ctx.rank], bounds[ctx.rank + 1]))
     except UserError as exc:
         failure = str(exc)
-    parts = distributed.all_gather_object(ctx, (None if schema is None else schema.serialize().to_pybytes(), failure))
-    failures = [message for _, message in parts if message is not None]
+    parts = distributed.all_gather_object(ctx, (None if schema is None else schema.serialize().to_pybytes(), failure,
+                                                object_keys))
+    failures = [message for _, message, _ in parts if message is not None]
     if failures:  # every rank stops with the first failing rank's message, which rank 0 says
         raise EveryRankError(failures[0])
     import pyarrow as pa
@@ -449,9 +452,9 @@ def _parquet_columns(run: Run):
         return writers.clash_in(distributed.all_gather_object(ctx, own))
 
     try:
-        schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _ in parts],
+        schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _, _ in parts],
                                                find_clash)
-        return writers.writable_schema(run.index, schema)
+        return writers.finished_schema(run.index, schema, arrow_json.merge_object_keys([keys for _, _, keys in parts]))
     except UserError as exc:  # every rank has every part: each finds the same
         raise EveryRankError(str(exc)) from None
 

@@ -4,7 +4,8 @@ file or in ``--output-shards N`` consecutive slices of the order.
 - JSONL in, JSONL out: every record byte for byte (``records``); Parquet or a datasets folder in,
   the same format out, same schema (``arrow_sources``).
 - ``--output-format`` converts: Parquet/datasets rows to JSONL (one JSON object per row), JSONL
-  records to Parquet (columns inferred from all records, one schema for every shard of the set).
+  records to Parquet (columns inferred from all records, one schema for every shard of the set; objects whose
+  keys differ from record to record held as JSON text, as datasets holds them: ``arrow_json``).
 - ``--output-shards N`` names the files ``B-00000-of-0000N.<ext>`` (the naming of Hugging Face
   datasets and datatrove); shard i holds the i-th of N consecutive slices of the order, of
   near-equal record counts. ``write_shard`` writes one of them from its slice alone, so the
@@ -14,16 +15,19 @@ file or in ``--output-shards N`` consecutive slices of the order.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from . import records
+from . import arrow_json, records
 from .atomic import atomic_path, replaced_together
 from .errors import UserError
 from .sources import PARQUET_SUFFIX, record_bytes
+
+log = logging.getLogger(__name__)
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
 # File suffixes with digits in them (the others are letters alone): --output refuses them as it refuses .csv.
@@ -178,7 +182,7 @@ def _arrow_to_jsonl(source, rows: np.ndarray, path: Path) -> int:
     written = 0
     with records.open_output(path) as sink:
         for table in source.ordered_tables(rows):
-            lines = [json.dumps(row, ensure_ascii=False, default=_json_value) for row in table.to_pylist()]
+            lines = [json.dumps(row, ensure_ascii=False, default=_json_value) for row in arrow_json.rows(table)]
             data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
             sink.write(data)
             written += len(data)
@@ -191,17 +195,39 @@ def _jsonl_pieces(source, rows: np.ndarray):
         yield [json.loads(raw) for raw in source.read_raw(rows[lo:hi])]
 
 
-def parquet_schema(source, rows: np.ndarray, check: bool = True):
-    """One Parquet schema for JSONL records ``rows``: each piece's inferred columns, unified in row order, and
-    (``check``) checked writable. Unchecked for a part of the records: a field holding ``{}`` there may hold
-    fields in another part."""
+def parquet_schema(source, rows: np.ndarray):
+    """One Parquet schema for JSONL records ``rows``: ``inferred_columns``, finished and checked writable."""
+    return finished_schema(source, *inferred_columns(source, rows))
 
+
+def inferred_columns(source, rows: np.ndarray):
+    """(schema, object keys) of JSONL records ``rows``: each piece's inferred columns, unified in row order, and
+    the keys of the objects at each path (``arrow_json.note_object_keys``). Parts of the records (a torchrun
+    rank's each) are put together with ``unify_parquet_schemas`` and ``arrow_json.merge_object_keys``."""
     source.check_unchanged()
+    schemas, object_keys = [], {}
     try:
-        schema = _unified([_piece_schema(piece) for piece in _jsonl_pieces(source, rows)])
+        for piece in _jsonl_pieces(source, rows):
+            schemas.append(_piece_schema(piece))
+            if arrow_json.has_objects(schemas[-1]):
+                arrow_json.note_object_keys(piece, object_keys)
+        schema = _unified(schemas)
     except _conversion_errors() as exc:
         raise _not_one_table(source, exc, _first_clash(source, rows)) from None
-    return writable_schema(source, schema) if check else schema
+    return schema, object_keys
+
+
+def finished_schema(source, schema, object_keys: dict):
+    """The records' schema, objects whose keys differ held as JSON text (said), checked writable (not a struct of
+    no fields, from records holding ``{}`` only)."""
+    uneven = arrow_json.uneven_object_paths(object_keys)
+    if uneven:
+        schema = arrow_json.with_json_at(schema, uneven)
+        named = [".".join(path).replace(".[]", "[]") for path in arrow_json.json_paths(schema)]
+        log.info("Parquet: the objects at %s have different keys from record to record: held as JSON text (Arrow's "
+                 "JSON type, which datasets reads back as the objects), not as one struct of every key, which would "
+                 "give each object the keys it lacks as null", ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
+    return writable_schema(source, schema)
 
 
 def writable_schema(source, schema):
@@ -353,10 +379,12 @@ def _jsonl_to_parquet(source, rows: np.ndarray, path: Path, schema=None) -> int:
 
     schema = parquet_schema(source, rows) if schema is None else schema
     source.check_unchanged()
+    as_text, storage = arrow_json.json_paths(schema), arrow_json.storage_schema(schema)
     try:
         with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
             for piece in _jsonl_pieces(source, rows):
-                writer.write_table(pa.Table.from_pylist(piece, schema=schema))
+                table = pa.Table.from_pylist(arrow_json.encoded(piece, as_text), schema=storage)
+                writer.write_table(table.cast(schema) if as_text else table)
     except _conversion_errors() as exc:  # e.g. a field holding {} only: no Parquet type
         raise _not_one_table(source, exc) from None
     return path.stat().st_size

@@ -973,7 +973,7 @@ def test_jsonl_converted_to_parquet_keeps_every_field_of_every_record_in_one_sch
                                                                                      shards, seed):
     """Each Parquet row holds its record's fields, whichever record first has a field (a plain loop over the
     records says what each row must hold), and every shard has the one schema."""
-    from diversity_order import writers
+    from diversity_order import arrow_json, writers
     from diversity_order.records import scan_jsonl
 
     folder = tmp_path_factory.mktemp("convert")
@@ -985,7 +985,7 @@ def test_jsonl_converted_to_parquet_keeps_every_field_of_every_record_in_one_sch
     assert all(table.schema == tables[0].schema for table in tables)
     fields = {name for record in records for name in record}
     assert set(tables[0].column_names) == fields
-    rows = [row for table in tables for row in table.to_pylist()]
+    rows = [row for table in tables for row in arrow_json.rows(table)]
     assert [_without_nulls(row) for row in rows] == [_without_nulls(records[i]) for i in order]
 
 
@@ -1079,8 +1079,7 @@ def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_record
         raise AssertionError("embedded before the records were checked")
 
     monkeypatch.setattr(embed, "embed_and_count", never)
-    for name, extra in (("clash", [{"e": 1}, {"e": "x"}]), ("empty_object", [{}, {"c": {}}]),
-                        ("huge", [{"e": 1}, {"e": 1 << 70}])):
+    for name, extra in (("clash", [{"e": 1}, {"e": "x"}]), ("huge", [{"e": 1}, {"e": 1 << 70}])):
         records = [{"text": r["text"], **extra[i % 2]} for i, r in enumerate(demo_records)]
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         err = run_error(capsys, "--input", tmp_path / f"{name}.jsonl", "--output", tmp_path / name / "c.parquet",
@@ -1107,15 +1106,83 @@ def test_jsonl_converted_to_parquet_has_its_columns_in_input_order_whatever_the_
         assert writers.parquet_schema(source, np.arange(3)) == pq.read_schema(path).remove_metadata()
 
 
-def test_records_parquet_cannot_hold_are_one_line(tmp_path):
+_WORDS = st.sampled_from(["a", "b", "c", "city", "query"])
+_ARGUMENTS = st.dictionaries(_WORDS, st.text(max_size=3), max_size=3)
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.text(max_size=5)},
+                                 optional={"arguments": _ARGUMENTS, "tool_calls": st.lists(
+                                     st.fixed_dictionaries({"name": _WORDS, "arguments": _ARGUMENTS}), max_size=2)})
+_CHAT_RECORD = st.fixed_dictionaries({"messages": st.lists(_MESSAGE, min_size=1, max_size=3)},
+                                     optional={"meta": st.dictionaries(_WORDS, st.integers(0, 9), max_size=2),
+                                               "id": st.integers(0, 99)})
+
+
+@given(records=st.lists(_CHAT_RECORD, min_size=1, max_size=12), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_jsonl_written_as_parquet_reads_back_as_the_records_whatever_their_keys(tmp_path_factory, records, data):
+    """Objects whose keys differ (tool-call arguments of different functions) were typed as one struct of every
+    key, so each read back with the keys it lacks as null, which a chat template printing them prints. They are
+    now held as JSON text, as datasets holds them: every record reads back as written (a key missing at the top
+    reads as null, as a column), and the documents' fingerprints are the JSONL's."""
+    from diversity_order import arrow_json, writers
+    from diversity_order.records import scan_jsonl
+
+    folder = tmp_path_factory.mktemp("uneven")
+    (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = scan_jsonl(folder / "in.jsonl", "messages", progress=False)
+    order = np.array(data.draw(st.permutations(range(len(records)))))
+    [(path, _)] = writers.write_curated(source, order, folder / "out.parquet", "parquet")
+    back = arrow_json.rows(pq.read_table(path))
+    columns = pq.read_schema(path).names
+    assert back == [{name: records[i].get(name) for name in columns} for i in order]
+    parquet = scan_parquet_source(path)
+    assert [parquet.fingerprints[j] for j in range(len(records))] == [source.fingerprints[i] for i in order]
+
+
+def scan_parquet_source(path):
+    from diversity_order.sources import open_source
+
+    return open_source(path, "messages", progress=False)
+
+
+def test_datasets_reads_tool_call_arguments_written_as_parquet_as_they_were(tmp_path):
+    """The reviewer's case: arguments of different functions, and a record's tools. Read back with datasets (what
+    TRL loads), each object has its own keys, not the other functions' as null."""
+    datasets = pytest.importorskip("datasets")
     from diversity_order import writers
+    from diversity_order.records import scan_jsonl
+
+    call = lambda name, arguments: {"role": "assistant", "content": "", "tool_calls": [  # noqa: E731
+        {"type": "function", "function": {"name": name, "arguments": arguments}}]}
+    records = [{"messages": [{"role": "user", "content": "weather?"}, call("weather", {"city": "Paris"})],
+                "tools": [{"name": "weather", "parameters": {"city": {"type": "string"}}}]},
+               {"messages": [{"role": "user", "content": "find"}, call("search", {"query": "os", "n": 3})],
+                "tools": [{"name": "search", "parameters": {"query": {"type": "string"}, "n": {"type": "integer"}}}]},
+               {"messages": [{"role": "user", "content": "plain"}]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = scan_jsonl(tmp_path / "in.jsonl", "messages", progress=False)
+    [(path, _)] = writers.write_curated(source, np.arange(3), tmp_path / "out.parquet", "parquet")
+    loaded = datasets.load_dataset("parquet", data_files=str(path), split="train",
+                                   cache_dir=str(tmp_path / "hf_cache"))
+    assert [dict(row) for row in loaded] == [{"tools": None} | record for record in records]
+    # And a Parquet file datasets wrote from the JSONL (its JSON columns) reads as the JSONL's records.
+    datasets.load_dataset("json", data_files=str(tmp_path / "in.jsonl"), split="train",
+                          cache_dir=str(tmp_path / "hf_cache")).to_parquet(str(tmp_path / "by_datasets.parquet"))
+    assert list(scan_parquet_source(tmp_path / "by_datasets.parquet").fingerprints) == list(source.fingerprints)
+
+
+def test_records_parquet_cannot_hold_are_one_line(tmp_path):
+    from diversity_order import arrow_json, writers
     from diversity_order.errors import UserError
     from diversity_order.records import scan_jsonl
 
-    for name, records in (("empty_object", [{"text": "a", "c": {}}]), ("clash", [{"text": "a", "e": 1},
-                                                                              {"text": "b", "e": "x"}])):
+    for name, records in (("clash", [{"text": "a", "e": 1}, {"text": "b", "e": "x"}]),):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         with pytest.raises(UserError, match="cannot be one Parquet table"):
             writers.write_curated(scan_jsonl(tmp_path / f"{name}.jsonl", progress=False), np.arange(len(records)),
                                   tmp_path / f"{name}.parquet", "parquet")
         assert not list(tmp_path.glob(f"*{name}*.parquet*"))  # nothing half-written left
+    # An object that is {} in every record (a struct of no fields, which Parquet cannot write) is held as JSON text.
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"text": "a", "c": {}}) + "\n")
+    [(path, _)] = writers.write_curated(scan_jsonl(tmp_path / "empty.jsonl", progress=False), np.arange(1),
+                                        tmp_path / "empty.parquet", "parquet")
+    assert arrow_json.rows(pq.read_table(path)) == [{"text": "a", "c": {}}]

@@ -1,0 +1,190 @@
+"""Objects whose keys differ from record to record, held in Arrow as JSON text (the ``arrow.json`` extension type).
+
+Arrow types an object column as one struct of every key any object has, so an object that lacks a key reads back
+with it as null: tool-call arguments of different functions (``{"city": ...}`` beside ``{"query": ...}``) become
+``{"city": ..., "query": null}`` each, which a chat template that prints them (through ``tojson``) prints. The
+datasets library (5.x) stores such objects as JSON text instead, in the ``arrow.json`` extension type, and decodes
+them when read. So here: JSONL written as Parquet holds the objects at such a path as JSON text
+(``uneven_object_paths``, ``with_json_at``, ``encoded``), and Arrow rows read as records decode it (``rows``), so
+a record reads back as it was written, and as datasets reads it.
+
+A path is a tuple of the keys from the record down, ``"[]"`` for a list's items.
+"""
+
+from __future__ import annotations
+
+import json
+
+JSON_EXTENSION = "arrow.json"
+ITEMS = "[]"
+_UNSEEN = object()
+
+
+def is_json(arrow_type) -> bool:
+    return getattr(arrow_type, "extension_name", None) == JSON_EXTENSION
+
+
+def note_object_keys(records: list[dict], into: dict) -> None:
+    """Walk ``records`` and note in ``into`` each path's key set, None once two objects there differ (nothing below
+    such a path is walked further: it is held whole as JSON text)."""
+    for record in records:
+        for name, value in record.items():
+            _note(value, (name,), into)
+
+
+def _note(value, path: tuple, into: dict) -> None:
+    if isinstance(value, dict):
+        keys, seen = frozenset(value), into.get(path, _UNSEEN)
+        if seen is _UNSEEN:
+            into[path] = keys
+        elif seen is not None and seen != keys:
+            into[path] = None
+        if into[path] is None:
+            return
+        for name, item in value.items():
+            _note(item, (*path, name), into)
+    elif isinstance(value, list):
+        for item in value:
+            _note(item, (*path, ITEMS), into)
+
+
+def merge_object_keys(parts: list[dict]) -> dict:
+    """``note_object_keys`` of parts of the records (pieces, ranks) as one."""
+    merged: dict = {}
+    for part in parts:
+        for path, keys in part.items():
+            seen = merged.get(path, _UNSEEN)
+            merged[path] = keys if seen is _UNSEEN else (None if seen is None or keys is None or seen != keys else seen)
+    return merged
+
+
+def uneven_object_paths(object_keys: dict) -> list[tuple]:
+    """The outermost paths whose objects' keys differ, or that hold only empty objects (``{}``: a struct of no
+    fields, which Parquet cannot write)."""
+    uneven = sorted(path for path, keys in object_keys.items() if not keys)
+    return [path for path in uneven if not any(path[:i] in set(uneven) for i in range(1, len(path)))]
+
+
+def has_objects(schema) -> bool:
+    """Whether a schema holds any object (a struct), at any depth: else there is nothing to walk."""
+    import pyarrow as pa
+
+    def holds(arrow_type) -> bool:
+        if pa.types.is_struct(arrow_type):
+            return True
+        if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+            return holds(arrow_type.value_type)
+        return False
+
+    return any(holds(field.type) for field in schema)
+
+
+def with_json_at(schema, paths: list[tuple]):
+    """``schema`` with the type at each of ``paths`` replaced by JSON text (paths the schema lacks are skipped)."""
+    import pyarrow as pa
+
+    def retyped(arrow_type, path: tuple, wanted: list[tuple]):
+        if any(len(p) == len(path) for p in wanted):
+            return pa.json_()
+        deeper = [p for p in wanted if len(p) > len(path)]
+        if pa.types.is_struct(arrow_type):
+            return pa.struct([field.with_type(retyped(field.type, (*path, field.name),
+                                                      [p for p in deeper if p[len(path)] == field.name]))
+                              for field in arrow_type])
+        if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+            items = [p for p in deeper if p[len(path)] == ITEMS]
+            value = retyped(arrow_type.value_type, (*path, ITEMS), items)
+            return pa.large_list(value) if pa.types.is_large_list(arrow_type) else pa.list_(value)
+        return arrow_type
+
+    fields = []
+    for field in schema:
+        wanted = [path for path in paths if path[0] == field.name]
+        fields.append(field.with_type(retyped(field.type, (field.name,), wanted)) if wanted else field)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def json_paths(schema) -> list[tuple]:
+    """The paths of ``schema`` typed as JSON text."""
+    import pyarrow as pa
+
+    found = []
+
+    def walk(arrow_type, path: tuple) -> None:
+        if is_json(arrow_type):
+            found.append(path)
+        elif pa.types.is_struct(arrow_type):
+            for field in arrow_type:
+                walk(field.type, (*path, field.name))
+        elif pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+            walk(arrow_type.value_type, (*path, ITEMS))
+
+    for field in schema:
+        walk(field.type, (field.name,))
+    return found
+
+
+def storage_schema(schema):
+    """``schema`` with JSON text typed as the strings it is stored in (what records encoded here convert to)."""
+    import pyarrow as pa
+
+    def plain(arrow_type):
+        if is_json(arrow_type):
+            return arrow_type.storage_type
+        if pa.types.is_struct(arrow_type):
+            return pa.struct([field.with_type(plain(field.type)) for field in arrow_type])
+        if pa.types.is_large_list(arrow_type):
+            return pa.large_list(plain(arrow_type.value_type))
+        if pa.types.is_list(arrow_type):
+            return pa.list_(plain(arrow_type.value_type))
+        return arrow_type
+
+    return pa.schema([field.with_type(plain(field.type)) for field in schema], metadata=schema.metadata)
+
+
+def encoded(records: list[dict], paths: list[tuple]) -> list[dict]:
+    """``records`` with the values at ``paths`` as compact JSON text (as datasets writes it); the rest shared."""
+    if not paths:
+        return records
+    return [_transform(record, paths, _to_text) for record in records]
+
+
+def rows(table) -> list[dict]:
+    """A table's rows as records, JSON text decoded back into the values it holds."""
+    records = table.to_pylist()
+    paths = json_paths(table.schema)
+    return [_transform(record, paths, _from_text) for record in records] if paths else records
+
+
+def _to_text(value):
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _from_text(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _transform(record: dict, paths: list[tuple], change) -> dict:
+    """A copy of ``record`` with ``change`` applied to the (non-null) value at each path; untouched parts shared."""
+    out = dict(record)
+    for name in {path[0] for path in paths}:
+        if name in out:
+            out[name] = _at(out[name], [path[1:] for path in paths if path[0] == name], change)
+    return out
+
+
+def _at(value, rests: list[tuple], change):
+    if value is None:
+        return None
+    if any(not rest for rest in rests):
+        return change(value)
+    if isinstance(value, list):
+        inner = [rest[1:] for rest in rests if rest[0] == ITEMS]
+        return [_at(item, inner, change) for item in value] if inner else value
+    if isinstance(value, dict):
+        out = dict(value)
+        for name in {rest[0] for rest in rests}:
+            if name in out:
+                out[name] = _at(out[name], [rest[1:] for rest in rests if rest[0] == name], change)
+        return out
+    return value
