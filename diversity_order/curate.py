@@ -317,7 +317,25 @@ def _start(config: CurateConfig) -> Run:
     device, ctx = start(config.device, config.gpu)
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
-    return Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field))
+    run = Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field))
+    if ctx.is_main:
+        _remove_what_killed_runs_left(run)
+    return run
+
+
+def _remove_what_killed_runs_left(run: Run) -> None:
+    """The temp files and staged shards of runs killed while writing this run's files (kill -9, an out-of-memory
+    kill), removed before anything is written: a cache's temp file is as large as the cache (2.3 GB for 1M
+    documents), and on a nearly full disk one left behind made every later run fail for want of room. Never a
+    live process's (``atomic.remove_stale_temps``)."""
+    config = run.config
+    targets = [*run.paths.values(), config.output, *writers.shard_names_with_temps(config.output)]
+    if config.export_packed is not None:
+        targets.append(config.export_packed)
+    removed = [path for target in targets for path in atomic.remove_stale_temps(target)]
+    if removed:
+        log.info("Removed %d file(s) that killed runs left beside this run's files (%s%s)", len(removed),
+                 removed[0].name, f" ... {removed[-1].name}" if len(removed) > 1 else "")
 
 
 def _finish(run: Run) -> None:

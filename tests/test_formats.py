@@ -446,6 +446,30 @@ def test_a_run_stopped_while_writing_shards_leaves_the_earlier_set_whole(tmp_pat
     assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00006{out.name[1:]}" for i in range(6)]
 
 
+def test_what_a_killed_run_left_is_removed_before_the_next_writes_anything(tmp_path, demo_jsonl, tiny_model_dir,
+                                                                          caplog):
+    """A reviewer's kill -9 while embedding left a temp file as large as the cache; on a nearly full disk every
+    later run then failed for want of room, since only a run that completed removed it. A run removes them when it
+    starts (here one that then stops on a bad flag), never a live process's."""
+    from diversity_order import atomic
+
+    out = tmp_path / "c.jsonl"
+    dead = [tmp_path / f".c_embeddings.npy.{atomic._HOST}.999999999.x1.tmp",
+            tmp_path / f".c.jsonl.{atomic._HOST}.999999999.staged.jsonl",
+            tmp_path / f".c-00001-of-00002.jsonl.{atomic._HOST}.999999999.staged.jsonl",
+            tmp_path / f".c_meta.json.{atomic._HOST}.999999999.x2.tmp"]
+    live = tmp_path / f".c_embeddings.npy.{atomic._HOST}.{os.getppid()}.x3.tmp"  # a live process's
+    for path in [*dead, live]:
+        path.write_bytes(b"partial")
+    (tmp_path / f".packed.{atomic._HOST}.999999999.y.tmp").mkdir()  # a killed export's staging folder
+    with caplog.at_level(logging.INFO):
+        assert curate("--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 100000,
+                      "--export-packed", tmp_path / "packed") == 2
+    assert not any(path.exists() for path in dead) and live.exists()
+    assert not (tmp_path / f".packed.{atomic._HOST}.999999999.y.tmp").exists()
+    assert "Removed 5 file(s) that killed runs left beside this run's files" in caplog.text
+
+
 def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, demo_jsonl, tiny_model_dir,
                                                                       monkeypatch, capsys):
     """A reviewer's Ctrl-C while the clusters were described (after the shards were in place, before the metadata)
