@@ -694,12 +694,31 @@ def require_records(paths: list[Path], counts: list[int]) -> None:
 _bytes_done = None  # in an indexing process: the counter of bytes indexed that every process adds to
 
 
-def _start_indexing_process(counter) -> None:
+def _start_indexing_process(counter, parent: int) -> None:
     global _bytes_done
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the processes
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, forked with it: a worker just ends
+    _end_with_parent(parent)
     _bytes_done = counter
+
+
+def _end_with_parent(parent: int) -> None:
+    """Have Linux end this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``): a parent killed by SIGKILL or
+    an out-of-memory kill runs no clean-up, and its workers (a few hundred MB each) waited forever, adopted by init.
+    Elsewhere nothing is set up."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
 
 
 def _count_bytes(n: int) -> None:
@@ -727,7 +746,7 @@ def _scan_in_processes(paths: list[Path], text_field, pieces: list[tuple], worke
     name = paths[0].name if len(paths) == 1 else f"{len(paths)} files"
     parts = []
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_indexing_process,
-                             initargs=(counter,)) as pool, \
+                             initargs=(counter, os.getpid())) as pool, \
             Progress(None if compressed else sum(sizes), f"Indexing {name} ({workers} processes)",
                      unit="MB decompressed so far" if compressed else "MB", rate_unit="MB", bar=progress,
                      scale=MB) as bar:

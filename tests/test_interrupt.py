@@ -349,3 +349,53 @@ def test_ctrl_c_while_only_counting_tokens_keeps_the_counts_done(tmp_path, tiny_
     (tmp_path / "d_token_counts.cache.json").unlink()
     assert run_main(curate_dataset.main, args) == 0  # counted afresh, in one go
     np.testing.assert_array_equal(np.load(tmp_path / "d_token_counts.npy"), counts)
+
+
+KILLED_WHILE_INDEXING = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from diversity_order import records
+
+    def slow(*args):
+        time.sleep(120)
+
+    records._scan_piece = slow
+    path = Path(sys.argv[1])
+    records._scan_in_processes([path], "text", [(0, 0, 10), (0, 10, None)], 2, False, [path.stat().st_size])
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_index_workers_end_when_the_run_is_killed(tmp_path):
+    """A reviewer's kill -9 (and SIGTERM, before commands handled it) while a large input was indexed left the two
+    forked workers waiting forever, adopted by init, a few hundred MB each. They now end with their parent."""
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n' * 10)
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WHILE_INDEXING, str(tmp_path / "d.jsonl")], cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+    def workers() -> list[int]:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == child.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    deadline = time.time() + 60
+    while len(workers()) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    started = workers()
+    assert len(started) == 2
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.time() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in started) and time.time() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive
