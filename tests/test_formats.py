@@ -470,6 +470,37 @@ def test_what_a_killed_run_left_is_removed_before_the_next_writes_anything(tmp_p
     assert "Removed 5 file(s) that killed runs left beside this run's files" in caplog.text
 
 
+def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl, tiny_model_dir, monkeypatch, capsys):
+    """A reviewer's small tmpfs filled while the curated file, the order, the export or a plot was written: a
+    35-line traceback and exit 1 each time. Now one line saying where and what to do, exit 2, files left whole."""
+    import errno
+
+    from diversity_order import curate as curate_module
+    from diversity_order import writers
+
+    out = tmp_path / "c.jsonl"
+    base = ["--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, *COMMON]
+    assert curate(*base) == 0
+    before = out.read_bytes()
+
+    def full(*args, **kwargs):  # as the file system says it
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".c.jsonl.h.1.staged.jsonl"))
+
+    monkeypatch.setattr(writers, "write_shard", full)
+    assert run_error(capsys, *base, "--ordering", "random") == (
+        f"error: no room left on the disk writing in {tmp_path} (No space left on device); the earlier files are as "
+        "they were: free space or choose another --output folder, and run again")
+    assert out.read_bytes() == before
+    monkeypatch.undo()
+
+    def short(*args, **kwargs):  # as numpy's tofile says it
+        raise OSError("100000 requested and 33264 written")
+
+    monkeypatch.setattr(curate_module, "save_npy", short)
+    assert run_error(capsys, *base, "--ordering", "random").startswith(
+        "error: no room left on the disk writing a file (100000 requested and 33264 written)")
+
+
 def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, demo_jsonl, tiny_model_dir,
                                                                       monkeypatch, capsys):
     """A reviewer's Ctrl-C while the clusters were described (after the shards were in place, before the metadata)

@@ -216,6 +216,12 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
             sys.stderr.write(("" if rank == "0" else f"[rank {rank}] ") + f"error: {exc}\n")
             sys.stderr.flush()
         return 2
+    except OSError as exc:
+        full = _disk_full_line(exc)
+        if full is None:
+            raise
+        sys.stderr.write(f"error: {full}\n")
+        return 2
     except ModuleNotFoundError as exc:
         if not exc.name or exc.name.partition(".")[0] == "diversity_order":
             raise  # our own module missing: a broken install, the traceback says which
@@ -231,6 +237,21 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
         from ..outputs import remove_created_folders
 
         remove_created_folders(failed=code != 0)
+
+
+def _disk_full_line(exc: OSError) -> str | None:
+    """One line for a write that found its disk full (or the user's quota spent): where, and what to do. Writers
+    report it their own ways (an errno; numpy's "N requested and M written"; pyarrow's and PIL's text), so each is
+    recognised here, and the files written so far were left whole by their atomic writes. None for another error."""
+    import errno
+
+    text = str(exc)
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left on device" not in text and \
+            "Disk quota exceeded" not in text and not re.search(r"\d+ requested and \d+ written", text):
+        return None
+    where = f"writing in {os.path.dirname(os.path.abspath(exc.filename))}" if exc.filename else "writing a file"
+    return (f"no room left on the disk {where} ({exc.strerror or text.splitlines()[0]}); the earlier files are "
+            "as they were: free space or choose another --output folder, and run again")
 
 
 def run_command(main: Callable[[list[str] | None], int]) -> int:
