@@ -185,13 +185,15 @@ def embed_and_count(
         stats.empty_rows.extend(batch_rows[lengths == 0].tolist())
         stats.tokens += int(lengths.sum())
         complete[0] = at + n
-        bar.update(n, work=int(lengths.sum()))
+        bar.update(n, work=int(lengths.sum()), size=int(sizes[at: at + n].sum()) if sizes is not None else 0)
 
     behind = Behind("embedding", depth=2)
     kinds = getattr(index, "kinds", None)
     if kinds is not None and kinds.conversations and rows.size:
         tokenizer.prepare_chat()
-    with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress) as bar:
+    sizes = _record_sizes(index, rows)
+    with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress,
+                  total_size=int(sizes.sum()) if sizes is not None else None) as bar:
         try:
             for batch_rows, texts in prefetched(index.iter_documents(rows, batch_bytes, batch_docs)):
                 encoded = tokenizer.encode_texts(texts)
@@ -208,6 +210,18 @@ def embed_and_count(
     if stats.empty_rows:
         warn_no_tokens(index, stats.empty_rows, embedded=table is not None)
     return vectors, counts, stats
+
+
+def _record_sizes(index, rows: np.ndarray) -> np.ndarray | None:
+    """Each record's bytes, where the index knows them (JSONL; Parquet rows as stored), for the ETA: tokenizing
+    takes about as long per byte, not per document. None where it does not."""
+    from .sources import record_bytes
+
+    try:
+        sizes = record_bytes(index, rows)
+    except (AttributeError, TypeError, IndexError):
+        return None
+    return sizes if sizes.size == rows.size and sizes.sum() > 0 else None
 
 
 def warn_no_tokens(index, rows, embedded: bool, known_from: str = "") -> None:

@@ -49,12 +49,16 @@ class Progress:
     both): the first at the
     first update, then one every ``progress_log_seconds()``. With ``total_work`` (e.g. tokens,
     when items differ in size) rates and the ETA are also given in work units, and the ETA
-    comes from the work rate. Each line ends with the peak memory, or ``note()`` when given.
+    comes from the work rate. ``total_size`` (e.g. the items' bytes, known before the work, where its amount is
+    not): the ETA comes from the rate of ``update``'s ``size`` instead, so one huge first item (a 6 MB record in the
+    first batch said 196 hours for 8 s of work) does not skew it. Each line ends with the peak memory, or
+    ``note()`` when given.
     """
 
     def __init__(self, total: int | None, desc: str, unit: str = "documents", rate_unit: str = "docs",
                  bar: bool = True, total_work: int | None = None, work_unit: str = "tokens", note=None,
-                 silent: bool = False, scale: int = 1):
+                 silent: bool = False, scale: int = 1, total_size: int | None = None):
+        self.total_size, self.size = total_size, 0
         self.total, self.desc, self.unit, self.rate_unit = total, desc, unit, rate_unit
         self.scale = scale  # counts are shown divided by this (e.g. bytes as MB)
         self.total_work, self.work_unit = total_work, work_unit
@@ -79,9 +83,10 @@ class Progress:
             self._bar.total = total
             self._bar.refresh()
 
-    def update(self, n: int, work: int = 0) -> None:
+    def update(self, n: int, work: int = 0, size: int = 0) -> None:
         self.done += n
         self.work += work
+        self.size += size
         if self._bar is not None:
             self._bar.update(n)
             extra = [f"{self.work:,} {self.work_unit}"] if self.work else []
@@ -103,7 +108,9 @@ class Progress:
         if self.work:
             parts.append(f"{self.work / elapsed:,.0f} {self.work_unit}/s")
         remaining, rate = None, None
-        if self.total_work:
+        if self.total_size:
+            remaining, rate = self.total_size - self.size, self.size / elapsed
+        elif self.total_work:
             remaining, rate = self.total_work - self.work, self.work / elapsed
         elif self.total:
             remaining, rate = self.total - self.done, self.done / elapsed
