@@ -48,6 +48,7 @@ class AnimationInputs:
     seq_len: int
     source: str  # where labels/order came from
     packing: str = "whole"  # the curate run's --packing (packing.py)
+    token_counts_file: Path | None = None  # the file the counts came from (its records' fingerprints lie beside it)
 
 
 def _resolve_beside(meta_path: Path, recorded: str) -> Path:
@@ -152,7 +153,28 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
             raise UserError(f"--ordering {ordering}: choose a cluster ordering ({', '.join(CLUSTER_ORDERINGS)})")
         ordr = ORDERINGS[ordering](lab, counts, k, OrderingOptions(seed=seed, seq_len=seq_len, packing=packing))
         source += f", {ordering} order recomputed"
-    return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source, packing)
+    return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source, packing, Path(token_counts))
+
+
+def check_projection_records(projection: Path, inputs: AnimationInputs) -> None:
+    """A 2-D projection of as many other records (the same ones reordered or edited, then a run with --no-plot,
+    which leaves the earlier run's projection) passed the row-count check and drew each point in another
+    record's colour. Where both files have their records' fingerprints beside them, they must be the same."""
+    from .caches import sidecar_paths
+
+    if inputs.token_counts_file is None:
+        return
+    try:
+        theirs = np.load(sidecar_paths(projection)[0])
+        ours = np.load(sidecar_paths(inputs.token_counts_file)[0])
+    except (OSError, ValueError):
+        return  # no fingerprints to compare (files copied without them): the row count was checked
+    if theirs.shape == ours.shape and not np.array_equal(theirs, ours):
+        differ = int(np.count_nonzero(theirs != ours))
+        raise UserError(f"--umap {projection}: a projection of other records ({differ:,} of its {theirs.size:,} rows "
+                        f"are not those of {inputs.token_counts_file.name}, by the fingerprints beside each): a curate "
+                        "run with --no-plot leaves the last projection; run curate_dataset.py without --no-plot to "
+                        "write it for these")
 
 
 # ---------------------------------------------------------------- encoder

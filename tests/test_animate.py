@@ -163,6 +163,16 @@ def test_output_name_and_umap_rows_are_checked_before_any_video(run_files, capsy
                                                                   "--output", str(tmp / "u.mp4")])
     err = capsys.readouterr().err
     assert rc == 2 and "found shape (400, 16): not a 2-D projection" in err and "other records" not in err
+    # As many rows, but of other records (the same ones reordered, then a run with --no-plot): the fingerprints beside
+    # the projection and beside the token counts differ. Before, each point was drawn in another record's colour.
+    fingerprints = np.arange(400, dtype=np.uint64)
+    np.save(tmp / "A_token_counts.fingerprints.npy", fingerprints)
+    np.save(tmp / "B_umap2d.fingerprints.npy", fingerprints[::-1].copy())
+    rc = animate_ordering.run_main(animate_ordering.main, base + ["--umap", str(tmp / "B_umap2d.npy"),
+                                                                  "--output", str(tmp / "u.mp4")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "a projection of other records (400 of its 400 rows are not those of A_token_counts.npy" in err
+    assert not (tmp / "u.mp4").exists()
     (tmp / "a_file").write_text("")
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--output", str(tmp / "a_file" / "v.mp4")])
     assert rc == 2 and "--output: cannot write in" in capsys.readouterr().err

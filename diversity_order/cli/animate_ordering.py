@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         uw, uh = _size(args.umap_size, "--umap-size")
         cloud = animate.UmapFrames(inputs, np.asarray(load_npy(args.umap, "--umap")), uw, uh)
+        animate.check_projection_records(args.umap, inputs)
 
     started = time.perf_counter()
     bars = animate.BarFrames(inputs, width, height)
