@@ -266,5 +266,9 @@ def write_report(stem: Path, rows: list[dict], curves: dict, n_clusters: int, ti
                               "winners": {str(k): v for k, v in verdicts(rows).items()},
                               "u_out_of_reach": {str(k): v for k, v in u_out_of_reach_by_length(rows).items()}})
     if plot:
-        plot_strategy_distributions(paths["plot"], curves, n_clusters, title)
+        # The random row's mean is its shuffles' (the table's); its box, the first shuffle's windows.
+        means = {(row["ordering"], row["seq_len"]): row["diversity"]["mean"] for row in rows if "shuffles" in row}
+        shuffles = next((row["shuffles"] for row in rows if "shuffles" in row), None)
+        labels = {"random": f"random (mean of {shuffles})"} if shuffles else {}
+        plot_strategy_distributions(paths["plot"], curves, n_clusters, title, means, labels)
     return paths, table

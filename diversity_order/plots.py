@@ -285,14 +285,18 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
     plt.close(fig)
 
 
-def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title: str) -> None:
+def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title: str, means: dict | None = None,
+                                labels: dict | None = None) -> None:
     """One panel per seq_len, one row per ordering: how its windows' unique clusters spread. The box runs from
     the 25th to the 75th percentile, the whiskers to the 10th and 90th, a tick marks the median and a diamond
     the mean (its value at the right). Rows keep the comparison's order, top to bottom.
 
     ``curves``: {(ordering, seq_len): per-window diversity}. (A line per ordering along the order, even
-    smoothed, was a tangle at nine orderings: one hid another.)
+    smoothed, was a tangle at nine orderings: one hid another.) ``means``: {(ordering, seq_len): the mean the
+    table gives}, where it is not the curve's (the random baseline: the mean of several shuffles, its curve one
+    of them); ``labels``: {ordering: its row's name}, where not its name.
     """
+    means, labels = means or {}, labels or {}
     plt = pyplot()
     seq_lens = sorted({seq_len for _, seq_len in curves})
     names = list(dict.fromkeys(name for name, _ in curves))
@@ -312,11 +316,12 @@ def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title
             ax.barh(row, max(q3 - q1, 0.05), left=q1, height=0.56, color=color, alpha=0.55 if bold else 0.3,
                     edgecolor=color, lw=1.2)
             ax.vlines(median, row - 0.28, row + 0.28, color=color, lw=2.4)
-            ax.plot(values.mean(), row, marker="D", ms=4.5, color="black", zorder=3)
-            ax.text(right - n_clusters * 0.01, row, f"{values.mean():.2f}", va="center", ha="right", fontsize=8.5,
+            mean = means.get((name, seq_len), values.mean())
+            ax.plot(mean, row, marker="D", ms=4.5, color="black", zorder=3)
+            ax.text(right - n_clusters * 0.01, row, f"{mean:.2f}", va="center", ha="right", fontsize=8.5,
                     fontweight="bold" if bold else "normal")
         ax.set_yticks(range(len(names)))
-        ax.set_yticklabels(names, fontsize=9)
+        ax.set_yticklabels([labels.get(name, name) for name in names], fontsize=9)
         for label, name in zip(ax.get_yticklabels(), names):
             spec = SPECS.get(name)
             if spec is not None and spec.highlight:
@@ -329,10 +334,13 @@ def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title
                      f"10th-90th, tick: median, diamond and right: mean; dotted: K)", fontsize=9.5)
     axes[-1, 0].set_xlabel("unique clusters in a window")
     bold = [name for name in names if SPECS.get(name) is not None and SPECS[name].highlight]
+    several = [labels[name] for name in names if name in labels and any((name, s) in means for s in seq_lens)]
     fig.suptitle(f"Ordering strategies on {title} (K = {n_clusters})"
                  + (f"\nin bold: {', '.join(bold)} (the default, the README's choices and a shuffle, the yardstick)"
-                    if bold else ""))
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))  # room for the two-line title
+                    if bold else "")
+                 + (f"\n{', '.join(several)}: the diamond and figure are the mean over its orders, as in the table; "
+                    "the box is the first one's windows" if several else ""))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.6 + 0.25 * bool(several)) / fig.get_figheight()))  # room for the title
     save_figure(fig, path)
     plt.close(fig)
 
