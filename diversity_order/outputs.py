@@ -110,6 +110,9 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
     if output.is_dir() and not folder_output:
         raise UserError(f"--output {output}: is a folder; give the path of the curated file to write, "
                         f"e.g. {output / 'curated.jsonl'}")
+    if output.is_file() and _is_json_document(output):
+        raise UserError(f"--output {output}: holds a JSON document, not JSON Lines (another run's metadata or report, "
+                        "such as B_meta.json?), which the curated records would replace; choose another output path")
     for flag, source in read.items():
         if source is None:
             continue
@@ -122,6 +125,17 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
             raise UserError(f"{flag} {source} is also where this run would write its {role.replace('_', ' ')} "
                             f"({target}); choose another --output")
     check_writable_folder(output.parent, "--output")
+
+
+def _is_json_document(path: Path) -> bool:
+    """A file whose first line is a lone ``{`` or ``[``: indented JSON (the metadata and reports runs write), which no
+    JSON Lines file starts with (each of its lines is a whole value)."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(64).strip()
+    except OSError:
+        return False
+    return first in (b"{", b"[")
 
 
 # Folders this process created for its outputs, innermost first: a run that fails removes those left empty.

@@ -470,6 +470,20 @@ def test_what_a_killed_run_left_is_removed_before_the_next_writes_anything(tmp_p
     assert "Removed 5 file(s) that killed runs left beside this run's files" in caplog.text
 
 
+def test_an_output_named_as_another_runs_metadata_is_refused(tmp_path, demo_jsonl, tiny_model_dir, capsys):
+    """A reviewer's --output s_meta.json replaced run s's metadata with curated records: that run lost the record of
+    its shards and export, and animate_ordering.py could not read it. A JSON document is not replaced."""
+    base = ["--input", demo_jsonl, "--model-dir", tiny_model_dir, *COMMON]
+    assert curate(*base, "--output", tmp_path / "s.jsonl") == 0
+    meta = (tmp_path / "s_meta.json").read_bytes()
+    assert run_error(capsys, *base, "--output", tmp_path / "s_meta.json") == (
+        f"error: --output {tmp_path / 's_meta.json'}: holds a JSON document, not JSON Lines (another run's metadata "
+        "or report, such as B_meta.json?), which the curated records would replace; choose another output path")
+    assert (tmp_path / "s_meta.json").read_bytes() == meta
+    assert curate(*base, "--output", tmp_path / "t.json") == 0  # a curated file named .json, rerun: JSON Lines
+    assert curate(*base, "--output", tmp_path / "t.json", "--ordering", "random") == 0
+
+
 def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl, tiny_model_dir, monkeypatch, capsys):
     """A reviewer's small tmpfs filled while the curated file, the order, the export or a plot was written: a
     35-line traceback and exit 1 each time. Now one line saying where and what to do, exit 2, files left whole."""
