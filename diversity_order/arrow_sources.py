@@ -84,6 +84,14 @@ class ArrowTableSource:
     def total_bytes(self) -> int:
         return int(self.row_sizes.sum())
 
+    def file_rows(self) -> list[tuple[Path, int, int]]:
+        """(file, first row, end row) of each file that holds rows, in row order."""
+        spans: dict[int, tuple[int, int]] = {}
+        for piece in self.pieces:
+            lo, hi = spans.get(piece.file, (piece.first, piece.first))
+            spans[piece.file] = (min(lo, piece.first), max(hi, piece.first + piece.rows))
+        return [(self.files[f], lo, hi) for f, (lo, hi) in sorted(spans.items()) if hi > lo]
+
     def where(self, row: int) -> str:
         piece = self.pieces[self._piece_of(np.asarray([row]))[0]]
         return f"{self.files[piece.file]} row {row - self._file_first(piece.file)}"

@@ -430,6 +430,7 @@ def index_input(run: Run, fail_fast: bool) -> None:
     log.info("%s: %d record(s), %.1f MB of records", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
     if run.ctx.is_main:
         run.chat_template = _chat_template_used(run)
+        _warn_of_copied_files(run)
     if not fail_fast:
         return
     if config.n_clusters > run.n:
@@ -440,6 +441,18 @@ def index_input(run: Run, fail_fast: bool) -> None:
     if not config.stats_only and writers.converts_to_parquet(run.index, config.written_kind):
         with run.timer.stage("Inferring the Parquet columns"), heartbeat(f"Inferring the Parquet columns of {run.n:,} records"):
             run.parquet_schema = _parquet_columns(run)
+
+
+def _warn_of_copied_files(run: Run) -> None:
+    """A folder holding a file twice (a.jsonl and a copy, or a.jsonl beside a.jsonl.gz) has every record of it read,
+    curated and trained on once per copy: said, not refused (the user may mean it)."""
+    copies = sources.copied_files(run.index)
+    if copies:
+        copy, original = copies[0]
+        log.warning("%d input file(s) hold the same documents, in the same order, as another input file (%s copies %s%s): "
+                    "each of their records is curated, and trained on, once per copy; leave the copies out of --input "
+                    "if that is not meant", len(copies), copy, original.name,
+                    f"; the last: {copies[-1][0].name}" if len(copies) > 1 else "")
 
 
 def _parquet_columns(run: Run):

@@ -443,6 +443,28 @@ class RecordPieces:
         return found
 
 
+def copied_files(source) -> list[tuple[Path, Path]]:
+    """(file, the earlier file it copies) for each input file whose documents are an earlier file's, in the same
+    order (by their fingerprints: the same file twice under two names, or compressed beside the plain one). One
+    pass over the fingerprints; none for a single file or a source that does not say its files' rows."""
+    import hashlib
+    from collections import Counter
+
+    spans = source.file_rows() if hasattr(source, "file_rows") else []
+    sizes = Counter(hi - lo for _, lo, hi in spans)
+    seen: dict[tuple[int, bytes], Path] = {}
+    copies = []
+    for path, lo, hi in spans:
+        if sizes[hi - lo] < 2:
+            continue  # no other file has as many documents: nothing to hash
+        key = (hi - lo, hashlib.blake2b(np.ascontiguousarray(source.fingerprints[lo:hi]).tobytes()).digest())
+        if key in seen:
+            copies.append((path, seen[key]))
+        else:
+            seen[key] = path
+    return copies
+
+
 def record_bytes(source, rows: np.ndarray) -> np.ndarray:
     """Bytes of each of records ``rows`` of a JSONL source, whole (``row_sizes``) or holding some (``RecordPieces``)."""
     if isinstance(source, RecordPieces):
@@ -478,6 +500,17 @@ class JsonlFiles(RecordPieces):
     @property
     def files(self) -> list[Path]:
         return [index.path for index in self.parts]
+
+    def file_rows(self) -> list[tuple[Path, int, int]]:
+        """(file, first row, end row) of each file that holds rows, in row order (a file indexed in parts, by
+        torchrun ranks, is one)."""
+        spans: list[tuple[Path, int, int]] = []
+        for lo, hi, index in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist(), self.parts):
+            if spans and spans[-1][0] == index.path and spans[-1][2] == lo:
+                spans[-1] = (index.path, spans[-1][1], hi)
+            elif hi > lo:
+                spans.append((index.path, lo, hi))
+        return spans
 
     @property
     def total_bytes(self) -> int:

@@ -470,6 +470,40 @@ def test_what_a_killed_run_left_is_removed_before_the_next_writes_anything(tmp_p
     assert "Removed 5 file(s) that killed runs left beside this run's files" in caplog.text
 
 
+def test_input_files_that_copy_another_are_warned_of(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A reviewer's folder held a.jsonl, a copy b.jsonl and a.jsonl.gz: every record read three times, curated into
+    the output three times, without a word. Said now, with the copies named; files of other documents are not."""
+    import gzip
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    text = "".join(json.dumps(r) + "\n" for r in demo_records[:60])
+    (folder / "a.jsonl").write_text(text)
+    (folder / "b.jsonl").write_text(text)
+    (folder / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in demo_records[60:120]))
+    (folder / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in demo_records[:60][::-1]))  # reordered
+    (folder / "a.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, *COMMON) == 0
+    said = [r.getMessage() for r in caplog.records if "hold the same documents" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        f"2 input file(s) hold the same documents, in the same order, as another input file ({folder / 'a.jsonl.gz'} "
+        "copies a.jsonl; the last: b.jsonl)")
+    caplog.clear()
+    pq.write_table(pa.Table.from_pylist(demo_records[:60]), tmp_path / "p1.parquet")
+    pq.write_table(pa.Table.from_pylist(demo_records[60:]), tmp_path / "p2.parquet")
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", tmp_path / "p*.parquet", "--output", tmp_path / "q.parquet", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    assert "hold the same documents" not in caplog.text
+    pq.write_table(pa.Table.from_pylist(demo_records[:60]), tmp_path / "p3.parquet", row_group_size=7)
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", tmp_path / "p*.parquet", "--output", tmp_path / "r.parquet", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    assert f"1 input file(s) hold the same documents, in the same order, as another input file ({tmp_path / 'p3.parquet'} " \
+        "copies p1.parquet)" in caplog.text
+
+
 def test_an_output_named_as_another_runs_metadata_is_refused(tmp_path, demo_jsonl, tiny_model_dir, capsys):
     """A reviewer's --output s_meta.json replaced run s's metadata with curated records: that run lost the record of
     its shards and export, and animate_ordering.py could not read it. A JSON document is not replaced."""
