@@ -83,6 +83,7 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
     """Labels and order as a curate run saved them (``--meta``, or ``--labels``/``--order``);
     k-means on the embeddings and ``ordering`` (a cluster ordering of the registry) only for what is
     not given. ``token_counts`` None: the file ``--meta`` names (``token_counts_file``)."""
+    from_meta = token_counts is None
     if token_counts is None:
         recorded = read_meta(meta).get("token_counts_file") if meta is not None else None
         if not recorded:
@@ -109,6 +110,11 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
         # Token counts of another corpus with as many documents would pass every other check and draw
         # windows that run never had.
         recorded = m.get("total_tokens")
+        if recorded is not None and int(counts.sum()) != int(recorded) and from_meta:
+            raise UserError(f"--meta {meta}: its token counts file {token_counts} holds {int(counts.sum()):,} tokens "
+                            f"now, but that run counted {int(recorded):,}: a later run over changed records (or with "
+                            "another chat template) rewrote it; run curate_dataset.py again for the labels and order "
+                            "of these records")
         if recorded is not None and int(counts.sum()) != int(recorded):
             raise UserError(f"--token-counts {token_counts}: {int(counts.sum()):,} tokens, but the curate run of "
                             f"--meta {meta} counted {int(recorded):,}; pass the token counts of that run's input "

@@ -338,6 +338,11 @@ class OtherRows(str):
     key), which is no fault of the set: said once at debug level, not for each such set on every run."""
 
 
+# A key's entries as a changed one is said, where its name says less than what it covers (the tokenizer's hash
+# covers the folder's chat template: a reviewer who changed only the template read "a different tokenizer").
+_KEY_WORDS = {"tokenizer": "tokenizer or chat template"}
+
+
 def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | str:
     """The set of ``files`` when it is complete, of ``key`` (None: any) and ``expect``; else why not."""
     name = files.data.name
@@ -356,7 +361,8 @@ def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | st
     stored_key = meta.get("key") if isinstance(meta.get("key"), dict) else {}
     if key is not None and stored_key != _normal(key):
         changed = sorted(k for k in set(key) | set(stored_key) if _normal(key).get(k) != stored_key.get(k))
-        return f"{name} was computed with a different {', '.join(changed)}; recomputing all rows"
+        said = [_KEY_WORDS.get(k, k) for k in changed]
+        return f"{name} was computed with a different {', '.join(said)}; recomputing all rows"
     opened: dict[str, _Npy] = {}
     try:
         try:

@@ -140,6 +140,13 @@ def test_errors(run_files, monkeypatch):
         (tmp / "named_meta.json").write_text(json.dumps(meta | {"labels_file": str(tmp / "B_labels.npy"),
                                                                 "token_counts_file": recorded}))
         assert np.array_equal(animate.load_inputs(None, meta=tmp / "named_meta.json").token_counts, np.load(counts))
+    # The file the metadata names, rewritten by a later run: not "pass the token counts of that run's input" (the
+    # very file refused), but what happened.
+    (tmp / "stale_meta.json").write_text(json.dumps(meta | {"labels_file": str(tmp / "B_labels.npy"),
+                                                            "token_counts_file": str(tmp / "other_counts.npy"),
+                                                            "total_tokens": total}))
+    with pytest.raises(UserError, match="a later run over changed records .* rewrote it; run curate_dataset.py again"):
+        animate.load_inputs(None, meta=tmp / "stale_meta.json")
     monkeypatch.setattr(animate.shutil, "which", lambda name: None)
     monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)
     with pytest.raises(UserError, match="no ffmpeg found"):

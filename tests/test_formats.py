@@ -317,6 +317,15 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
     assert np.load(tmp_path / "chat_token_counts.messages.npy").tolist() == expected * 4
     assert "--count-special-tokens eos adds 1 token(s) to each of the 20 conversations too, which TRL's SFT " \
         "trainer does not" in caplog.text
+    # Only the template changed: the cache says so in those words (it said "a different tokenizer").
+    template = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").write_text(template + "\n")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert curate("--input", chat, "--text-field", "messages", "--output", tmp_path / "c.jsonl", "--model-dir",
+                      model, "--n-clusters", 2) == 0
+    assert "was computed with a different tokenizer or chat template; recomputing all rows" in caplog.text
+    (model / "chat_template.jinja").write_text(template)
     # Parquet: the tools column is read with the messages (null where a record has none).
     table = pa.Table.from_pylist([{"messages": r.get("messages"), "tools": json.dumps(r["tools"]) if isinstance(
         r.get("tools"), list) else r.get("tools")} for r in records[:3]] * 4)
