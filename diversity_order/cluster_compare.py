@@ -48,6 +48,11 @@ def check_same_order(shallow_path: Path, deep_path: Path) -> None:
     would compare every document with another one. Neither may be part-filled (an interrupted run's)."""
     caches.require_filled(shallow_path, f"--shallow {shallow_path}")
     caches.require_filled(deep_path, f"--deep {deep_path}")
+    for flag, path in (("--shallow", shallow_path), ("--deep", deep_path)):
+        if caches.written_fingerprints(path) is None:
+            log.warning("%s %s: no %s beside it (copied without it?), so the two files' rows are compared by position, "
+                        "unchecked: files of the same documents in other orders would compare each document with "
+                        "another one", flag, path, caches.files_for(path).fingerprints.name)
     caches.require_row_order(deep_path, caches.written_fingerprints(shallow_path),
                              f"--shallow {shallow_path} and --deep {deep_path}", "--deep's row", "row",
                              "--shallow's rows")

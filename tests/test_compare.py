@@ -246,3 +246,22 @@ def test_an_output_folder_that_cannot_be_made_is_said_before_the_work(tmp_path, 
                                       str(tmp_path / "s.npy"), "--json", str(tmp_path / "a_file" / "r.json")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: --json: cannot write in") and err.count("\n") == 1
+
+
+def test_files_without_fingerprints_are_compared_unchecked_and_said(tmp_path, caplog):
+    """A reviewer copied the two files without their fingerprints and reordered one: ARI -0.03 and "deep embeddings
+    are worth pursuing", without a word that nothing was checked. Now each file without them is said."""
+    import logging
+
+    from diversity_order import cluster_compare
+
+    rows = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    np.save(tmp_path / "s.npy", rows)
+    np.save(tmp_path / "d.npy", rows[::-1].copy())
+    np.save(tmp_path / "d.fingerprints.npy", np.arange(20, dtype=np.uint64))
+    with caplog.at_level(logging.WARNING):
+        cluster_compare.check_same_order(tmp_path / "s.npy", tmp_path / "d.npy")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"--shallow {tmp_path / 's.npy'}: no s.fingerprints.npy beside it (copied without it?), so the two "
+                    "files' rows are compared by position, unchecked: files of the same documents in other orders "
+                    "would compare each document with another one"]
