@@ -129,6 +129,11 @@ class CurateConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+        if self.memory_budget is not None and self.memory_budget > matrix.total_memory_bytes():
+            log.warning("--memory-budget %s GiB: more than the %.1f GiB of memory this process may use (the "
+                        "machine's, or its container's limit); embeddings that size would be loaded and the run "
+                        "killed for want of memory rather than fitted on a sample", f"{self.memory_budget / 2**30:,.1f}",
+                        matrix.total_memory_bytes() / 2**30)
         for value in self.extra_seq_lens:
             check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()

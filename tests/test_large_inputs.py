@@ -47,6 +47,11 @@ def test_within_the_budget_the_labels_are_todays_minibatch_kmeans_on_all_rows(tm
     assert curate("--input", data, "--output", again, "--model-dir", tiny_model_dir, "--n-clusters", 6,
                   "--memory-budget", "1G") == 0
     assert _same(_outputs(again)[:3], (curated, labels, order))
+    # A budget past the memory there is (a reviewer's 100T, accepted without a word) is said.
+    assert "more than the" not in caplog.text
+    assert curate("--input", data, "--output", again, "--model-dir", tiny_model_dir, "--n-clusters", 6,
+                  "--memory-budget", "100T") == 0
+    assert f"--memory-budget 102,400.0 GiB: more than the {matrix.total_memory_bytes() / 2**30:.1f} GiB" in caplog.text
 
 
 def _same(a, b):
