@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -35,6 +36,8 @@ from .atomic import give_plain_permissions, note_target, temp_prefix
 from .errors import UserError
 from .runtime import Progress
 
+log = logging.getLogger(__name__)
+
 # Token ids held at once: one row group of sequences (int32, 64 MiB), whatever the data's size; a Parquet file
 # holds GROUPS_PER_SHARD of them (about 1 GiB of ids). A reader loads one row group at a time.
 ROW_GROUP_TOKENS = 1 << 24
@@ -47,6 +50,42 @@ MARKER = "packed.json"
 def order_digest(order: np.ndarray) -> str:
     """The order an export holds, as a digest a later run compares its own order with."""
     return hashlib.blake2b(np.ascontiguousarray(order, dtype="<i8").tobytes(), digest_size=16).hexdigest()
+
+
+def content_key(source, order: np.ndarray, counts: np.ndarray, labels: np.ndarray, tokenizer_fingerprint: str,
+                seq_len: int, special_mode: str) -> str:
+    """A digest of everything an export's bytes follow from: the documents (their fingerprints) in the order, their
+    token counts and clusters, the tokenizer, the settings and the file layout."""
+    order = np.ascontiguousarray(order, dtype="<i8")
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps([seq_len, special_mode, tokenizer_fingerprint, ROW_GROUP_TOKENS, GROUPS_PER_SHARD,
+                              EXPORT_LAYOUT]).encode())
+    for values in (order, np.asarray(source.fingerprints)[order], np.asarray(counts)[order],
+                   np.asarray(labels)[order]):
+        digest.update(np.ascontiguousarray(values, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+EXPORT_LAYOUT = 1  # the columns and their types; raised when they change, so an earlier export is not kept
+
+
+def _unchanged_export(folder: Path, key: str) -> dict | None:
+    """The marker of an export in ``folder`` made from the same content (``content_key``) whose files are all there
+    at the sizes it recorded; None otherwise (it is made again)."""
+    try:
+        meta = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("content_key") != key or not isinstance(meta.get("file_bytes"), dict):
+        return None
+    sizes = meta["file_bytes"]
+    try:
+        if sorted(sizes) != sorted(meta.get("files", [])) or \
+                any((folder / name).stat().st_size != size for name, size in sizes.items()):
+            return None
+    except (OSError, TypeError):
+        return None
+    return meta
 
 
 def check_folder(folder: Path) -> None:
@@ -140,14 +179,16 @@ class StagedExport:
     atomically), ``discard`` removes it."""
 
     summary: dict  # what packed.json says, and the folder
-    staging: Path
+    staging: Path | None
     folder: Path
 
     def place(self) -> None:
-        replace_folder(self.staging, self.folder)
+        if self.staging is not None:  # None: the folder already holds this export (kept)
+            replace_folder(self.staging, self.folder)
 
     def discard(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: int, special_mode: str, folder: Path,
@@ -158,6 +199,12 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     import pyarrow.parquet as pq
 
     check_folder(folder)
+    key = content_key(source, order, counts, labels, tokenizer.fingerprint, seq_len, special_mode)
+    kept = _unchanged_export(folder, key)
+    if kept is not None:
+        log.info("%s already holds these packed sequences (the same documents in the same order, tokenizer and "
+                 "settings; every file at its recorded size): kept, not made again", folder)
+        return StagedExport({**kept, "folder": os.path.abspath(folder)}, None, folder)
     before, after = (np.asarray(tokens, dtype=np.int64) for tokens in tokenizer.special_tokens_per_document(special_mode))
     n_sequences = int(counts.sum()) // seq_len
     group = max(1, ROW_GROUP_TOKENS // seq_len)
@@ -223,7 +270,9 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
                 "tokenizer": tokenizer.fingerprint,
                 "unique_clusters_per_sequence": {"mean": float(np.mean(unique)) if unique else 0.0,
                                                  "min": int(min(unique)) if unique else 0},
-                "files": sorted(p.name for p in staging.glob("packed-*.parquet"))}
+                "files": sorted(p.name for p in staging.glob("packed-*.parquet")),
+                "file_bytes": {p.name: p.stat().st_size for p in sorted(staging.glob("packed-*.parquet"))},
+                "content_key": key}
         (staging / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
         give_plain_permissions(staging / MARKER)
         os.chmod(staging, 0o755)
