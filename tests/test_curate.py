@@ -232,6 +232,11 @@ def test_a_recommended_k_at_the_edge_of_the_sweep_is_said_to_be_no_peak():
     assert recommend_k(rising) == 20 and "20 is the largest k tried" in calibration_report(rising, 20)
     assert recommend_k(peaked) == 10 and calibration_report(peaked, 10).splitlines()[-1] == (
         "Recommended k = 10 (the highest k whose silhouette is within 5% of the peak); use --n-clusters 10")
+    # Empty clusters at a large k (a reviewer's k = 100 showed a size 0 and nothing was said): said, naming the k.
+    with_empty = peaked[:3] + [CalibrationRow(20, 0.04, 0, 2.0, 3)]
+    assert calibration_report(with_empty, 10).splitlines()[-1] == (
+        "At k = 20 some clusters are empty: k-means found fewer groups than that in these embeddings, so such a k "
+        "only names clusters that no document is in")
 
 
 def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, capsys):
