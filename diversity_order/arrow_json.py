@@ -8,7 +8,8 @@ them when read. So here: JSONL written as Parquet holds the objects at such a pa
 (``uneven_object_paths``, ``with_json_at``, ``encoded``), and Arrow rows read as records decode it (``rows``), so
 a record reads back as it was written, and as datasets reads it.
 
-A path is a tuple of the keys from the record down, ``"[]"`` for a list's items.
+A path is a tuple of the keys from the record down, ``"[]"`` for a list's items. Objects whose keys come in
+another order count as differing: their order reaches a template that prints them.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def is_json(arrow_type) -> bool:
 
 
 def note_object_keys(records: list[dict], into: dict) -> None:
-    """Walk ``records`` and note in ``into`` each path's key set, None once two objects there differ (nothing below
-    such a path is walked further: it is held whole as JSON text)."""
+    """Walk ``records`` and note in ``into`` each path's keys in their order, None once two objects there differ in
+    them (nothing below such a path is walked further: it is held whole as JSON text). The order counts: a template
+    printing an object through ``tojson`` prints its keys in it, and one struct would give every object one order."""
     for record in records:
         for name, value in record.items():
             _note(value, (name,), into)
@@ -34,7 +36,7 @@ def note_object_keys(records: list[dict], into: dict) -> None:
 
 def _note(value, path: tuple, into: dict) -> None:
     if isinstance(value, dict):
-        keys, seen = frozenset(value), into.get(path, _UNSEEN)
+        keys, seen = tuple(value), into.get(path, _UNSEEN)
         if seen is _UNSEEN:
             into[path] = keys
         elif seen is not None and seen != keys:

@@ -12,7 +12,8 @@ or a conversation rendered with the tokenizer's own chat template.
   ``chat_template_kwargs`` are passed to the template.
 
 A record's fingerprint (what the caches are keyed by) covers the extracted value itself (a
-conversation in canonical JSON), so editing any selected field invalidates just that record.
+conversation as JSON, keys in the record's order and nulls kept: what the template is given), so editing any
+selected field invalidates just that record.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ MISSING = object()  # a field a record does not have
 
 @dataclass(frozen=True)
 class Conversation:
-    """A list of chat messages, kept as canonical JSON (hashable, one fingerprint per content), and where the
+    """A list of chat messages, kept as JSON as the record holds them (hashable, one fingerprint each), and where the
     record is (``file:line``) for a template that refuses it."""
 
     messages_json: str
@@ -38,7 +39,7 @@ class Conversation:
     # its roles outside KNOWN_ROLES, found while the messages are checked (reading the JSON again took half as
     # long as parsing the record)
     unknown_roles: frozenset = dataclass_field(default=frozenset(), compare=False)
-    # the record's TEMPLATE_ARGUMENTS as canonical JSON ("" where it has none: a conversation's fingerprint is
+    # the record's TEMPLATE_ARGUMENTS as JSON ("" where it has none: a conversation's fingerprint is
     # then its messages' alone, as before they were read)
     arguments_json: str = ""
 
@@ -95,21 +96,27 @@ def _conversation(parts: list[tuple[str, list]], where: str, record: dict) -> Co
             messages.append(_checked_message(_from_sharegpt(message), where, f"{field}[{i}]"))
             if messages[-1]["role"] not in KNOWN_ROLES:
                 unknown.append(messages[-1]["role"])
-    return Conversation(_canonical([_without_nulls(message) for message in messages]), where,
-                        frozenset(unknown) if unknown else NO_ROLES, _template_arguments(record, where))
+    return Conversation(_as_read(messages), where, frozenset(unknown) if unknown else NO_ROLES,
+                        _template_arguments(record, where))
 
 
-def _canonical(value) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+def _as_read(value) -> str:
+    """``value`` as JSON, its keys in the record's order and its nulls kept: what the template is given (a trainer
+    passes the objects as its loader decodes them, and a template printing one through ``tojson`` prints both), so
+    what the fingerprint covers."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _from_sharegpt(message):
     """A ShareGPT message (``from``/``value``) with the keys chat templates read, renamed as TRL renames them; its
-    roles (human, gpt) are kept, and said as unknown roles."""
-    if isinstance(message, dict) and "role" not in message and "content" not in message and \
-            "from" in message and "value" in message:
+    roles (human, gpt) are kept, and said as unknown roles. Where a message also has ``role``/``content`` as nulls
+    (a Parquet column of both kinds of message gives each every key), those are left out."""
+    if isinstance(message, dict) and message.get("role") is None and message.get("content") is None and \
+            message.get("from") is not None and "value" in message:
         return {("role" if key == "from" else "content" if key == "value" else key): item
-                for key, item in message.items()}
+                for key, item in message.items() if key not in ("role", "content")}
+    if isinstance(message, dict) and message.get("from", 0) is None and message.get("value", 0) is None:
+        return {key: item for key, item in message.items() if key not in ("from", "value")}
     return message
 
 
@@ -127,7 +134,7 @@ def _checked_message(message, where: str, name: str) -> dict:
 
 
 def _template_arguments(record: dict, where: str) -> str:
-    """The record's ``TEMPLATE_ARGUMENTS`` (null ones left out), as canonical JSON; "" where it has none."""
+    """The record's ``TEMPLATE_ARGUMENTS`` (null ones left out), as JSON; "" where it has none."""
     arguments = {}
     tools = record.get("tools")
     if isinstance(tools, str):  # TRL decodes a tools column stored as JSON text
@@ -137,14 +144,24 @@ def _template_arguments(record: dict, where: str) -> str:
             raise UserError(f"{where}: field 'tools' is a string that is not JSON (a chat trainer decodes it to pass "
                             "the tools to the chat template)") from None
     if tools is not None:
-        arguments["tools"] = _without_nulls(tools)
+        arguments["tools"] = tools
     options = record.get("chat_template_kwargs")
     if options is not None and not isinstance(options, dict):
         raise UserError(f"{where}: field 'chat_template_kwargs' is a JSON {json_type(options)}, expected an object "
                         "(the chat template's keyword arguments)")
+    clashing = sorted(set(options or {}) & _OWN_ARGUMENTS)
+    if clashing:
+        raise UserError(f"{where}: field 'chat_template_kwargs' sets {', '.join(map(repr, clashing))}, which the chat "
+                        "template's call sets itself (a trainer's call fails on it too); leave it out of the record")
     if options:
-        arguments["chat_template_kwargs"] = _without_nulls(options)
-    return _canonical(arguments) if arguments else ""
+        arguments["chat_template_kwargs"] = options
+    return _as_read(arguments) if arguments else ""
+
+
+# apply_chat_template's own arguments, which a record's chat_template_kwargs cannot set.
+_OWN_ARGUMENTS = frozenset({"conversation", "tools", "tokenize", "chat_template", "add_generation_prompt",
+                            "continue_final_message", "return_dict", "return_tensors", "padding", "truncation",
+                            "max_length", "documents", "tokenizer_kwargs", "return_assistant_tokens_mask"})
 
 
 def _decoded_message(message):
@@ -166,17 +183,6 @@ _CONTENT_HINTS = {
     "array": " (content parts: join their texts into one string; images and audio have no tokens here)",
 }
 _NO_CONTENT_HINT = " (a turn that only calls tools, as OpenAI's API writes it: give it the content \"\"; its tool_calls stay)"
-
-
-def _without_nulls(value):
-    """``value`` with the keys whose value is null dropped, at any depth. Parquet (and a datasets folder) give
-    every message every key any message has, null where it lacks one, so a conversation read from Parquet
-    would otherwise differ from the same one read from JSONL (its caches and its rendering)."""
-    if isinstance(value, dict):
-        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [_without_nulls(item) for item in value]
-    return value
 
 
 def is_encoded_conversation(text: str) -> bool:
@@ -247,7 +253,7 @@ def cache_key(text_field: str | tuple[str, ...]) -> str:
 
 
 def fingerprint_text(value: str | Conversation) -> str:
-    """The text a fingerprint covers: the document itself, or the conversation's canonical JSON (and its template
+    """The text a fingerprint covers: the document itself, or the conversation's JSON (and its template
     arguments')."""
     if isinstance(value, Conversation):
         return value.messages_json + ("\0" + value.arguments_json if value.arguments_json else "")

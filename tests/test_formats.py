@@ -150,9 +150,11 @@ def test_conversations_are_rendered_with_the_chat_template(tmp_path, demo_record
 
 def test_the_same_conversations_from_jsonl_and_parquet_share_their_caches(tmp_path, demo_records, chat_model_dir,
                                                                            caplog):
-    """Parquet gives every message every key any message has (null where it lacks one): tool calls in a few
-    turns put ``tool_calls: null`` and ``name: null`` in all the others. Read as they are, no conversation of
-    the Parquet copy matched its JSONL original, so each format re-embedded all and replaced the other's cache."""
+    """Tool calls in a few turns: the JSONL curated into Parquet (which holds those messages as JSON text, as
+    datasets does) reads back as the same conversations, so its run reuses every cached row. A Parquet file written
+    as one struct of every key gives each message the keys it lacks as null, which a trainer passes to the
+    template as they are (a template printing them prints the nulls): those conversations are others, rendered
+    with their nulls and counted again."""
     chats = []
     for i, r in enumerate(demo_records[:60]):
         turn = {"role": "assistant", "content": r["text"]}
@@ -160,17 +162,23 @@ def test_the_same_conversations_from_jsonl_and_parquet_share_their_caches(tmp_pa
             turn["tool_calls"] = [{"type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
             turn["name"] = "helper"
         chats.append({"id": i, "messages": [{"role": "user", "content": r["name"]}, turn]})
-    jsonl, parquet = tmp_path / "chat.jsonl", tmp_path / "chat.parquet"
+    jsonl, struct = tmp_path / "chat.jsonl", tmp_path / "struct.parquet"
     jsonl.write_text("".join(json.dumps(c) + "\n" for c in chats))
-    pq.write_table(pa.Table.from_pylist(chats), parquet)
-    assert pq.read_table(parquet).to_pylist()[1]["messages"][1]["tool_calls"] is None  # what Parquet holds
+    pq.write_table(pa.Table.from_pylist(chats), struct)
+    assert pq.read_table(struct).to_pylist()[1]["messages"][1]["tool_calls"] is None  # what that Parquet holds
     args = ["--text-field", "messages", "--model-dir", chat_model_dir, *COMMON]
-    assert curate("--input", jsonl, "--output", tmp_path / "j" / "c.jsonl", *args) == 0
+    assert curate("--input", jsonl, "--output", tmp_path / "j" / "c.parquet", *args) == 0
     caplog.set_level(logging.INFO)
-    assert curate("--input", parquet, "--output", tmp_path / "p" / "c.parquet", *args) == 0
-    assert "Token counts: all 60 rows reused" in caplog.text  # every conversation found in the JSONL run's caches
-    assert "Embeddings: all 60 rows are those of" in caplog.text and "(tokenized once for counts and vectors)" not in caplog.text
-    assert np.array_equal(np.load(tmp_path / "j" / "c_order.npy"), np.load(tmp_path / "p" / "c_order.npy"))
+    assert curate("--input", tmp_path / "j" / "c.parquet", "--output", tmp_path / "p" / "c.jsonl", *args) == 0
+    # Every conversation found in the JSONL run's caches (through the registry: the Parquet lies elsewhere).
+    assert "60 row(s) taken from" in caplog.text and "chat_token_counts.messages.npy" in caplog.text
+    assert "(tokenized once for counts and vectors)" not in caplog.text and "Embedding 60 record(s)" not in caplog.text
+    caplog.clear()
+    assert curate("--input", struct, "--output", tmp_path / "s" / "c.jsonl", *args) == 0
+    assert "(tokenized once for counts and vectors)" in caplog.text
+    # This template prints role and content only: the nulls change no token here.
+    assert np.array_equal(np.load(tmp_path / "chat_token_counts.messages.npy"),
+                          np.load(tmp_path / "struct_token_counts.messages.npy"))
 
 
 def test_the_chat_renderer_loads_before_the_embedding_progress_starts(tmp_path, demo_records, chat_model_dir,
@@ -295,11 +303,15 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
         "{% if enable_thinking %}<think>{% endif %}")
     tool = {"name": "get_weather", "parameters": {"city": {"type": "string"}}}
     turns = [{"role": "user", "content": "weather in Paris?"}, {"role": "assistant", "content": "sunny"}]
+    # Printed through tojson: in the record's key order, its nulls too (as TRL passes what datasets decodes); they
+    # were sorted and dropped.
+    unsorted = {"name": "convert", "parameters": {"unit": None, "amount": {"type": "number"}}}
     records = [{"messages": turns},
                {"messages": turns, "tools": [tool]},
                {"messages": turns, "tools": json.dumps([tool])},
                {"messages": turns, "tools": None, "chat_template_kwargs": {"enable_thinking": True}},
-               {"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]
+               {"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+               {"messages": turns, "tools": [unsorted]}]
     hf = AutoTokenizer.from_pretrained(model)
 
     def tokens(messages, **arguments):
@@ -307,7 +319,10 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
 
     expected = [tokens(turns), tokens(turns, tools=[tool]), tokens(turns, tools=[tool]),
                 tokens(turns, enable_thinking=True),
-                tokens([{"role": "human", "content": "hi"}, {"role": "gpt", "content": "hello"}])]
+                tokens([{"role": "human", "content": "hi"}, {"role": "gpt", "content": "hello"}]),
+                tokens(turns, tools=[unsorted])]
+    assert tokens(turns, tools=[unsorted]) != tokens(turns, tools=[{"name": "convert", "parameters": {
+        "amount": {"type": "number"}}}])
     assert len(set(expected[:2])) == 2 and expected[3] != expected[0]  # the arguments change the tokens
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps(r) + "\n" for r in records * 4))
@@ -315,7 +330,7 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
         assert curate("--input", chat, "--text-field", "messages", "--output", tmp_path / "c.jsonl", "--model-dir",
                       model, "--n-clusters", 2, "--count-special-tokens", "eos") == 0
     assert np.load(tmp_path / "chat_token_counts.messages.npy").tolist() == expected * 4
-    assert "--count-special-tokens eos adds 1 token(s) to each of the 20 conversations too, which TRL's SFT " \
+    assert "--count-special-tokens eos adds 1 token(s) to each of the 24 conversations too, which TRL's SFT " \
         "trainer does not" in caplog.text
     # Only the template changed: the cache says so in those words (it said "a different tokenizer").
     template = (model / "chat_template.jinja").read_text()
@@ -333,6 +348,19 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
     assert curate("--input", tmp_path / "chat.parquet", "--text-field", "messages", "--output", tmp_path / "p.parquet",
                   "--model-dir", model, "--n-clusters", 2) == 0
     assert np.load(tmp_path / "chat_token_counts.messages.npy").tolist() == expected[:3] * 4
+    # ShareGPT and role/content messages in one Parquet column: each message has all four keys, two of them null.
+    mixed = pa.Table.from_pylist([{"messages": [{"role": "user", "content": "hi"}]},
+                                  {"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}])
+    pq.write_table(mixed, tmp_path / "mixed.parquet")
+    assert curate("--input", tmp_path / "mixed.parquet", "--text-field", "messages", "--output", tmp_path / "m.jsonl",
+                  "--model-dir", model, "--n-clusters", 2) == 0
+    assert np.load(tmp_path / "mixed_token_counts.messages.npy").tolist() == [tokens([{"role": "user", "content": "hi"}]),
+                                                                             expected[4]]
+    # A chat_template_kwargs key the template's call sets itself: the record is named, not the template.
+    (tmp_path / "own.jsonl").write_text(json.dumps({"messages": turns, "chat_template_kwargs": {"tokenize": True}})
+                                        + "\n")
+    assert curate("--input", tmp_path / "own.jsonl", "--text-field", "messages", "--output", tmp_path / "own_c.jsonl",
+                  "--model-dir", model, "--n-clusters", 1) == 2
     # A conversational prompt + completion is the one conversation prompt + completion.
     pc = tmp_path / "pc.jsonl"
     pc.write_text("".join(json.dumps({"prompt": turns[:1], "completion": turns[1:], "tools": [tool]}) + "\n"
