@@ -53,12 +53,13 @@ def order_digest(order: np.ndarray) -> str:
 
 
 def content_key(source, order: np.ndarray, counts: np.ndarray, labels: np.ndarray, tokenizer_fingerprint: str,
-                seq_len: int, special_mode: str) -> str:
+                seq_len: int, special_ids: list) -> str:
     """A digest of everything an export's bytes follow from: the documents (their fingerprints) in the order, their
-    token counts and clusters, the tokenizer, the settings and the file layout."""
+    token counts and clusters, the tokenizer, the ids put around each document (the folder's EOS may change while
+    its tokenizer.json does not), the length and the file layout."""
     order = np.ascontiguousarray(order, dtype="<i8")
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps([seq_len, special_mode, tokenizer_fingerprint, ROW_GROUP_TOKENS, GROUPS_PER_SHARD,
+    digest.update(json.dumps([seq_len, special_ids, tokenizer_fingerprint, ROW_GROUP_TOKENS, GROUPS_PER_SHARD,
                               EXPORT_LAYOUT]).encode())
     for values in (order, np.asarray(source.fingerprints)[order], np.asarray(counts)[order],
                    np.asarray(labels)[order]):
@@ -80,7 +81,9 @@ def _unchanged_export(folder: Path, key: str) -> dict | None:
         return None
     sizes = meta["file_bytes"]
     try:
+        # No Parquet file it does not list either: a reader of the folder's files would read it too.
         if sorted(sizes) != sorted(meta.get("files", [])) or \
+                sorted(path.name for path in folder.glob("*.parquet")) != sorted(sizes) or \
                 any((folder / name).stat().st_size != size for name, size in sizes.items()):
             return None
     except (OSError, TypeError):
@@ -199,13 +202,13 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
     import pyarrow.parquet as pq
 
     check_folder(folder)
-    key = content_key(source, order, counts, labels, tokenizer.fingerprint, seq_len, special_mode)
+    before, after = (np.asarray(tokens, dtype=np.int64) for tokens in tokenizer.special_tokens_per_document(special_mode))
+    key = content_key(source, order, counts, labels, tokenizer.fingerprint, seq_len, [before.tolist(), after.tolist()])
     kept = _unchanged_export(folder, key)
     if kept is not None:
         log.info("%s already holds these packed sequences (the same documents in the same order, tokenizer and "
-                 "settings; every file at its recorded size): kept, not made again", folder)
+                 "settings; every file at its recorded size, no other): kept, not made again", folder)
         return StagedExport({**kept, "folder": os.path.abspath(folder)}, None, folder)
-    before, after = (np.asarray(tokens, dtype=np.int64) for tokens in tokenizer.special_tokens_per_document(special_mode))
     n_sequences = int(counts.sum()) // seq_len
     group = max(1, ROW_GROUP_TOKENS // seq_len)
     per_shard = group * GROUPS_PER_SHARD

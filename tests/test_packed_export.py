@@ -287,6 +287,20 @@ def test_an_unchanged_export_is_kept_and_any_change_makes_it_again(tmp_path, cor
     shard = next(packed.glob("packed-*.parquet"))
     shard.write_bytes(shard.read_bytes()[:-10])  # a damaged file
     assert made_again() and {p.name: p.read_bytes() for p in packed.iterdir()} == first
+    (packed / "packed-00001-of-00001.parquet").write_bytes(shard.read_bytes())  # a copy a reader would read too
+    assert made_again() and {p.name: p.read_bytes() for p in packed.iterdir()} == first
+    # The folder's EOS changed (tokenizer.json, which its fingerprint covers, did not): the separators differ.
+    assert made_again("--count-special-tokens", "eos")
+    config = tiny_model_dir / "tokenizer_config.json"
+    original = config.read_bytes()
+    settings = json.loads(original)
+    vocab = json.loads((tiny_model_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    other = next(token for token in vocab if token != settings.get("eos_token") and token.startswith("<"))
+    config.write_text(json.dumps({**settings, "eos_token": other}))
+    try:
+        assert made_again("--count-special-tokens", "eos")
+    finally:
+        config.write_bytes(original)
     edited = [dict(r) for r in records]
     edited[3]["text"] += " edited"
     write_jsonl(src, edited)
