@@ -333,8 +333,18 @@ def _remove_what_killed_runs_left(run: Run) -> None:
     kill), removed before anything is written: a cache's temp file is as large as the cache (2.3 GB for 1M
     documents), and on a nearly full disk one left behind made every later run fail for want of room. Never a
     live process's (``atomic.remove_stale_temps``)."""
+    from .caches import files_for
+    from .projection import fit_path
+
     config = run.config
-    targets = [*run.paths.values(), config.output, *writers.shard_names_with_temps(config.output)]
+    stem = outputs.output_stem(config.output)
+    targets = [*run.paths.values(), config.output, *writers.shard_names_with_temps(config.output),
+               fit_path(run.paths["umap"]),
+               *ordering_report.report_paths(stem).values(),
+               *ordering_report.report_paths(Path(f"{stem}{outputs.STATS_ONLY_TAG}")).values()]
+    for path in run.paths.values():  # a cache's fingerprints and manifest beside it
+        if path.suffix == ".npy":
+            targets += [files_for(path).fingerprints, files_for(path).marker]
     if config.export_packed is not None:
         targets.append(config.export_packed)
     removed = [path for target in targets for path in atomic.remove_stale_temps(target)]

@@ -494,7 +494,11 @@ def test_what_a_killed_run_left_is_removed_before_the_next_writes_anything(tmp_p
     dead = [tmp_path / f".c_embeddings.npy.{atomic._HOST}.999999999.x1.tmp",
             tmp_path / f".c.jsonl.{atomic._HOST}.999999999.staged.jsonl",
             tmp_path / f".c-00001-of-00002.jsonl.{atomic._HOST}.999999999.staged.jsonl",
-            tmp_path / f".c_meta.json.{atomic._HOST}.999999999.x2.tmp"]
+            tmp_path / f".c_meta.json.{atomic._HOST}.999999999.x2.tmp",
+            tmp_path / f".c_embeddings.fingerprints.npy.{atomic._HOST}.999999999.x4.tmp",
+            tmp_path / f".c_embeddings.cache.json.{atomic._HOST}.999999999.x5.tmp",
+            tmp_path / f".c_umap2d.fit.npz.{atomic._HOST}.999999999.x6.tmp",
+            tmp_path / f".c_strategies.png.{atomic._HOST}.999999999.x7.tmp"]
     live = tmp_path / f".c_embeddings.npy.{atomic._HOST}.{os.getppid()}.x3.tmp"  # a live process's
     for path in [*dead, live]:
         path.write_bytes(b"partial")
@@ -504,7 +508,7 @@ def test_what_a_killed_run_left_is_removed_before_the_next_writes_anything(tmp_p
                       "--export-packed", tmp_path / "packed") == 2
     assert not any(path.exists() for path in dead) and live.exists()
     assert not (tmp_path / f".packed.{atomic._HOST}.999999999.y.tmp").exists()
-    assert "Removed 5 file(s) that killed runs left beside this run's files" in caplog.text
+    assert "Removed 9 file(s) that killed runs left beside this run's files" in caplog.text
 
 
 def test_input_files_that_copy_another_are_warned_of(tmp_path, demo_records, tiny_model_dir, caplog):
