@@ -54,6 +54,15 @@ def temp_prefix(path: Path) -> str:
 def note_target(path: Path | str) -> None:
     """Remember ``path`` so that ``sweep_stale_temps`` also looks for dead writers' temps beside it."""
     _TOUCHED.add(Path(path).absolute())
+    _LAST_TARGET[0] = Path(path).absolute()
+
+
+# The file last set to be written (``note_target``): where a write that fails without naming its file was going.
+_LAST_TARGET: list[Path | None] = [None]
+
+
+def last_target() -> Path | None:
+    return _LAST_TARGET[0]
 
 
 def _temp_owner(path: Path, temp: Path) -> tuple[str, int] | None:

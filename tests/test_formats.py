@@ -587,7 +587,7 @@ def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl,
 
     monkeypatch.setattr(curate_module, "save_npy", short)
     assert run_error(capsys, *base, "--ordering", "random").startswith(
-        "error: no room left on the disk writing a file (100000 requested and 33264 written)")
+        f"error: no room left on the disk writing in {tmp_path} (100000 requested and 33264 written)")
 
 
 def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, demo_jsonl, tiny_model_dir,

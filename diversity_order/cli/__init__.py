@@ -249,7 +249,10 @@ def _disk_full_line(exc: OSError) -> str | None:
     if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left on device" not in text and \
             "Disk quota exceeded" not in text and not re.search(r"\d+ requested and \d+ written", text):
         return None
-    where = f"writing in {os.path.dirname(os.path.abspath(exc.filename))}" if exc.filename else "writing a file"
+    from ..atomic import last_target
+
+    target = exc.filename or last_target()  # pyarrow's, PIL's and numpy's errors name no file
+    where = f"writing in {os.path.dirname(os.path.abspath(target))}" if target else "writing a file"
     return (f"no room left on the disk {where} ({exc.strerror or text.splitlines()[0]}); the earlier files are "
             "as they were: free space or choose another --output folder, and run again")
 
