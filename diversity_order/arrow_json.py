@@ -18,7 +18,7 @@ import json
 
 JSON_EXTENSION = "arrow.json"
 ITEMS = "[]"
-_UNSEEN = object()
+_UNSEEN = False  # keys of a path no object has been seen at (a plain value: survives pickling between ranks)
 
 
 def is_json(arrow_type) -> bool:
@@ -26,23 +26,46 @@ def is_json(arrow_type) -> bool:
 
 
 def note_object_keys(records: list[dict], into: dict) -> None:
-    """Walk ``records`` and note in ``into`` each path's keys in their order, None once two objects there differ in
-    them (nothing below such a path is walked further: it is held whole as JSON text). The order counts: a template
-    printing an object through ``tojson`` prints its keys in it, and one struct would give every object one order."""
+    """Walk ``records`` and note in ``into``, for each path, the keys of its objects in their order (None once two
+    differ in them) and the JSON kinds of its values. The order counts: a template printing an object through
+    ``tojson`` prints its keys in it, and one struct would give every object one order. Below a path held whole as
+    JSON text nothing is walked further."""
     for record in records:
         for name, value in record.items():
-            _note(value, (name,), into)
+            if isinstance(value, dict | list):  # a plain value is a column's: Arrow types it, and says a clash
+                _note(value, (name,), into)
+
+
+_HUGE = "an integer past 64 bits"
+
+
+def _kind(value) -> str | None:
+    """A JSON value's kind as Arrow types it (integers and fractions are both numbers); None for null, which fits
+    any column."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
+        return _HUGE
+    if isinstance(value, int | float):
+        return "number"
+    return "string" if isinstance(value, str) else "list" if isinstance(value, list) else \
+        "object" if isinstance(value, dict) else type(value).__name__
 
 
 def _note(value, path: tuple, into: dict) -> None:
+    kind = _kind(value)
+    if kind is None:
+        return
+    entry = into.setdefault(path, [_UNSEEN, frozenset()])
+    entry[1] = entry[1] | {kind}
     if isinstance(value, dict):
-        keys, seen = tuple(value), into.get(path, _UNSEEN)
-        if seen is _UNSEEN:
-            into[path] = keys
-        elif seen is not None and seen != keys:
-            into[path] = None
-        if into[path] is None:
-            return
+        keys = tuple(value)
+        entry[0] = keys if entry[0] is _UNSEEN else (None if entry[0] is None or entry[0] != keys else keys)
+    if _as_text(path, entry):
+        return
+    if isinstance(value, dict):
         for name, item in value.items():
             _note(item, (*path, name), into)
     elif isinstance(value, list):
@@ -50,21 +73,38 @@ def _note(value, path: tuple, into: dict) -> None:
             _note(item, (*path, ITEMS), into)
 
 
+def _as_text(path: tuple, entry) -> bool:
+    """Whether the values at ``path`` are held as JSON text: objects whose keys differ, or that are always ``{}`` (a
+    struct of no fields, which Parquet cannot write); below the record's own fields, also values of two kinds (a
+    string in one tool call's arguments, an object in another's) and integers past 64 bits, which datasets holds as
+    JSON too. (A record's own field of two kinds is refused: it is a column.)"""
+    keys, kinds = entry
+    if keys is None or keys == ():
+        return True
+    return len(path) > 1 and (len(kinds) > 1 or _HUGE in kinds)
+
+
 def merge_object_keys(parts: list[dict]) -> dict:
     """``note_object_keys`` of parts of the records (pieces, ranks) as one."""
     merged: dict = {}
     for part in parts:
-        for path, keys in part.items():
-            seen = merged.get(path, _UNSEEN)
-            merged[path] = keys if seen is _UNSEEN else (None if seen is None or keys is None or seen != keys else seen)
+        for path, (keys, kinds) in part.items():
+            if path not in merged:
+                merged[path] = [keys, kinds]
+                continue
+            seen = merged[path]
+            if keys is not _UNSEEN:
+                seen[0] = keys if seen[0] is _UNSEEN else (None if seen[0] is None or keys is None or seen[0] != keys
+                                                           else keys)
+            seen[1] = seen[1] | kinds
     return merged
 
 
 def uneven_object_paths(object_keys: dict) -> list[tuple]:
-    """The outermost paths whose objects' keys differ, or that hold only empty objects (``{}``: a struct of no
-    fields, which Parquet cannot write)."""
-    uneven = sorted(path for path, keys in object_keys.items() if not keys)
-    return [path for path in uneven if not any(path[:i] in set(uneven) for i in range(1, len(path)))]
+    """The outermost paths held as JSON text (``_as_text``)."""
+    uneven = sorted(path for path, entry in object_keys.items() if _as_text(path, entry))
+    held = set(uneven)
+    return [path for path in uneven if not any(path[:i] in held for i in range(1, len(path)))]
 
 
 def has_objects(schema) -> bool:

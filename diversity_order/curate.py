@@ -498,9 +498,14 @@ def _parquet_columns(run: Run):
         return writers.clash_in(distributed.all_gather_object(ctx, own))
 
     try:
-        schema = writers.unify_parquet_schemas(run.index, [pa.ipc.read_schema(pa.py_buffer(part)) for part, _, _ in parts],
-                                               find_clash)
-        return writers.finished_schema(run.index, schema, arrow_json.merge_object_keys([keys for _, _, keys in parts]))
+        object_keys = arrow_json.merge_object_keys([keys for _, _, keys in parts])
+        # A path one rank holds as JSON text, or that is so only once the ranks' records are put together, is so in
+        # every rank's part.
+        as_text = arrow_json.uneven_object_paths(object_keys)
+        schema = writers.unify_parquet_schemas(
+            run.index, [arrow_json.with_json_at(pa.ipc.read_schema(pa.py_buffer(part)), as_text) for part, _, _ in parts],
+            find_clash)
+        return writers.finished_schema(run.index, schema, object_keys)
     except UserError as exc:  # every rank has every part: each finds the same
         raise EveryRankError(str(exc)) from None
 

@@ -205,13 +205,18 @@ def inferred_columns(source, rows: np.ndarray):
     the keys of the objects at each path (``arrow_json.note_object_keys``). Parts of the records (a torchrun
     rank's each) are put together with ``unify_parquet_schemas`` and ``arrow_json.merge_object_keys``."""
     source.check_unchanged()
-    schemas, object_keys = [], {}
+    schemas, parts = [], []
     try:
         for piece in _jsonl_pieces(source, rows):
-            schemas.append(_piece_schema(piece))
-            if arrow_json.has_objects(schemas[-1]):
-                arrow_json.note_object_keys(piece, object_keys)
-        schema = _unified(schemas)
+            part: dict = {}
+            arrow_json.note_object_keys(piece, part)
+            # What this piece holds as JSON text is typed as the text (a value of two kinds there types as none).
+            schemas.append(_piece_schema(arrow_json.encoded(piece, arrow_json.uneven_object_paths(part))))
+            parts.append(part)
+        object_keys = arrow_json.merge_object_keys(parts)
+        # A path held as JSON text in one piece, or only once the pieces are put together, is so in every piece.
+        schema = _unified([arrow_json.with_json_at(piece_schema, arrow_json.uneven_object_paths(object_keys))
+                           for piece_schema in schemas])
     except _conversion_errors() as exc:
         raise _not_one_table(source, exc, _first_clash(source, rows)) from None
     return schema, object_keys
