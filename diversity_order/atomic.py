@@ -103,7 +103,7 @@ def replaced_together(paths: list[Path], suffix: str, before_commit=None, after_
         yield staged
         if before_commit is not None:
             before_commit()
-        with _signals_held():
+        with signals_held():
             for source, target in zip(staged, paths):
                 os.replace(source, target)
             if after_commit is not None:
@@ -123,17 +123,27 @@ _STAGED_NOW: set[Path] = set()
 
 
 @contextlib.contextmanager
-def _signals_held():
-    """Ctrl-C and SIGTERM wait until the block ends (they are delivered then): a few renames that must all
-    happen, or none."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+def signals_held():
+    """Ctrl-C and SIGTERM wait until the block ends (they are delivered then, to the handlers there were): work
+    that must all happen, or none (a few renames; a finished cache being stored).
+
+    Their handlers are swapped for one that notes them, rather than the signals blocked: a signal sent to the
+    process may be taken by any of its threads (the embedding's pools, a writer), and Python then runs the handler
+    in the main thread whatever that one blocks."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    noted: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
 
 
 def _process_alive(pid: int) -> bool:

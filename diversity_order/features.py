@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import caches, distributed, embed, interrupts, kept_rows, matrix
+from . import atomic, caches, distributed, embed, interrupts, kept_rows, matrix
 from .arrays import load_matrix
 from .errors import UserError
 from .matrix import Matrix
@@ -195,7 +195,11 @@ def counts_and_embeddings(index: RecordIndex, paths: dict, model: ModelParts, te
                                    counts)
             if work.fill is not None:
                 work.committing = True
-                embeddings = work.fill.commit(work.key, fps)
+                # Every row is computed: a Ctrl-C or SIGTERM now waits the few seconds the set takes to be stored
+                # (it abandoned the whole finished set).
+                with atomic.signals_held():
+                    embeddings = work.fill.commit(work.key, fps)
+                    work.fill = None  # stored: nothing left to abandon when the held signal arrives
     except (KeyboardInterrupt, interrupts.Terminated) as stop:
         if not ctx.active and tokenizer is not None and not work.committing:
             _keep_work_so_far(work, index, counts, count_places, count_key, stop)

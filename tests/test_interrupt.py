@@ -293,6 +293,41 @@ SIGTERM_WHILE_DESCRIBING = textwrap.dedent("""
 """)
 
 
+SIGTERM_WHILE_STORING = textwrap.dedent("""
+    import os, signal, sys
+    from diversity_order import caches
+
+    real = caches.Fill.commit
+
+    def stopped_while_storing(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # every row computed, the set being stored
+        return real(self, *args, **kwargs)
+
+    caches.Fill.commit = stopped_while_storing
+    import curate_dataset
+    from diversity_order.cli import run_command
+    sys.exit(run_command(curate_dataset.main))
+""")
+
+
+def test_a_stop_while_the_finished_embeddings_are_stored_keeps_them(tmp_path, tiny_model_dir):
+    """A reviewer's SIGTERM just after 'Embedded 20000 documents' left no embeddings at all: the set being stored was
+    abandoned though every row was computed. The store now finishes first; the rerun embeds nothing."""
+    from diversity_order import caches
+
+    write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=20))
+    args = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+            "--n-clusters", 4, "--no-plot", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
+    done = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_STORING, *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert (tmp_path / "c_embeddings.cache.json").is_file() and caches.filled_rows(tmp_path / "c_embeddings.npy") is None
+    rerun = subprocess.run([sys.executable, "curate_dataset.py", *map(str, args)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0 and "Embedding " not in rerun.stderr.replace("Embedding table", ""), rerun.stderr
+
+
 def test_sigterm_outside_embedding_ends_the_run_with_a_line_and_143(tmp_path, tiny_model_dir):
     """SIGTERM after embedding ended the run at once without a word (Python's default): a user reading the
     scheduler's log saw the last stage's line and nothing else. Now it stops as Ctrl-C does: one line, exit 143,
