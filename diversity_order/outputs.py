@@ -128,14 +128,28 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
 
 
 def _is_json_document(path: Path) -> bool:
-    """A file whose first line is a lone ``{`` or ``[``: indented JSON (the metadata and reports runs write), which no
-    JSON Lines file starts with (each of its lines is a whole value)."""
+    """A plain (uncompressed, not Parquet) file whose first line that is not blank is not a whole JSON value: indented
+    JSON (the metadata and reports runs write), which no JSON Lines file starts with (each of its lines is one)."""
+    import json
+
+    if not path.name.endswith((".json", ".jsonl", ".ndjson")):
+        return False  # compressed or Parquet: its bytes are no lines
     try:
         with open(path, "rb") as handle:
-            first = handle.readline(64).strip()
+            for line in iter(lambda: handle.readline(1 << 20), b""):
+                if line.strip():
+                    break
+            else:
+                return False
     except OSError:
         return False
-    return first in (b"{", b"[")
+    if not line.endswith(b"\n") and len(line) >= 1 << 20:
+        return False  # a first record longer than this look: not judged
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
 
 
 # Folders this process created for its outputs, innermost first: a run that fails removes those left empty.
