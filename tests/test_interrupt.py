@@ -293,6 +293,18 @@ SIGTERM_WHILE_DESCRIBING = textwrap.dedent("""
 """)
 
 
+def _curate_child(script: str, tmp_path, tiny_model_dir):
+    """A curate run of 120 records in a child process running ``script`` (which patches it, then runs the command):
+    (the finished process, its arguments, its environment)."""
+    write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=20))
+    args = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
+            "--n-clusters", 4, "--no-plot", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    return done, args, env
+
+
 SIGTERM_WHILE_STORING = textwrap.dedent("""
     import os, signal, sys
     from diversity_order import caches
@@ -315,12 +327,7 @@ def test_a_stop_while_the_finished_embeddings_are_stored_keeps_them(tmp_path, ti
     abandoned though every row was computed. The store now finishes first; the rerun embeds nothing."""
     from diversity_order import caches
 
-    write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=20))
-    args = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
-            "--n-clusters", 4, "--no-plot", "--no-progress"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
-    done = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_STORING, *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done, args, env = _curate_child(SIGTERM_WHILE_STORING, tmp_path, tiny_model_dir)
     assert done.returncode == 143, done.stderr[-3000:]
     assert (tmp_path / "c_embeddings.cache.json").is_file() and caches.filled_rows(tmp_path / "c_embeddings.npy") is None
     rerun = subprocess.run([sys.executable, "curate_dataset.py", *map(str, args)], cwd=ROOT, env=env,
@@ -332,13 +339,7 @@ def test_sigterm_outside_embedding_ends_the_run_with_a_line_and_143(tmp_path, ti
     """SIGTERM after embedding ended the run at once without a word (Python's default): a user reading the
     scheduler's log saw the last stage's line and nothing else. Now it stops as Ctrl-C does: one line, exit 143,
     the files written complete and known to the next run."""
-    records = topical_records(per_topic=20)
-    write_jsonl(tmp_path / "d.jsonl", records)
-    args = ["--input", tmp_path / "d.jsonl", "--output", tmp_path / "c.jsonl", "--model-dir", tiny_model_dir,
-            "--n-clusters", 4, "--no-plot", "--no-progress"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
-    done = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_DESCRIBING, *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done, _, _ = _curate_child(SIGTERM_WHILE_DESCRIBING, tmp_path, tiny_model_dir)
     assert done.returncode == 143, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.rstrip().splitlines()[-1] == \
