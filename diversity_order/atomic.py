@@ -89,11 +89,10 @@ def staged_path(path: Path, suffix: str) -> Path:
 
 
 @contextlib.contextmanager
-def replaced_together(paths: list[Path], suffix: str, before_commit=None, after_commit=None) -> Iterator[list[Path]]:
+def replaced_together(paths: list[Path], suffix: str, before_commit=None) -> Iterator[list[Path]]:
     """Staged names for ``paths`` (``staged_path``) to write each file to, atomically as usual; on a clean exit
-    ``before_commit()`` runs and every staged file is renamed over its path, then ``after_commit()``, with Ctrl-C
-    and SIGTERM held off until the last; else the staged files are removed and the files at ``paths`` stay as
-    they were."""
+    ``before_commit()`` runs and every staged file is renamed over its path, Ctrl-C and SIGTERM held off until the
+    last; else the staged files are removed and the files at ``paths`` stay as they were."""
     paths = [Path(p) for p in paths]
     for path in paths:
         note_target(path)  # a killed run's staged files are swept at the end of a later run
@@ -106,8 +105,6 @@ def replaced_together(paths: list[Path], suffix: str, before_commit=None, after_
         with signals_held():
             for source, target in zip(staged, paths):
                 os.replace(source, target)
-            if after_commit is not None:
-                after_commit()
     except BaseException:
         for source in staged:
             with contextlib.suppress(FileNotFoundError):

@@ -124,13 +124,13 @@ def shard_slices(n: int, shards: int) -> list[tuple[int, int]]:
 
 
 def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: int = 1,
-                  schema=None, before_commit=None, after_commit=None) -> list[tuple[Path, int]]:
+                  schema=None, before_commit=None) -> list[tuple[Path, int]]:
     """The records in ``order`` (a permutation of them) as ``kind``: (path, bytes) per file written. ``schema``:
     JSONL converted to Parquet, the records' columns when already inferred (``parquet_schema``).
 
-    The files are written under staged names and renamed together at the end (``before_commit()`` first,
-    ``after_commit()`` last), so a run stopped part-way leaves the earlier files as they were: no new shards beside
-    an earlier set, no set half of one order and half of another."""
+    The files are written under staged names and renamed together at the end (``before_commit()`` first), so a run
+    stopped part-way leaves the earlier files as they were: no new shards beside an earlier set, no set half of one
+    order and half of another."""
     order = np.asarray(order, dtype=np.int64)
     if order.shape[0] != len(source) or not np.array_equal(np.sort(order), np.arange(len(source))):
         raise ValueError("order must be a permutation of the record positions")
@@ -142,11 +142,8 @@ def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: in
     if kind == "arrow":  # one datasets folder, which its writer swaps in whole
         if before_commit is not None:
             before_commit()
-        written = [(path, write_shard(source, order[lo:hi], path, kind, schema)) for path, (lo, hi) in zip(paths, slices)]
-        if after_commit is not None:
-            after_commit()
-        return written
-    with replaced_together(paths, data_suffix(output), before_commit, after_commit) as staged:
+        return [(path, write_shard(source, order[lo:hi], path, kind, schema)) for path, (lo, hi) in zip(paths, slices)]
+    with replaced_together(paths, data_suffix(output), before_commit) as staged:
         sizes = [write_shard(source, order[lo:hi], target, kind, schema) for target, (lo, hi) in zip(staged, slices)]
     return list(zip(paths, sizes))
 
