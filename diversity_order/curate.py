@@ -1199,12 +1199,12 @@ def calibration_report(rows, recommended) -> str:
     for row in rows:
         score = "n/a" if row.silhouette is None else f"{row.silhouette:.4f}"
         lines.append(f"{row.k:>5}  {score:>10}  {f'{row.size_min} / {row.size_median:g} / {row.size_max}':>27}")
-    lines.append(_recommendation(recommended, rows))
     empty = [row.k for row in rows if row.size_min == 0]
     if empty:
         # A reviewer saw a cluster of size 0 at k = 100 and nothing said of it.
         lines.append(f"At k = {', '.join(map(str, empty))} some clusters are empty: k-means found fewer groups than "
                      "that in these embeddings, so such a k only names clusters that no document is in")
+    lines.append(_recommendation(recommended, rows))  # last: what to do
     return "\n".join(lines)
 
 
