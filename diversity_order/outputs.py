@@ -110,9 +110,6 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
     if output.is_dir() and not folder_output:
         raise UserError(f"--output {output}: is a folder; give the path of the curated file to write, "
                         f"e.g. {output / 'curated.jsonl'}")
-    if output.is_file() and _is_json_document(output):
-        raise UserError(f"--output {output}: holds a JSON document, not JSON Lines (another run's metadata or report, "
-                        "such as B_meta.json?), which the curated records would replace; choose another output path")
     for flag, source in read.items():
         if source is None:
             continue
@@ -124,6 +121,10 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
                 raise UserError(f"--output {output} is {what}; choose another output path")
             raise UserError(f"{flag} {source} is also where this run would write its {role.replace('_', ' ')} "
                             f"({target}); choose another --output")
+    if output.is_file() and _is_json_document(output):
+        raise UserError(f"--output {output}: is not JSON Lines (its first line is no JSON value: another run's "
+                        "metadata or report, such as B_meta.json?), and the curated records would replace it; choose "
+                        "another output path")
     check_writable_folder(output.parent, "--output")
 
 

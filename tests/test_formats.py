@@ -552,12 +552,14 @@ def test_an_output_named_as_another_runs_metadata_is_refused(tmp_path, demo_json
     assert curate(*base, "--output", tmp_path / "s.jsonl") == 0
     meta = (tmp_path / "s_meta.json").read_bytes()
     assert run_error(capsys, *base, "--output", tmp_path / "s_meta.json") == (
-        f"error: --output {tmp_path / 's_meta.json'}: holds a JSON document, not JSON Lines (another run's metadata "
-        "or report, such as B_meta.json?), which the curated records would replace; choose another output path")
+        f"error: --output {tmp_path / 's_meta.json'}: is not JSON Lines (its first line is no JSON value: another "
+        "run's metadata or report, such as B_meta.json?), and the curated records would replace it; choose another "
+        "output path")
     assert (tmp_path / "s_meta.json").read_bytes() == meta
     for name, text in (("blank_first.json", '\n{"version": 2,\n "x": 1}\n'), ("inline.json", '{"version": 2,\n "x": 1}\n')):
         (tmp_path / name).write_text(text)  # a reviewer's: not a lone brace on the first line, still one document
-        assert "holds a JSON document" in run_error(capsys, *base, "--output", tmp_path / name)
+        assert "is not JSON Lines (its first line is no JSON value" in run_error(capsys, *base, "--output",
+                                                                                  tmp_path / name)
         assert (tmp_path / name).read_text() == text
     assert curate(*base, "--output", tmp_path / "t.json") == 0  # a curated file named .json, rerun: JSON Lines
     assert curate(*base, "--output", tmp_path / "t.json", "--ordering", "random") == 0
