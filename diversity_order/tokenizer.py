@@ -125,10 +125,9 @@ class DocumentTokenizer:
         try:
             return hf.apply_chat_template(messages, tokenize=False, **(arguments or {}))
         except Exception as exc:  # noqa: BLE001 - a template raises what its Jinja code raises
-            raise UserError(f"{where + ': ' if where else ''}the chat template of --model-dir {self.model_dir} cannot "
-                            "render this conversation "
-                            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
-                            ) from None
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TemplateRefused(f"{where + ': ' if where else ''}the chat template of --model-dir {self.model_dir} "
+                                  f"cannot render this conversation ({reason})") from None
 
     def special_tokens_per_document(self, mode: str) -> tuple[list[int], list[int]]:
         """The ids the trainer adds before and after each document (see ``SPECIAL_TOKEN_MODES``)."""
@@ -204,6 +203,10 @@ class DocumentTokenizer:
 # and/or EOS, as its post-processor says); one EOS separator (Megatron's --append-eod, nanoGPT,
 # TRL SFT); or BOS and EOS (torchtitan's encode(add_bos=True, add_eos=True)).
 SPECIAL_TOKEN_MODES = ("none", "tokenizer", "eos", "bos-eos")
+
+
+class TemplateRefused(UserError):
+    """A chat template that raised on a conversation (many raise on a role they were not written for)."""
 
 
 def chat_template_source(model_dir: Path) -> dict | None:

@@ -945,6 +945,13 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
     assert run_error(capsys, "--input", chat, "--text-field", "messages", "--model-dir", strict,
                      *base[2:]) == (f"error: {chat}:3: the chat template of --model-dir {strict} cannot render this "
                                     "conversation (Unknown role: robot)")
+    # Several it refuses: all counted at once (a reviewer's template without a system role stopped at the first).
+    chat.write_text("".join(json.dumps({"messages": [{"role": role, "content": "hi"}]}) + "\n"
+                            for role in ("user", "robot", "user", "system", "user", "robot")))
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", "--model-dir", strict,
+                     *base[2:]) == (f"error: {chat}:2: the chat template of --model-dir {strict} cannot render this "
+                                    f"conversation (Unknown role: robot); it refuses 3 conversations in all, of the 6 left "
+                                    f"to render when it first did (the last: {chat}:6)")
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
     assert run_error(capsys, "--input", parquet, "--text-field", "messages", *base).endswith(
         "row 0: field 'messages[0]' has a content that is a JSON null, expected a string (a turn that only calls "
