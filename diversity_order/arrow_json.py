@@ -36,33 +36,32 @@ def note_object_keys(records: list[dict], into: dict) -> None:
                 _note(value, (name,), into)
 
 
-_HUGE = "an integer past 64 bits"
+HUGE_INTEGER = "an integer past 64 bits"
 
 
-def _kind(value) -> str | None:
-    """A JSON value's kind as Arrow types it (integers and fractions are both numbers); None for null, which fits
-    any column."""
+def json_kind(value) -> str | None:
+    """A JSON value's kind as Arrow types it, in the words errors say it ("a number": integers and fractions are
+    both); None for null, which fits any column."""
     if value is None:
         return None
     if isinstance(value, bool):
-        return "boolean"
+        return "a boolean"
     if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
-        return _HUGE
+        return HUGE_INTEGER
     if isinstance(value, int | float):
-        return "number"
-    return "string" if isinstance(value, str) else "list" if isinstance(value, list) else \
-        "object" if isinstance(value, dict) else type(value).__name__
+        return "a number"
+    return "a string" if isinstance(value, str) else "a list" if isinstance(value, list) else \
+        "an object" if isinstance(value, dict) else type(value).__name__
 
 
 def _note(value, path: tuple, into: dict) -> None:
-    kind = _kind(value)
+    kind = json_kind(value)
     if kind is None:
         return
     entry = into.setdefault(path, [_UNSEEN, frozenset()])
     entry[1] = entry[1] | {kind}
     if isinstance(value, dict):
-        keys = tuple(value)
-        entry[0] = keys if entry[0] is _UNSEEN else (None if entry[0] is None or entry[0] != keys else keys)
+        entry[0] = _joined_keys(entry[0], tuple(value))
     if _as_text(path, entry):
         return
     if isinstance(value, dict):
@@ -81,7 +80,7 @@ def _as_text(path: tuple, entry) -> bool:
     keys, kinds = entry
     if keys is None or keys == ():
         return True
-    return len(path) > 1 and (len(kinds) > 1 or _HUGE in kinds)
+    return len(path) > 1 and (len(kinds) > 1 or HUGE_INTEGER in kinds)
 
 
 def merge_object_keys(parts: list[dict]) -> dict:
@@ -94,10 +93,14 @@ def merge_object_keys(parts: list[dict]) -> dict:
                 continue
             seen = merged[path]
             if keys is not _UNSEEN:
-                seen[0] = keys if seen[0] is _UNSEEN else (None if seen[0] is None or keys is None or seen[0] != keys
-                                                           else keys)
+                seen[0] = _joined_keys(seen[0], keys)
             seen[1] = seen[1] | kinds
     return merged
+
+
+def _joined_keys(seen, keys):
+    """A path's keys once ``keys`` (a tuple, or None: already differing) are seen there too: None where they differ."""
+    return keys if seen is _UNSEEN else (None if seen is None or keys is None or seen != keys else keys)
 
 
 def uneven_object_paths(object_keys: dict) -> list[tuple]:
@@ -105,20 +108,6 @@ def uneven_object_paths(object_keys: dict) -> list[tuple]:
     uneven = sorted(path for path, entry in object_keys.items() if _as_text(path, entry))
     held = set(uneven)
     return [path for path in uneven if not any(path[:i] in held for i in range(1, len(path)))]
-
-
-def has_objects(schema) -> bool:
-    """Whether a schema holds any object (a struct), at any depth: else there is nothing to walk."""
-    import pyarrow as pa
-
-    def holds(arrow_type) -> bool:
-        if pa.types.is_struct(arrow_type):
-            return True
-        if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
-            return holds(arrow_type.value_type)
-        return False
-
-    return any(holds(field.type) for field in schema)
 
 
 def with_json_at(schema, paths: list[tuple]):

@@ -267,14 +267,14 @@ def export(source, order: np.ndarray, counts: np.ndarray, tokenizer, seq_len: in
         dropped, documents_dropped = packer.finish()
         close_shard()
         written = state["written"]
+        file_bytes = {p.name: p.stat().st_size for p in sorted(staging.glob("packed-*.parquet"))}
         meta = {"seq_len": seq_len, "order_blake2b": order_digest(order), "sequences": written,
                 "shards": state["shard"], "tokens": written * seq_len,
                 "tokens_dropped": dropped, "documents_dropped": documents_dropped, "count_special_tokens": special_mode,
                 "tokenizer": tokenizer.fingerprint,
                 "unique_clusters_per_sequence": {"mean": float(np.mean(unique)) if unique else 0.0,
                                                  "min": int(min(unique)) if unique else 0},
-                "files": sorted(p.name for p in staging.glob("packed-*.parquet")),
-                "file_bytes": {p.name: p.stat().st_size for p in sorted(staging.glob("packed-*.parquet"))},
+                "files": sorted(file_bytes), "file_bytes": file_bytes,
                 "content_key": key}
         (staging / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
         give_plain_permissions(staging / MARKER)

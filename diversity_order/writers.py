@@ -226,9 +226,10 @@ def finished_schema(source, schema, object_keys: dict):
     if uneven:
         schema = arrow_json.with_json_at(schema, uneven)
         named = [".".join(path).replace(".[]", "[]") for path in arrow_json.json_paths(schema)]
-        log.info("Parquet: the objects at %s have different keys from record to record: held as JSON text (Arrow's "
-                 "JSON type, which datasets reads back as the objects), not as one struct of every key, which would "
-                 "give each object the keys it lacks as null", ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
+        log.info("Parquet: the values at %s differ from record to record (in their keys, their order or their kind): "
+                 "held as JSON text (Arrow's JSON type, which datasets reads back as the values), not as one struct of "
+                 "every key, which would give each object the keys it lacks as null",
+                 ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
     return writable_schema(source, schema)
 
 
@@ -313,7 +314,7 @@ def kinds_at_fields(source, rows: np.ndarray, fields: set[str] | None = None, st
                     kinds = found.setdefault(path, {})
                     if kind not in kinds:
                         kinds[kind] = (row, source.where(row))
-                        clash |= kind == _HUGE_INTEGER or len(kinds) > 1
+                        clash |= kind == arrow_json.HUGE_INTEGER or len(kinds) > 1
             if clash and stop_at_clash:
                 return found
     return found
@@ -332,38 +333,27 @@ def clash_in(parts: list[dict]) -> str | None:
                     into[kind] = seen
     said = []  # (row, what is said), each field's first
     for path, kinds in merged.items():
-        if _HUGE_INTEGER in kinds:
-            row, where = kinds[_HUGE_INTEGER]
-            said.append((row, f"field {path!r} is {_HUGE_INTEGER} at {where}, which Parquet cannot hold"))
-        typed = sorted(((seen, kind) for kind, seen in kinds.items() if kind != _HUGE_INTEGER), key=lambda k: k[0][0])
+        if arrow_json.HUGE_INTEGER in kinds:
+            row, where = kinds[arrow_json.HUGE_INTEGER]
+            said.append((row, f"field {path!r} is {arrow_json.HUGE_INTEGER} at {where}, which Parquet cannot hold"))
+        typed = sorted(((seen, kind) for kind, seen in kinds.items() if kind != arrow_json.HUGE_INTEGER), key=lambda k: k[0][0])
         if len(typed) > 1:
             ((_, first_where), first), ((row, where), other) = typed[:2]
             said.append((row, f"field {path!r} is {other} at {where} but {first} at {first_where}"))
     return min(said, key=lambda candidate: candidate[0])[1] if said else None
 
 
-_HUGE_INTEGER = "an integer past 64 bits"
-
-
 def _json_kinds(value, path: str):
     """(path, kind) of a JSON value and of every value inside it (a list's items at ``path[]``); nulls have none:
-    a null fits any column. Integers and fractions are both numbers (a column of both is fractional)."""
-    if value is None:
+    a null fits any column (``arrow_json.json_kind``)."""
+    kind = arrow_json.json_kind(value)
+    if kind is None:
         return
-    if isinstance(value, bool):
-        yield path, "a boolean"
-    elif isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
-        yield path, _HUGE_INTEGER
-    elif isinstance(value, int | float):
-        yield path, "a number"
-    elif isinstance(value, str):
-        yield path, "a string"
-    elif isinstance(value, list):
-        yield path, "a list"
+    yield path, kind
+    if isinstance(value, list):
         for item in value:
             yield from _json_kinds(item, f"{path}[]")
     elif isinstance(value, dict):
-        yield path, "an object"
         for name, item in value.items():
             yield from _json_kinds(item, f"{path}.{name}")
 
