@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,9 @@ class DocumentTokenizer:
         template, _ = _chat_template(self.model_dir)
         if template:
             digest.update(b"\0chat template\0" + template.encode("utf-8"))
+            printed = _special_tokens_printed(self.model_dir, template)
+            if printed:
+                digest.update(b"\0special tokens the template prints\0" + printed.encode("utf-8"))
         return digest.hexdigest()
 
     def prepare_chat(self) -> None:
@@ -240,6 +244,25 @@ def _chat_template(model_dir: Path) -> tuple[str, str]:
     except (OSError, ValueError, AttributeError):
         return "", config
     return (template if isinstance(template, str) else json.dumps(template or "")), config
+
+
+def _special_tokens_printed(model_dir: Path, template: str) -> str:
+    """The special tokens a chat template names (``{{ bos_token }}``), as the folder's files set them: transformers
+    hands them to the template, so changing one in ``tokenizer_config.json`` alone changes what it prints. Only the
+    names it uses, so a template that prints none keys caches as before. "" when it names none."""
+    names = [name for name in _SPECIAL_TOKEN_KEYS + ("additional_special_tokens",)
+             if re.search(rf"\b{name}\b", template)]
+    if not names:
+        return ""
+    values = {}
+    for file in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            written = json.loads((model_dir / file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(written, dict):
+            values[file] = {name: written[name] for name in names if name in written}
+    return json.dumps(values, sort_keys=True)
 
 
 # tokenizer_config.json keys that leave transformers' tokenizer pipeline as tokenizer.json has it.

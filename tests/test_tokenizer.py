@@ -162,3 +162,29 @@ def test_a_model_folder_without_a_tokenizer_says_which_files_it_lacks(tmp_path, 
     shutil.copy(tiny_model_dir / "tokenizer_config.json", folder)  # the config without the vocabulary
     with pytest.raises(UserError, match="it has tokenizer_config.json of the tokenizer files"):
         DocumentTokenizer(folder)
+
+
+def test_special_tokens_a_chat_template_prints_key_its_caches(tiny_model_dir, tmp_path):
+    # transformers hands the template the special tokens tokenizer_config.json sets: one it prints changed there
+    # alone changes every rendered conversation, so the fingerprint (every cache's key) changes with it.
+    folder = _variant(tiny_model_dir, tmp_path)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(bos_token="<s>", eos_token="</s>")
+    template = folder / "chat_template.jinja"
+
+    def fingerprint(**changes) -> str:
+        config_file.write_text(json.dumps(config | changes))
+        return DocumentTokenizer(folder).fingerprint
+
+    template.write_text("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    printed = fingerprint()
+    assert fingerprint(bos_token="<unk>") != printed
+    assert fingerprint(eos_token="<unk>") == printed  # a token it does not print leaves its caches valid
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<unk>"}))
+    assert fingerprint() != printed
+    (folder / "special_tokens_map.json").unlink()
+
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    plain = fingerprint()
+    assert fingerprint(bos_token="<unk>") == plain  # a template that prints none keys its caches as before
