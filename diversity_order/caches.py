@@ -218,6 +218,15 @@ def digest_buffer(buffer, scheme: str = DIGEST_NAME) -> str:
     return _write_digesting([memoryview(buffer).cast("B")], lambda piece: None, scheme)
 
 
+def digest_file(path: Path | str, scheme: str = DIGEST_NAME) -> str:
+    """The digest of the file at ``path`` (``digest_buffer`` of its bytes), read chunk by chunk in parallel."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _digest_fd(fd, os.fstat(fd).st_size, scheme)
+    finally:
+        os.close(fd)
+
+
 def _chunk_digest(fd: int, size: int, start: int, scheme: str = DIGEST_NAME) -> bytes:
     return _hash_parts([os.pread(fd, min(DIGEST_CHUNK, size - start), start)] if size else [], scheme)
 

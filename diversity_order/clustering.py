@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import matrix
+from . import caches, matrix
 from .defaults import DEFAULT_SEED
 from .matrix import Matrix
 from .runtime import Progress
@@ -65,6 +65,46 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
     del fit_rows  # the sample is not needed to assign the rows: not held beside the blocks read for that
     labels = assign_to_centres(embeddings, centres, device)
     log.info("Every row assigned to its nearest centre in %.1f s", time.perf_counter() - fitted)
+    return labels
+
+
+def labels_key(embeddings: Matrix, n_clusters: int, seed: int, backend: str, fit_sample: int, device=None) -> dict:
+    """What ``kmeans_labels`` returns is a function of, to keep its labels for a rerun: every byte of the matrix
+    (a digest of it: any edited, added or moved row changes it), the fit's settings, and the library that fits
+    (another version, or torch on another device, may fit other centres)."""
+    if isinstance(embeddings, matrix.MatrixFile):
+        digest = caches.digest_file(embeddings.path)  # the .npy header holds the shape and dtype
+    else:
+        array = np.ascontiguousarray(embeddings)
+        digest = f"{caches.digest_buffer(array)} {array.dtype.str} {list(array.shape)}"
+    return {"kind": "kmeans_labels", "embeddings": digest, "n_clusters": n_clusters, "seed": seed, "backend": backend,
+            "fit_rows": fit_sample, "fitter": _fitter(backend, device)}
+
+
+def _fitter(backend: str, device) -> str:
+    if backend == "sklearn":
+        from importlib.metadata import version
+
+        return f"scikit-learn {version('scikit-learn')}"  # (not imported: a second of an unchanged rerun)
+    if backend == "faiss":
+        import faiss
+
+        gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+        return f"faiss {getattr(faiss, '__version__', '?')}{' gpu' if gpu else ''}"
+    import torch
+
+    return f"torch {torch.__version__} {torch.device(device or 'cpu').type}"
+
+
+def kept_labels(found, n_clusters: int) -> np.ndarray | None:
+    """The labels of a cache lookup (``caches.lookup`` under ``labels_key``) when it holds every row, each a
+    cluster of ``n_clusters``; else None (fitted again)."""
+    if found.data is None or not found.hit.all():
+        return None
+    labels = np.asarray(found.data, dtype=np.int64)
+    if labels.size and (labels.min() < 0 or labels.max() >= n_clusters):
+        log.info("k-means labels kept from an earlier run name clusters outside 0..%d: fitted again", n_clusters - 1)
+        return None
     return labels
 
 

@@ -59,6 +59,7 @@ def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ..
         "labels": Path(f"{out_stem}_labels.npy"),
         "order": Path(f"{out_stem}_order.npy"),
         "umap": Path(f"{out_stem}_umap2d.npy"),
+        "kmeans": Path(f"{out_stem}_kmeans.npy"),
         "calibration": Path(f"{out_stem}_calibration.json"),
         "ordering_plot": Path(f"{out_stem}_ordering_comparison.png"),
         "cloud_plot": Path(f"{out_stem}_cluster_cloud.png"),

@@ -589,3 +589,44 @@ def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
         _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([7.3] + [9.0] * 9),
                        "random_shuffle": shuffled})
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_an_unchanged_rerun_keeps_the_k_means_labels_and_any_change_fits_again(tmp_path, tiny_model_dir,
+                                                                                topical_jsonl, monkeypatch, caplog):
+    from diversity_order import caches, clustering
+
+    caplog.set_level(logging.INFO)
+    fits = []
+    fit = clustering.kmeans_labels
+    monkeypatch.setattr(clustering, "kmeans_labels", lambda *a, **k: fits.append(a[1]) or fit(*a, **k))
+    out = tmp_path / "out" / "b.jsonl"
+    kept = tmp_path / "out" / "b_kmeans.npy"
+    args = ["--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--seq-len", 1000, "--no-plot"]
+
+    def labels(*extra) -> np.ndarray:
+        assert curate(*args, *extra) == 0
+        return np.load(tmp_path / "out" / "b_labels.npy")
+
+    first = labels("--n-clusters", 6)
+    assert fits == [6]
+    caplog.clear()
+    assert np.array_equal(labels("--n-clusters", 6), first) and fits == [6]
+    assert "k-means labels: all 240 rows reused from b_kmeans.npy" in caplog.text
+    labels("--n-clusters", 5)
+    labels("--n-clusters", 5, "--seed", 7)
+    assert fits == [6, 5, 5]
+
+    # One record edited: fitted again, to the labels a run without any kept labels gets.
+    lines = topical_jsonl.read_text().splitlines()
+    lines[17] = json.dumps({"text": "an edited record about something else entirely"})
+    topical_jsonl.write_text("\n".join(lines) + "\n")
+    edited = labels("--n-clusters", 5, "--seed", 7)
+    assert fits == [6, 5, 5, 5]
+    kept.unlink()
+    assert np.array_equal(labels("--n-clusters", 5, "--seed", 7), edited) and fits == [6, 5, 5, 5, 5]
+
+    # Kept labels that cannot be this k's (a damaged file) are fitted again, not used.
+    caches.store(kept, caches.written_key(kept), caches.written_fingerprints(kept), np.full(240, 99, np.int64))
+    caplog.clear()
+    assert np.array_equal(labels("--n-clusters", 5, "--seed", 7), edited) and len(fits) == 6
+    assert "name clusters outside 0..4: fitted again" in caplog.text
