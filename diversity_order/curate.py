@@ -1137,7 +1137,8 @@ def plot(run: Run) -> None:
                                        run.windows["original"][0], run.windows["curated"][0],
                                        run.quality["original"]["diversity"], run.quality["curated"]["diversity"],
                                        config.seq_len, run.quality, config.ordering)
-        projection = projection_or_none(paths["umap"], run.embeddings, run.index.fingerprints, config.seed)
+        projection = projection_or_none(paths["umap"], run.embeddings, run.index.fingerprints, config.seed,
+                                        config.progress)
         plots.plot_cluster_cloud(paths["cloud_plot"], run.labels, config.n_clusters, projection)
     log.info("Plots: %s, %s", paths["ordering_plot"], paths["cloud_plot"])
 

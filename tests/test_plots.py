@@ -1,5 +1,7 @@
 """Plots: distinct colours, token-aligned strips, and both figures written as real PNGs."""
 
+import logging
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -233,3 +235,37 @@ def test_a_dense_middle_gets_every_name_readable(tmp_path, monkeypatch):
     assert not overlapping, overlapping
     monkeypatch.undo()
     plt.close(fig)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 40), st.integers(1, 7), st.integers(1, 12), st.integers(0, 2**32 - 1))
+def test_place_by_neighbours_equals_a_plain_loop(n_points, n_anchors, dim, k, seed):
+    from diversity_order.projection import place_by_neighbours
+
+    rng = np.random.default_rng(seed)
+    anchors = rng.normal(size=(n_anchors, dim)).astype(np.float32)
+    xy = rng.normal(size=(n_anchors, 2)).astype(np.float32)
+    points = rng.normal(size=(n_points, dim)).astype(np.float32)
+    expected = []
+    for point in points.astype(np.float64):  # each point: its k nearest anchors, weighted by 1 / distance
+        distances = np.sqrt(((anchors.astype(np.float64) - point) ** 2).sum(1))
+        nearest = np.argsort(distances)[: min(k, n_anchors)]
+        weights = 1.0 / (distances[nearest] + 1e-6)
+        expected.append((xy[nearest] * weights[:, None]).sum(0) / weights.sum())
+    placed = place_by_neighbours(points, anchors, xy, k=k, batch=7)
+    np.testing.assert_allclose(placed, np.array(expected), rtol=1e-3, atol=1e-3)
+
+
+def test_placing_many_points_shows_progress(monkeypatch, caplog):
+    from diversity_order import projection
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(projection, "UMAP_FIT_SAMPLE", 60)
+    monkeypatch.setattr(projection, "PLACED_QUIETLY", 150)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, 6)).astype(np.float32)
+    projection.fitted_projection(x, seed=0, progress=False)
+    assert "Placing points among the 60 UMAP was fitted on: " in caplog.text and "of 400 points" in caplog.text
+    caplog.clear()
+    projection.fitted_projection(x[:150], seed=0, progress=False)
+    assert "Placing points" not in caplog.text  # a few points: done in moments, said nothing
