@@ -550,10 +550,13 @@ def baseline_shuffles(n_documents: int, seed: int):
         yield np.random.default_rng(seed + offset).permutation(n_documents).astype(np.int64)
 
 
-def random_baseline(n_documents: int, seed: int, measure) -> dict:
+def random_baseline(n_documents: int, seed: int, measure, first: dict | None = None) -> dict:
     """``measure(order)`` (a dict of measures) of each of the baseline's shuffles, as their ``mean_measures``, with
-    how many shuffles it averages."""
-    measured = [measure(order) for order in baseline_shuffles(n_documents, seed)]
+    how many shuffles it averages. ``first``: the first shuffle's measures, where the caller made them already."""
+    shuffles = baseline_shuffles(n_documents, seed)
+    if first is not None:
+        next(shuffles)
+    measured = ([] if first is None else [first]) + [measure(order) for order in shuffles]
     return {**mean_measures(measured), "shuffles": len(measured)}
 
 

@@ -54,9 +54,9 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                 computed[name] = (order, seconds)
             windows = diversity.window_counts(labels, token_counts, seq_len, order, options.packing)
             curves[(name, seq_len)] = windows[0]
-            # The baseline the criteria measure against is the mean of several shuffles (the first is this order).
-            quality = diversity.random_baseline(labels.size, options.seed, measured) if name == "random" else \
-                measured(order, windows)
+            quality = measured(order, windows)
+            if name == "random":  # the criteria's baseline: the mean of several shuffles, the first of them this order
+                quality = diversity.random_baseline(labels.size, options.seed, measured, first=quality)
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality,
                          "uniformity_bound": bound})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")

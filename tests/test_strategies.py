@@ -661,3 +661,22 @@ def test_token_balanced_says_when_its_pools_make_it_slow(monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         ORDERINGS["token-balanced"](labels, counts, 5, options)
     assert "token-balanced: 200 documents in " in caplog.text and "every step compares every pool" in caplog.text
+
+
+def test_the_random_row_is_the_mean_of_the_baseline_shuffles_its_order_the_first():
+    from diversity_order import diversity
+    from diversity_order.orderings import ORDERINGS, OrderingOptions
+
+    rng = np.random.default_rng(3)
+    labels, counts = rng.integers(0, 5, 300), rng.integers(1, 400, 300)
+    options = OrderingOptions(seed=11, seq_len=2000)
+    shuffles = list(diversity.baseline_shuffles(labels.size, options.seed))
+    assert np.array_equal(ORDERINGS["random"](labels, counts, 5, options), shuffles[0])
+
+    def measure(order, windows=None):
+        return diversity.ordering_quality(labels, counts, 2000, order, 5, windows)
+
+    plain = diversity.mean_measures([measure(order) for order in shuffles])
+    given_first = diversity.random_baseline(labels.size, options.seed, measure, first=measure(shuffles[0]))
+    assert given_first == diversity.random_baseline(labels.size, options.seed, measure) == \
+        {**plain, "shuffles": len(shuffles)}
