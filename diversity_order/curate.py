@@ -1078,7 +1078,7 @@ def _write_shards_across_ranks(run: Run, before_commit=None) -> list[tuple[Path,
     order = distributed.broadcast_array(ctx, run.order if ctx.is_main else None)
     paths = writers.shard_paths(config.output, config.output_shards)
     failure = None
-    mine = distributed.slice_of_order(ctx, order.size, config.output_shards)
+    mine = distributed.slice_of_order(ctx, writers.shard_slices(order.size, config.output_shards))
     # Staged, and renamed only once every rank has written its own: a failure or Ctrl-C on any rank leaves the
     # earlier shards as they were.
     with replaced_together([paths[part] for part, _, _ in mine], writers.data_suffix(config.output)) as staged:

@@ -159,13 +159,12 @@ def even_range(ctx: DistContext, n: int) -> tuple[int, int]:
     return int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
 
 
-def slice_of_order(ctx: DistContext, n_items: int, n_parts: int) -> list[tuple[int, int, int]]:
-    """The consecutive parts of an order of ``n_items`` that this rank writes, as (part, lo, hi):
-    the order is cut into ``n_parts`` runs of equal count and the parts dealt to the ranks in
-    contiguous blocks (for output shards written in parallel; one process gets every part)."""
-    bounds = np.linspace(0, n_items, n_parts + 1).astype(np.int64)
-    first, last = even_range(ctx, n_parts)
-    return [(part, int(bounds[part]), int(bounds[part + 1])) for part in range(first, last)]
+def slice_of_order(ctx: DistContext, parts: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """The consecutive ``parts`` (lo, hi) of an order that this rank writes, as (part, lo, hi): the parts dealt to
+    the ranks in contiguous blocks (output shards written in parallel, cut where one process cuts them; one
+    process gets every part)."""
+    first, last = even_range(ctx, len(parts))
+    return [(part, *parts[part]) for part in range(first, last)]
 
 
 def comm_device():

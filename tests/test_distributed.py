@@ -23,6 +23,7 @@ from diversity_order.cli import run_main
 from diversity_order.distributed import DistContext, even_range, my_share, slice_of_order, split_by_bytes
 from diversity_order.matrix import MatrixFile
 from diversity_order.records import scan_jsonl
+from diversity_order.writers import shard_slices
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -281,13 +282,14 @@ def test_torchrun_ranks_write_their_own_output_shards(tmp_path, tiny_model_dir):
     for folder in (single, multi):
         folder.mkdir()
         write_jsonl(folder / "d.jsonl", records)
-    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--output-shards", 4]
+    # 60 records in 7 shards: cuts at 8.57, 17.14, ... (rounded, not truncated, by one process and by the ranks)
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--output-shards", 7]
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
                                                            single / "c.jsonl", *common, "--no-progress"]]) == 0
     log = torchrun(["--input", multi / "d.jsonl", "--output", multi / "c.jsonl", *common])
-    assert "Rank 0 wrote c-00000-of-00004.jsonl to c-00001-of-00004.jsonl; the other ranks wrote the rest" in log
+    assert "Rank 0 wrote c-00000-of-00007.jsonl to c-00002-of-00007.jsonl; the other ranks wrote the rest" in log
     names = sorted(path.name for path in single.glob("c-*-of-*.jsonl"))
-    assert len(names) == 4 and names == sorted(path.name for path in multi.glob("c-*-of-*.jsonl"))
+    assert len(names) == 7 and names == sorted(path.name for path in multi.glob("c-*-of-*.jsonl"))
     for name in names:
         assert (multi / name).read_bytes() == (single / name).read_bytes(), name
     assert run_main(curate_dataset.main, [str(a) for a in ["--input", single / "d.jsonl", "--output",
@@ -390,8 +392,11 @@ def test_even_range_and_slices_of_the_order_cover_everything_once(n, world, part
     ranges = [even_range(DistContext(r, world), n) for r in range(world)]
     assert [lo for lo, _ in ranges] == [0] + [hi for _, hi in ranges[:-1]] and ranges[-1][1] == n
     assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
-    dealt = [piece for r in range(world) for piece in slice_of_order(DistContext(r, world), n, parts)]
+    one_process = shard_slices(n, parts)
+    dealt = [piece for r in range(world) for piece in slice_of_order(DistContext(r, world), one_process)]
     assert [part for part, _, _ in dealt] == list(range(parts))  # every part once, in rank order
+    # cut where one process cuts its shards (the ranks once truncated where it rounds: 666/667/667 against 667/666/667)
+    assert [(lo, hi) for _, lo, hi in dealt] == one_process
     assert [lo for _, lo, _ in dealt] == [0] + [hi for _, _, hi in dealt[:-1]] and dealt[-1][2] == n
 
 
