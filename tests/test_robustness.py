@@ -801,23 +801,28 @@ def test_cluster_word_counts_equal_a_plain_loop_over_the_sampled_documents(docs,
     assert all({w for w, _ in top} <= set(c) for c, top in zip(expected, tops))
 
 
-def test_a_missing_requirement_is_one_line_naming_it():
+@pytest.mark.parametrize("package, args", [("numba", ["--help"]),
+                                           # numpy: the clean-up after the error imported it again, a traceback
+                                           ("numpy", ["--input", "a.jsonl", "--output", "out/b.jsonl"])])
+def test_a_missing_requirement_is_one_line_naming_it(tmp_path, package, args):
     """Run with a Python that lacks a requirement (the system's rather than the project's venv): one line naming
     the package and the interpreter, exit 2, no traceback; a module of our own missing stays a traceback."""
     blocked = (
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.partition('.')[0] == 'numba':\n"
+        f"        if name.partition('.')[0] == {package!r}:\n"
         "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "from diversity_order.cli.curate_dataset import console\n"
         "sys.exit(console())\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", blocked, "--help"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    done = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.startswith(f"error: the package 'numba' is not installed for {sys.executable};")
+    assert done.stderr.startswith(f"error: the package '{package}' is not installed for {sys.executable};")
+    assert "make setup" in done.stderr  # the Makefile's target
     from diversity_order.cli import run_main
 
     def broken(argv):

@@ -227,16 +227,17 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
             raise  # our own module missing: a broken install, the traceback says which
         # A requirement missing from the Python that runs the script (often the system's, not the project's venv).
         sys.stderr.write(f"error: the package '{exc.name.partition('.')[0]}' is not installed for {sys.executable}; "
-                         "install the project's requirements (pip install -e . or make venv) or run the command "
+                         "install the project's requirements (pip install -e . or make setup) or run the command "
                          "with the Python that has them (.venv/bin/python)\n")
         return 2
     except (KeyboardInterrupt, Terminated) as stop:
         _report_interrupt()
         return _interrupt["code"] if _interrupt["received"] else 143 if isinstance(stop, Terminated) else 130
     finally:
-        from ..outputs import remove_created_folders
-
-        remove_created_folders(failed=code != 0)
+        # Only a run that imported it created folders; importing it here raised again where numpy was missing.
+        outputs = sys.modules.get(f"{__name__.rpartition('.')[0]}.outputs")
+        if outputs is not None:
+            outputs.remove_created_folders(failed=code != 0)
 
 
 def _disk_full_line(exc: OSError) -> str | None:
