@@ -139,7 +139,7 @@ class CurateConfig:
             check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()
         self._validate_data_flags()
-        written = outputs.output_paths(self.inputs.name, self.output, self.text_field)
+        written = outputs.output_paths(self.inputs.name, self.output, self.text_field, self.inputs.spread)
         if self.load_embeddings is not None:
             del written["embeddings"]  # precomputed embeddings: no shallow cache is written
         if self.output_shards > 1:
@@ -323,9 +323,14 @@ def _start(config: CurateConfig) -> Run:
     device, ctx = start(config.device, config.gpu)
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
-    run = Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field))
+    run = Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field,
+                                                              config.inputs.spread))
     if ctx.is_main:
         _remove_what_killed_runs_left(run)
+        if config.inputs.spread:
+            log.info("The input files are in %d folders: their token counts are cached beside the output (%s), not "
+                     "beside a folder they share", len({f.absolute().parent for f in config.inputs.files}),
+                     run.paths["token_counts"].name)
     return run
 
 

@@ -44,12 +44,14 @@ def data_suffix_length(name: str) -> int:
     return 0
 
 
-def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ...] = DEFAULT_TEXT_FIELD
-                 ) -> dict[str, Path]:
+def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ...] = DEFAULT_TEXT_FIELD,
+                 counts_beside_output: bool = False) -> dict[str, Path]:
     """Every file a curate run may write, by role. The token counts beside the input are named after the
     text field when it is not the default (``A_token_counts.FIELD.npy``; joined fields ``A+B``), so runs
-    over other fields of one input keep a cache each."""
-    out_stem, in_stem = output_stem(output), output_stem(input_path)
+    over other fields of one input keep a cache each. ``counts_beside_output`` (inputs in several folders,
+    ``Inputs.spread``): they go beside the output, named after it (``B_token_counts.npy``)."""
+    out_stem = output_stem(output)
+    in_stem = out_stem if counts_beside_output else output_stem(input_path)
     fields = (text_field,) if isinstance(text_field, str) else tuple(text_field)
     field_part = "" if fields == (DEFAULT_TEXT_FIELD,) else "." + _safe_name("+".join(fields))
     return {

@@ -545,6 +545,32 @@ def test_input_files_that_copy_another_are_warned_of(tmp_path, demo_records, tin
         "copies p1.parquet)" in caplog.text
 
 
+def test_files_in_several_folders_cache_their_counts_beside_the_output(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A reviewer's --input /tmp/rev1/w/a.jsonl --input /tmp/rev1other/b.jsonl wrote /tmp_token_counts.* into /, named
+    after their common folder /tmp. Files in one folder keep their cache beside it, as before."""
+    for folder, rows in (("x/in", demo_records[:40]), ("y", demo_records[40:80])):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out" / "o.jsonl"
+    caplog.set_level(logging.INFO)
+    assert curate("--input", tmp_path / "x/in/part.jsonl", "--input", tmp_path / "y/part.jsonl", "--output", out,
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert (tmp_path / "out" / "o_token_counts.npy").is_file()
+    assert not list(tmp_path.parent.glob("*_token_counts*")) and not list(tmp_path.glob("*_token_counts*"))
+    assert "The input files are in 2 folders: their token counts are cached beside the output (o_token_counts.npy)" \
+        in caplog.text
+    meta = json.loads((tmp_path / "out" / "o_meta.json").read_text())
+    assert meta["token_counts_file"] == str(tmp_path / "out" / "o_token_counts.npy")
+    caplog.clear()
+    assert curate("--input", tmp_path / "x/in/part.jsonl", "--input", tmp_path / "y/part.jsonl", "--output", out,
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert "Token counts: all 80 rows reused from o_token_counts.npy" in caplog.text
+    (tmp_path / "x/in/more.jsonl").write_text("".join(json.dumps(r) + "\n" for r in demo_records[80:90]))
+    assert curate("--input", tmp_path / "x/in/*.jsonl", "--output", tmp_path / "out" / "p.jsonl", "--model-dir",
+                  tiny_model_dir, *COMMON) == 0
+    assert (tmp_path / "x" / "in_token_counts.npy").is_file()  # one folder: beside it, named after it
+
+
 def test_an_output_named_as_another_runs_metadata_is_refused(tmp_path, demo_jsonl, tiny_model_dir, capsys):
     """A reviewer's --output s_meta.json replaced run s's metadata with curated records: that run lost the record of
     its shards and export, and animate_ordering.py could not read it. A JSON document is not replaced."""
