@@ -637,11 +637,15 @@ def sweep_k(run: Run):
         rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress,
                                                    device=run.device, fit_sample=fit_sample)
     del embeddings
-    log.info("%s", _recommendation(recommended, rows))  # the table goes to standard output (the command prints it)
+    advice = _recommendation(recommended, rows)
+    log.info("%s", advice)  # the table goes to standard output (the command prints it)
+    # recommended_k is the rule's k (the reference's key); the advice says when that k is no peak, so a reader of the
+    # file alone does not take the smallest k tried for an answer.
     save_json(run.paths["calibration"], {"input": _recorded_path(config.inputs.name), "samples": used, "seed": config.seed,
                                          "pca": run.pca_info.as_dict() if run.pca_info else None,
                                          "k_means_fit_rows": fit_sample or run.n,
-                                         "rows": [r.as_dict() for r in rows], "recommended_k": recommended})
+                                         "rows": [r.as_dict() for r in rows], "recommended_k": recommended,
+                                         "advice": advice})
     log.info("Calibration table written to %s", run.paths["calibration"])
     return rows, recommended
 

@@ -253,7 +253,7 @@ def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, ca
     assert [r["k"] for r in table["rows"]] == [5, 10, 15, 20]
     assert table["recommended_k"] in (5, 10, 15, 20)
     verdict = ("No k stands out: " if table["recommended_k"] == 5 else f"Recommended k = {table['recommended_k']} ")
-    assert verdict in caplog.text
+    assert verdict in caplog.text and table["advice"].startswith(verdict)
     printed = capsys.readouterr().out.splitlines()
     empty = any(row["size_min"] == 0 for row in table["rows"])  # said on a line of its own
     assert printed[0].split()[:2] == ["k", "silhouette"] and len(printed) == 2 + len(table["rows"]) + empty
