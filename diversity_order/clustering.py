@@ -174,10 +174,11 @@ def plan_for_shape(n: int, d: int, budget: int) -> Plan:
     """``plan_for`` an n x d matrix, before it exists."""
     size = n * d * 4
     if size <= budget:
-        return Plan(True, n, f"{size / 2**30:.2f} GiB of embeddings fit the memory budget of {budget / 2**30:.2f} GiB")
+        return Plan(True, n, f"{matrix.size_text(size)} of embeddings fit the memory budget of "
+                             f"{matrix.size_text(budget)}")
     rows = int(min(n, max(MIN_FIT_SAMPLE, min(MAX_FIT_SAMPLE, budget // (2 * 4 * d)))))
-    return Plan(False, rows, f"{size / 2**30:.2f} GiB of embeddings exceed the memory budget of "
-                             f"{budget / 2**30:.2f} GiB: fitted on {rows:,} seeded sample rows, every row assigned "
+    return Plan(False, rows, f"{matrix.size_text(size)} of embeddings exceed the memory budget of "
+                             f"{matrix.size_text(budget)}: fitted on {rows:,} seeded sample rows, every row assigned "
                              "block by block (--memory-budget raises the budget)")
 
 

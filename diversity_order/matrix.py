@@ -559,3 +559,12 @@ def parse_size(text: str) -> int:
     if not np.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r}: not a positive size")
     return int(value)
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes for the log, in the largest unit (of 1024) that leaves at least 1: a 2 MB budget beside a 12 MB matrix
+    read "0.00 GiB" against "0.01 GiB" in GiB alone, as if they were the same."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{int(nbytes)} bytes"

@@ -271,3 +271,15 @@ def test_non_finite_rows_are_the_rows_holding_nan_or_inf(n, d, dtype, data):
                        dtype=dtype).reshape(n, d)
     expected = np.flatnonzero(~np.isfinite(block).all(axis=1))
     np.testing.assert_array_equal(matrix.non_finite_rows(block, step=data.draw(st.integers(1, 8))), expected)
+
+
+def test_sizes_in_the_log_keep_small_ones_apart():
+    from diversity_order.clustering import plan_for_shape
+    from diversity_order.matrix import size_text
+
+    assert [size_text(n) for n in (0, 1023, 1024, 5 << 20, (3 << 30) // 2)] == \
+        ["0 bytes", "1023 bytes", "1.00 KiB", "5.00 MiB", "1.50 GiB"]
+    # A reviewer's --memory-budget 2M beside 11 MB of embeddings read "0.01 GiB ... exceed ... 0.00 GiB".
+    assert plan_for_shape(5000, 576, 2 << 20).reason.startswith(
+        "10.99 MiB of embeddings exceed the memory budget of 2.00 MiB")
+    assert plan_for_shape(5000, 50, 2 << 20).reason == "976.56 KiB of embeddings fit the memory budget of 2.00 MiB"

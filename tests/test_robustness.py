@@ -110,7 +110,7 @@ def test_read_only_output_folder_simulated(tmp_path, tiny_model_dir, topical_jso
     ("--seed", 4294967296, "--seed 4294967296"),
     ("--seq-len", 10**30, "--seq-len 1000000000000000000000000000000: must be"),
     ("--jitter-window", 10**30, "--jitter-window 1000000000000000000000000000000"),
-    ("--n-clusters", 0, "--n-clusters 0"),
+    ("--n-clusters", 0, "--n-clusters 0: must be at least 1"),  # not "within 1..2,147,483,648"
     ("--embed-batch-size", 10**30, "--embed-batch-size"),
 ])
 def test_out_of_range_flags_are_one_line(tmp_path, tiny_model_dir, topical_jsonl, capsys, flag, value, expected):
