@@ -183,8 +183,8 @@ def _embed_rows(ctx: DistContext, index, rows: np.ndarray, tokenizer, table, bat
     _, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, out=out, finished=finished)
     if table is not None and rows.size:
-        log.info("Embedded %d documents, %s tokens, in %.1f s (%.0f tokens/s on this rank)", stats.documents,
-                 f"{stats.tokens:,}", stats.seconds, stats.tokens / max(stats.seconds, 1e-9))
+        log.info("Embedded %s documents, %s tokens, in %.1f s (%s tokens/s on this rank)", f"{stats.documents:,}",
+                 f"{stats.tokens:,}", stats.seconds, f"{stats.tokens / max(stats.seconds, 1e-9):,.0f}")
     return counts
 
 

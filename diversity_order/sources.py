@@ -123,8 +123,8 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
                         f"give one format (e.g. a glob such as {parquet[0].parent}/*.parquet or "
                         f"{jsonl[0].parent}/*{''.join(jsonl[0].suffixes)})")
     if not parquet and not jsonl:
-        raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl[.gz|.zst] files (nor a datasets "
-                        "folder written by save_to_disk)")
+        raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl/.json/.ndjson[.gz|.zst] files (nor a "
+                        "datasets folder written by save_to_disk)")
     return ("parquet", parquet) if parquet else ("jsonl", jsonl)
 
 
