@@ -100,9 +100,9 @@ def _edits_apart(a: str, b: str) -> int:
 def add_input_flags(parser) -> None:
     """--input and --text-field, as every script that reads the records takes them."""
     parser.add_argument("--input", required=True, action="append", metavar="PATH",
-                        help="the records: JSONL (.jsonl, .json or .ndjson, each also .gz or .zst), Parquet (.parquet), or a Hugging "
-                             "Face datasets folder (save_to_disk); a folder of such files or a quoted glob "
-                             "(data/*.parquet) reads them all, and --input may be repeated (one format in all)")
+                        help="the records: JSONL (.jsonl, .json or .ndjson, each also .gz or .zst), Parquet "
+                             "(.parquet), or a Hugging Face datasets folder (save_to_disk); a folder of such files or "
+                             "a quoted glob (data/*.parquet) reads them all, and --input may be repeated (one format in all)")
     parser.add_argument("--text-field", action="append", metavar="FIELD",
                         help="the field holding the document (default: text): a dotted path reads nested objects "
                              "(meta.body); repeated, the fields' texts are joined with a newline (prompt + "
