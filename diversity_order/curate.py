@@ -30,6 +30,7 @@ from . import (
     distributed,
     diversity,
     features,
+    kept_rows,
     matrix,
     ordering_report,
     outputs,
@@ -139,18 +140,29 @@ class CurateConfig:
             check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()
         self._validate_data_flags()
-        written = outputs.output_paths(self.inputs.name, self.output, self.text_field, self.inputs.spread)
+        paths = outputs.output_paths(self.inputs.name, self.output, self.text_field, self.inputs.spread)
+        written = files_written(self, paths)
         if self.load_embeddings is not None:
-            del written["embeddings"]  # precomputed embeddings: no shallow cache is written
-        if self.output_shards > 1:
-            written.update({f"output shard {i}": path for i, path in
-                            enumerate(writers.shard_paths(self.output, self.output_shards))})
+            for role in ("embeddings", "embeddings fingerprints", "embeddings manifest"):
+                del written[role]  # precomputed embeddings: no shallow cache is written
         for path in self.inputs.files:
             outputs.check_locations(self.output, written, {"--input": path, "--load-embeddings": self.load_embeddings},
                                     folder_output=self.written_kind == "arrow")
         if self.export_packed is not None:
             from .packed_export import check_folder
 
+            outputs.check_outside_model_dir(self.export_packed, self.model_dir, "--export-packed")
+            for path in [*self.inputs.files, self.load_embeddings]:
+                if path is not None and (outputs.same_file(self.export_packed, path)
+                                         or self.export_packed.absolute() in Path(path).absolute().parents):
+                    raise UserError(f"--export-packed {self.export_packed}: holds the input {path}, which the export "
+                                    "would replace; give the export a folder of its own")
+            for role, path in {"output": self.output, **written}.items():
+                same = outputs.same_file(self.export_packed, path)
+                if same or self.export_packed.absolute() in Path(path).absolute().parents:
+                    what = "--output" if role == "output" else f"this run's {role.replace('_', ' ')}"
+                    raise UserError(f"--export-packed {self.export_packed}: {'is' if same else 'would hold'} {what} "
+                                    f"({path}); give the export a folder of its own")
             check_folder(self.export_packed)
             outputs.check_writable_folder(self.export_packed.absolute().parent, "--export-packed")
 
@@ -334,23 +346,35 @@ def _start(config: CurateConfig) -> Run:
     return run
 
 
+def files_written(config: CurateConfig, paths: dict[str, Path]) -> dict[str, Path]:
+    """Every file a run with these ``paths`` may write beside its output, by role: the files of ``paths``, each
+    cache's fingerprints and manifest, the layout fit, the strategies reports and a --stats-only trial's own files,
+    the shards. An input of one of these names would be overwritten (a reviewer's data_strategies.json was)."""
+    from .caches import files_for
+    from .projection import fit_path
+
+    stem = outputs.output_stem(config.output)
+    trial = outputs.stats_only_paths(paths, config.output)
+    written = {**paths, **{f"{role} (of a --stats-only trial)": trial[role] for role in outputs.DESCRIBING_ORDER},
+               "2-D layout fit": fit_path(paths["umap"]), "kept token counts": kept_rows.counts_target(paths)}
+    for tagged, place in (("", stem), (" (of a --stats-only trial)", Path(f"{stem}{outputs.STATS_ONLY_TAG}"))):
+        written.update({f"strategies {kind}{tagged}": path for kind, path in ordering_report.report_paths(place).items()})
+    for role, path in list(written.items()):
+        if path.suffix == ".npy":  # a cache's companions
+            written.update({f"{role} fingerprints": files_for(path).fingerprints, f"{role} manifest": files_for(path).marker})
+    if config.output_shards > 1:
+        written.update({f"output shard {i}": path for i, path in
+                        enumerate(writers.shard_paths(config.output, config.output_shards))})
+    return written
+
+
 def _remove_what_killed_runs_left(run: Run) -> None:
     """The temp files and staged shards of runs killed while writing this run's files (kill -9, an out-of-memory
     kill), removed before anything is written: a cache's temp file is as large as the cache (2.3 GB for 1M
     documents), and on a nearly full disk one left behind made every later run fail for want of room. Never a
     live process's (``atomic.remove_stale_temps``)."""
-    from .caches import files_for
-    from .projection import fit_path
-
     config = run.config
-    stem = outputs.output_stem(config.output)
-    targets = [*run.paths.values(), config.output, *writers.shard_names_with_temps(config.output),
-               fit_path(run.paths["umap"]),
-               *ordering_report.report_paths(stem).values(),
-               *ordering_report.report_paths(Path(f"{stem}{outputs.STATS_ONLY_TAG}")).values()]
-    for path in run.paths.values():  # a cache's fingerprints and manifest beside it
-        if path.suffix == ".npy":
-            targets += [files_for(path).fingerprints, files_for(path).marker]
+    targets = [*files_written(config, run.paths).values(), config.output, *writers.shard_names_with_temps(config.output)]
     if config.export_packed is not None:
         targets.append(config.export_packed)
     removed = [path for target in targets for path in atomic.remove_stale_temps(target)]

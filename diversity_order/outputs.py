@@ -92,11 +92,11 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_outside_model_dir(output: Path, model_dir: Path | None) -> None:
+def check_outside_model_dir(output: Path, model_dir: Path | None, flag: str = "--output") -> None:
     """Refuse an output inside ``--model-dir``: a run reads the model folder and never writes it (a JSONL named
     chat_template.jinja or config.json, or seven files of deep embeddings, had gone there)."""
-    if model_dir is not None and Path(model_dir).resolve() in Path(output).resolve().parents:
-        raise UserError(f"--output {output}: inside --model-dir {model_dir}, which this run reads and never writes; "
+    if model_dir is not None and Path(model_dir).resolve() in [Path(output).resolve(), *Path(output).resolve().parents]:
+        raise UserError(f"{flag} {output}: inside --model-dir {model_dir}, which this run reads and never writes; "
                         "choose another folder")
 
 

@@ -1107,6 +1107,18 @@ def test_an_output_that_is_not_a_npy_or_is_an_input_is_refused_before_any_work(d
         code = run_main(extract_deep_embeddings.main, ["--input", str(given), "--output", str(odd), *base])
         assert code == 2 and f"--output {odd} is the input file" in capsys.readouterr().err
     assert source.read_bytes() == before and odd.read_bytes() == before and not (tmp_path / "deep.jsonl").exists()
+    # An input named as a file written beside the output (a reviewer's deep.cache.json was overwritten, exit 0).
+    for name in ("deep.cache.json", "deep.fingerprints.npy", "deep.npy.partial.json", "deep.npy.tokens.json",
+                 "deep.npy.skipped.json", "deep.npy.rank3.partial.json"):
+        named = tmp_path / name
+        named.write_bytes(before)
+        code = run_main(extract_deep_embeddings.main, ["--input", str(named), "--output", str(tmp_path / "deep.npy"),
+                                                       *base])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err == f"error: --input {named} is also a file this run writes beside --output " \
+                                    f"{tmp_path / 'deep.npy'} (its cache, checkpoint or token cache); choose another " \
+                                    "--output", err
+        assert named.read_bytes() == before
     inside = tiny_model_dir / "x.npy"  # a new user's: it wrote 7 files into the model folder
     code = run_main(extract_deep_embeddings.main, ["--input", str(source), "--output", str(inside), *base])
     assert code == 2 and f"inside --model-dir {tiny_model_dir}" in capsys.readouterr().err and not inside.exists()

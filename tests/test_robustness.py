@@ -885,3 +885,49 @@ def test_log_lines_under_torchrun_say_whose_they_are(world, rank, tag):
                            "setup_logging(); logging.getLogger('diversity_order').warning('said')"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert re.fullmatch(rf"\d\d:\d\d:\d\d WARNING {re.escape(tag)}said\n", done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("name, extra, role", [
+    ("data_strategies.json", ["--compare-strategies"], "strategies json"),
+    ("data_embeddings.cache.json", [], "embeddings manifest"),
+    ("data_umap2d.cache.json", [], "umap manifest"),
+    ("data_kmeans.cache.json", [], "kmeans manifest"),
+    ("data_stats-only_meta.json", ["--stats-only"], "meta (of a --stats-only trial)"),
+    ("data_stats-only_clusters.json", ["--stats-only"], "clusters json (of a --stats-only trial)"),
+    ("data_stats-only_strategies.md", [], "strategies markdown (of a --stats-only trial)"),
+])
+def test_an_input_named_as_a_file_the_run_writes_is_refused(tmp_path, tiny_model_dir, topical_jsonl, capsys, name,
+                                                            extra, role):
+    """A reviewer's inputs named as the run's strategies report, cache manifests and --stats-only files were
+    overwritten (or deleted), some runs exiting 0; only the files of output_paths were checked."""
+    source = tmp_path / name
+    source.write_bytes(topical_jsonl.read_bytes())
+    err = run_error(capsys, "--input", source, "--output", tmp_path / "data.jsonl", "--model-dir", tiny_model_dir,
+                    *extra)
+    assert err == f"error: --input {source} is also where this run would write its {role} ({source}); choose another " \
+                  "--output"
+    assert source.read_bytes() == topical_jsonl.read_bytes()
+
+
+def test_an_export_folder_that_is_another_path_of_the_run_is_refused(tmp_path, tiny_model_dir, topical_jsonl, capsys):
+    """A reviewer's --export-packed into the model folder wrote there; onto --output or c_meta.json it ended in a
+    traceback with a placeholder metadata left."""
+    out = tmp_path / "e" / "c.jsonl"
+    args = ["--input", topical_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--export-packed"]
+    err = run_error(capsys, *args, Path(tiny_model_dir) / "pk")
+    assert f"--export-packed {Path(tiny_model_dir) / 'pk'}: inside --model-dir {tiny_model_dir}" in err
+    assert not (Path(tiny_model_dir) / "pk").exists()
+    assert run_error(capsys, *args, out) == f"error: --export-packed {out}: is --output ({out}); give the export a " \
+                                             "folder of its own"
+    err = run_error(capsys, *args, out.parent / "c_meta.json")
+    assert err.startswith(f"error: --export-packed {out.parent / 'c_meta.json'}: is this run's meta (")
+    err = run_error(capsys, *args, out.parent)
+    assert err == f"error: --export-packed {out.parent}: would hold --output ({out}); give the export a folder of its own"
+    (tmp_path / "in").mkdir()
+    source = tmp_path / "in" / "d.jsonl"
+    source.write_bytes(topical_jsonl.read_bytes())
+    err = run_error(capsys, "--input", source, *args[2:], tmp_path / "in")
+    assert err == f"error: --export-packed {tmp_path / 'in'}: holds the input {source}, which the export would " \
+                  "replace; give the export a folder of its own"
+    assert source.read_bytes() == topical_jsonl.read_bytes()
+    assert not out.parent.exists() or not any(out.parent.iterdir())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,10 +71,16 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
     check_outside_model_dir(output, model_dir)
     if output.suffix.lower() != ".npy":
         raise UserError(f"--output {output}: the deep embeddings are a NumPy array; give a name ending in .npy")
+    written = files_written(output)
     for given in inputs:
         for source in glob.glob(str(given)) or [given]:  # an input may be a pattern
             if same_file(Path(source), output):
                 raise UserError(f"--output {output} is the input file {source}; choose another output path")
+            taken = [path for path in written if same_file(Path(source), path)]
+            if taken or (Path(source).absolute().parent == output.absolute().parent
+                         and re.fullmatch(rf"{re.escape(output.name)}\.rank\d+\.partial\..+", Path(source).name)):
+                raise UserError(f"--input {source} is also a file this run writes beside --output {output} (its "
+                                "cache, checkpoint or token cache); choose another --output")
     _check_replaceable(output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +88,18 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
             pass
     except OSError as exc:
         raise UserError(f"--output {output}: folder not writable ({exc.strerror or exc})") from None
+
+
+def files_written(output: Path) -> list[Path]:
+    """The files a run writing ``output`` writes beside it (a rank's checkpoints besides: ``OUTPUT.rankN.partial.*``):
+    an input of one of these names would be overwritten (a reviewer's deep.cache.json was, and the run exited 0)."""
+    from ..caches import files_for
+    from .checkpoint import partial_paths, skipped_path
+    from .tokens import token_cache_files
+
+    return [path for files in (files_for(output), token_cache_files(output))
+            for path in (files.data, files.fingerprints, files.marker, *files.extras.values())] + \
+        [*partial_paths(output, distributed.DistContext()), skipped_path(output)]
 
 
 def _check_replaceable(output: Path) -> None:
