@@ -73,7 +73,19 @@ def read_meta(meta_path: Path) -> dict:
         raise UserError(f"--meta {meta_path}: expected a JSON object")
     if meta.get("complete") is False:
         raise UserError(f"--meta {meta_path}: {meta.get('note', 'the run that wrote it did not finish')}")
+    for key, kind, what in _META_FIELDS:
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise UserError(f"--meta {meta_path}: its {key} is {json.dumps(value)[:60]}, not {what} (edited or damaged?); "
+                            "run curate_dataset.py again for its metadata")
     return meta
+
+
+# What animate reads from a curate run's metadata, and what each must be (a hand-edited "abc" was a traceback).
+_META_FIELDS = (("sequence_length", int, "a whole number"), ("n_clusters", int, "a whole number"),
+                ("total_tokens", int, "a whole number"), ("special_tokens_per_document", int, "a whole number"),
+                ("labels_file", str, "a path"), ("order_file", str, "a path"), ("token_counts_file", str, "a path"),
+                ("packing", str, "a packing model's name"))
 
 
 def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta: Path | None = None,

@@ -405,6 +405,8 @@ def _check_manifest(files: CacheFiles, meta: dict, opened: dict[str, _Npy]) -> s
     recorded = meta.get("files")
     if not isinstance(recorded, dict) or set(recorded) != set(opened):
         return f"{files.marker.name} lists other files than the set has; recomputing"
+    if not all(isinstance(entry, dict) for entry in recorded.values()):  # hand-edited or damaged
+        return f"{files.marker.name} does not describe its files (an entry that is no object); recomputing"
     changed = [role for role, npy in opened.items()
                if _identity(npy.stat) != {k: recorded[role].get(k) for k in IDENTITY}]
     if not changed:
@@ -1029,6 +1031,9 @@ def registered_sets(key: dict) -> list[CacheFiles]:
     for line in lines:
         try:
             entry = json.loads(line)
+            if not isinstance(entry, dict) or \
+                    not all(isinstance(entry.get(name), str) for name in ("marker", "data", "fingerprints")):
+                continue  # a damaged line (a null path ended every later run in a traceback)
             entries.pop(entry["marker"], None)  # re-inserted: the latest entry of a set counts, in store order
             entries[entry["marker"]] = entry
         except (ValueError, KeyError, TypeError):

@@ -147,6 +147,11 @@ def test_errors(run_files, monkeypatch):
                                                             "total_tokens": total}))
     with pytest.raises(UserError, match="a later run over changed records .* rewrote it; run curate_dataset.py again"):
         animate.load_inputs(None, meta=tmp / "stale_meta.json")
+    # A damaged or hand-edited field: one line naming it (a reviewer's "abc" was a ValueError traceback).
+    for key, value in (("sequence_length", "abc"), ("n_clusters", 3.5), ("total_tokens", True), ("labels_file", 7)):
+        (tmp / "edited_meta.json").write_text(json.dumps(meta | {key: value}))
+        with pytest.raises(UserError, match=rf"--meta .*edited_meta.json: its {key} is .*, not a .* \(edited or "):
+            animate.load_inputs(counts, meta=tmp / "edited_meta.json")
     monkeypatch.setattr(animate.shutil, "which", lambda name: None)
     monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)
     with pytest.raises(UserError, match="no ffmpeg found"):

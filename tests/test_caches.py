@@ -268,6 +268,31 @@ def test_a_registered_set_whose_fingerprints_file_was_replaced_is_skipped_not_a_
     assert "Registered cache " in caplog.text and "a.fingerprints.npy is not one uint64 per row" in caplog.text
 
 
+@pytest.mark.parametrize("line", ['{"data": 5, "marker": null}', '[1, 2]', '"text"', '{"marker": "m"}'])
+def test_a_damaged_registry_line_is_passed_over_not_a_crash(tmp_path, registry, line):
+    """A reviewer's registry line {"data": 5, "marker": null} ended every later run in a TypeError."""
+    fps = np.arange(1, 31, dtype=np.uint64)
+    caches.store(tmp_path / "a.npy", KEY, fps, truth(fps))
+    with open(registry / "registry.jsonl", "a") as handle:
+        handle.write(line + "\n")
+    found = caches.lookup(tmp_path / "new.npy", KEY, fps)
+    assert found.hit.all() and "a.npy" in found.reason
+
+
+@pytest.mark.parametrize("entry", ["x", 5, None, ["size"]])
+def test_a_manifest_whose_file_entries_are_no_objects_is_recomputed_not_a_crash(tmp_path, entry):
+    """A reviewer's cache.json with "files": {"data": "x"} ended the run in an AttributeError."""
+    path = tmp_path / "x.npy"
+    fps = np.arange(1, 11, dtype=np.uint64)
+    caches.store(path, KEY, fps, truth(fps))
+    marker = tmp_path / "x.cache.json"
+    manifest = json.loads(marker.read_text())
+    manifest["files"]["data"] = entry
+    marker.write_text(json.dumps(manifest))
+    found = caches.lookup(path, KEY, fps, registry=False)
+    assert not found.hit.any() and "does not describe its files" in found.reason
+
+
 def test_a_registered_set_of_exactly_these_records_is_linked_not_copied(tmp_path, registry, caplog):
     fps = np.arange(1, 31, dtype=np.uint64)
     first = tmp_path / "a" / "first.npy"
