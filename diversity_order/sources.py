@@ -187,6 +187,11 @@ def _refuse_earlier_outputs_of_these(files: list[Path]) -> None:
             except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError):
                 continue  # not a curate run's metadata
             both_out, both_in = sorted(outputs & read), inputs & read
+            if both_out and isinstance(meta, dict) and meta.get("complete") is False:
+                # Killed while renaming its shards, a run leaves some new and some earlier: records twice and missing.
+                raise UserError(f"--input: {both_out[0]} is among the files of a curate run that stopped before it "
+                                f"finished ({meta_path.name} says so): they may be some of its shards and some of an "
+                                "earlier run's; run that curate command again to complete them, then read them")
             if both_out and both_in:
                 raise UserError(f"--input: {both_out[0]} is an earlier curate run's output of {len(both_in)} of the "
                                 f"other files read ({meta_path.name} says so): every record of those would be read "

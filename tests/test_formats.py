@@ -744,7 +744,7 @@ def test_metadata_paths_are_found_from_another_folder(tmp_path, demo_jsonl, tiny
 
 
 def test_a_run_stopped_while_its_shards_are_renamed_leaves_both_sets_known(tmp_path, demo_jsonl, tiny_model_dir,
-                                                                         monkeypatch):
+                                                                         monkeypatch, capsys):
     """Killed between the renames of a new shard set (one of 3 in place beside the earlier 4): no metadata named
     either set, so the next run with 2 shards kept all 5 files, every record twice. The stub written before the
     renames names both sets, and the next run removes them."""
@@ -771,6 +771,15 @@ def test_a_run_stopped_while_its_shards_are_renamed_leaves_both_sets_known(tmp_p
         set(earlier) | {str(tmp_path / f"c-{i:05d}-of-00003.jsonl") for i in range(3)}
     assert sorted(p.name for p in tmp_path.glob("c-*")) == \
         ["c-00000-of-00003.jsonl"] + [f"c-{i:05d}-of-00004.jsonl" for i in range(4)]
+    # Read as an input now, the mixed set would be records twice and records missing (a reviewer's kill -9 mid-rename
+    # gave 14 of each, curated without a word): refused until the run is completed.
+    capsys.readouterr()
+    assert curate("--input", tmp_path / "c-*-of-00004.jsonl", "--output", tmp_path / "next" / "x.jsonl",
+                  "--model-dir", tiny_model_dir, *COMMON) == 2
+    assert capsys.readouterr().err == (
+        f"error: --input: {tmp_path / 'c-00000-of-00004.jsonl'} is among the files of a curate run that stopped before "
+        "it finished (c_meta.json says so): they may be some of its shards and some of an earlier run's; run that "
+        "curate command again to complete them, then read them\n")
     assert curate(*base, "--output-shards", 2) == 0
     assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00002.jsonl" for i in range(2)]
     lines = [line for path in sorted(tmp_path.glob("c-*")) for line in path.read_bytes().splitlines()]
