@@ -738,12 +738,28 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
     checked), by the fingerprints written beside ``rows_path``: rows
     in another order are a one-line error (every document would get another one's vector), rows made from
     edited texts a warning, other texts altogether (another text field, say) a warning that nothing was
-    checked; without fingerprints beside it, or of another length, nothing is checked. ``what``: the flags
-    the messages start with; ``row``, ``position``, ``positions``: how they name a row, a position and all."""
+    checked; without fingerprints beside it nothing is checked. ``what``: the flags
+    the messages start with; ``row``, ``position``, ``positions``: how they name a row, a position and all.
+    A fingerprints file that cannot be these rows' (another length, unreadable) and rows it marks as never
+    computed are one-line errors too."""
     require_filled(rows_path, what)
-    written = written_fingerprints(rows_path)
-    if written is None or fingerprints is None or written.shape != fingerprints.shape:
+    if fingerprints is None:
         return
+    written = written_fingerprints(rows_path)
+    beside = files_for(rows_path).fingerprints
+    if written is None or written.shape != fingerprints.shape:
+        if beside.exists():  # stale or damaged: an order it cannot check would pass unchecked and unsaid
+            why = f"{written.size:,} entries for {fingerprints.size:,} rows" if written is not None else \
+                "not one uint64 per row (unreadable)"
+            raise UserError(f"{what}: {beside.name} beside it is not its rows' fingerprints ({why}), so the rows' "
+                            "order cannot be checked; write it again with the rows, or delete it to take them "
+                            "unchecked")
+        return
+    unfilled = int(np.count_nonzero(written == np.uint64(unfilled_fingerprint(fingerprints))))
+    if unfilled:  # a part-filled set copied without its manifest: its fingerprints still mark the rows never computed
+        raise UserError(f"{what}: {unfilled:,} of its rows were never computed (an interrupted curate run's part-filled "
+                        f"set, copied without its manifest: {beside.name} marks them); rerun the curate command that "
+                        "wrote it (same --input and --output) to complete it")
     check = check_rows(written, fingerprints)
     if not check.comparable:
         log.warning("%s: the texts its rows were made from are mostly not those of %s (another text field, or "

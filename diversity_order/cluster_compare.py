@@ -49,7 +49,12 @@ def check_same_order(shallow_path: Path, deep_path: Path) -> None:
     caches.require_filled(shallow_path, f"--shallow {shallow_path}")
     caches.require_filled(deep_path, f"--deep {deep_path}")
     for flag, path in (("--shallow", shallow_path), ("--deep", deep_path)):
-        if caches.written_fingerprints(path) is None:
+        beside = caches.files_for(path).fingerprints
+        if beside.exists() and caches.written_fingerprints(path) is None:
+            raise UserError(f"{flag} {path}: {beside.name} beside it is not one uint64 per row (unreadable), so the "
+                            "rows' order cannot be checked; write it again with the rows, or delete it to compare them "
+                            "unchecked")
+        if not beside.exists():
             log.warning("%s %s: no %s beside it (copied without it?), so the two files' rows are compared by position, "
                         "unchecked: files of the same documents in other orders would compare each document with "
                         "another one", flag, path, caches.files_for(path).fingerprints.name)

@@ -663,3 +663,36 @@ def test_a_fill_digested_while_written_records_the_digest_of_its_file(tmp_path_f
     np.testing.assert_array_equal(found.hit, filled)
     assert found.in_order == bool(filled.all())
     np.testing.assert_array_equal(found.data[filled], values[filled])
+
+
+def test_fingerprints_beside_rows_that_cannot_be_theirs_are_refused(tmp_path):
+    """A reviewer's rows in shuffled order beside a stale fingerprints file (10 entries, or floats, or text) were taken
+    unchecked and unsaid; a part-filled set copied without its manifest was taken with its unfilled rows as zeros."""
+    from diversity_order.errors import UserError
+
+    fps = np.arange(1, 11, dtype=np.uint64)
+    path, beside = tmp_path / "deep.npy", tmp_path / "deep.fingerprints.npy"
+    np.save(path, truth(fps))
+
+    def check():
+        caches.require_row_order(path, fps, "--load-embeddings deep.npy", "row", "record", "the input's records")
+
+    check()  # no fingerprints beside it: taken unchecked
+    np.save(beside, fps[:4])
+    with pytest.raises(UserError, match=r"^--load-embeddings deep.npy: deep.fingerprints.npy beside it is not its rows' "
+                                        r"fingerprints \(4 entries for 10 rows\), so the rows' order cannot be checked"):
+        check()
+    for stale in (lambda: np.save(beside, fps.astype(np.float64)), lambda: beside.write_text("not numpy")):
+        stale()
+        with pytest.raises(UserError, match=r"not one uint64 per row \(unreadable\)"):
+            check()
+    caches.store(path, KEY, fps, truth(fps), filled=np.arange(10) < 6)
+    (tmp_path / "deep.cache.json").unlink()
+    with pytest.raises(UserError, match=r"4 of its rows were never computed \(an interrupted curate run's part-filled "
+                                        r"set, copied without its manifest: deep.fingerprints.npy marks them\)"):
+        check()
+    caches.store(path, KEY, fps[::-1].copy(), truth(fps[::-1]))
+    with pytest.raises(UserError, match="the rows are not in the order of the input's records"):
+        check()
+    caches.store(path, KEY, fps, truth(fps))
+    check()
