@@ -476,6 +476,7 @@ def index_input(run: Run, fail_fast: bool) -> None:
     if run.ctx.is_main:
         run.chat_template = _chat_template_used(run)
         _warn_of_copied_files(run)
+        _warn_of_byte_order_marks(run)
     if not fail_fast:
         return
     if config.n_clusters > run.n:
@@ -493,11 +494,23 @@ def _warn_of_copied_files(run: Run) -> None:
     curated and trained on once per copy: said, not refused (the user may mean it)."""
     copies = sources.copied_files(run.index)
     if copies:
-        copy, original = copies[0]
-        log.warning("%d input file(s) hold the same documents, in the same order, as another input file (%s copies %s%s): "
-                    "each of their records is curated, and trained on, once per copy; leave the copies out of --input "
-                    "if that is not meant", len(copies), copy, original.name,
-                    f"; the last: {copies[-1][0].name}" if len(copies) > 1 else "")
+        copy, original, _ = copies[0]
+        shuffled = sum(not same_order for _, _, same_order in copies)
+        log.warning("%d input file(s) hold the same documents as another input file%s (%s copies %s%s): each of their "
+                    "records is curated, and trained on, once per copy; leave the copies out of --input if that is not "
+                    "meant", len(copies), f", {shuffled} of them in another order" if shuffled else "", copy,
+                    original.name, f"; the last: {copies[-1][0].name}" if len(copies) > 1 else "")
+
+
+def _warn_of_byte_order_marks(run: Run) -> None:
+    """A JSONL file that starts with a UTF-8 byte order mark: read without it, and written without it (before its
+    first record in the curated order it would sit mid-file, where no JSONL reader takes it), which a byte-for-byte
+    check of the records then finds; said rather than silent."""
+    marked = sources.files_with_byte_order_mark(run.config.inputs)
+    if marked:
+        log.warning("%d input file(s) start with a UTF-8 byte order mark (%s%s): it is not part of a record, so the "
+                    "curated output does not have it; their records are otherwise written byte for byte", len(marked),
+                    marked[0], f" ... {marked[-1].name}" if len(marked) > 1 else "")
 
 
 def _parquet_columns(run: Run):
@@ -661,7 +674,7 @@ def sweep_k(run: Run):
         rows, recommended = clustering.calibrate_k(embeddings, samples, config.seed, progress=config.progress,
                                                    device=run.device, fit_sample=fit_sample)
     del embeddings
-    advice = _recommendation(recommended, rows)
+    advice = _recommendation(recommended, rows, run.n)
     log.info("%s", advice)  # the table goes to standard output (the command prints it)
     # recommended_k is the rule's k (the reference's key); the advice says when that k is no peak, so a reader of the
     # file alone does not take the smallest k tried for an answer.
@@ -1238,7 +1251,7 @@ def write_metadata(run: Run, plots_drawn: bool = True) -> dict:
     return meta
 
 
-def calibration_report(rows, recommended) -> str:
+def calibration_report(rows, recommended, n_documents: int | None = None) -> str:
     """The --calibrate-k table and its recommendation, as the command prints them (standard output)."""
     lines = [f"{'k':>5}  {'silhouette':>10}  {'cluster size min/median/max':>27}"]
     for row in rows:
@@ -1249,21 +1262,23 @@ def calibration_report(rows, recommended) -> str:
         # A reviewer saw a cluster of size 0 at k = 100 and nothing said of it.
         lines.append(f"At k = {', '.join(map(str, empty))} some clusters are empty: k-means found fewer groups than "
                      "that in these embeddings, so such a k only names clusters that no document is in")
-    lines.append(_recommendation(recommended, rows))  # last: what to do
+    lines.append(_recommendation(recommended, rows, n_documents))  # last: what to do
     return "\n".join(lines)
 
 
-def _recommendation(recommended, rows) -> str:
+def _recommendation(recommended, rows, n_documents: int | None = None) -> str:
     if recommended is None:
         return "No k could be scored (too few documents or clusters)"
     scored = [row.k for row in rows if row.silhouette is not None]
     if recommended == min(scored) and len(scored) > 1:
         # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer; a later
         # one read "Recommended k = 5 ... But ... does not choose k" as the tool contradicting itself).
+        keep = (f"keep --n-clusters {DEFAULT_N_CLUSTERS} (the default) or set it" if n_documents is None or
+                n_documents > DEFAULT_N_CLUSTERS else
+                f"set --n-clusters below the {n_documents} documents (the default, {DEFAULT_N_CLUSTERS}, needs more)")
         return (f"No k stands out: {recommended}, the smallest k tried, scores highest and every larger k more than 5% "
-                "below it, so no k separates these embeddings clearly (shallow embeddings often score so); keep "
-                f"--n-clusters {DEFAULT_N_CLUSTERS} (the default) or set it by how finely topics should spread "
-                "across windows (more clusters spread them finer)")
+                f"below it, so no k separates these embeddings clearly (shallow embeddings often score so); {keep} "
+                "by how finely topics should spread across windows (more clusters spread them finer)")
     line = (f"Recommended k = {recommended} (the highest k whose silhouette is within 5% of the peak); "
             f"use --n-clusters {recommended}")
     if recommended == max(scored) and len(scored) > 1:

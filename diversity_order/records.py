@@ -49,7 +49,7 @@ _SIGNATURES = (
     (b"\xff\xfe", "UTF-16 text", None),
     (b"\xfe\xff", "UTF-16 text", None),
 )
-_UTF8_BOM = b"\xef\xbb\xbf"
+UTF8_BOM = b"\xef\xbb\xbf"
 _MISSING = fields.MISSING
 _JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .json or .ndjson, each also .gz or .zst)"
 
@@ -80,7 +80,7 @@ def describe_start(head: bytes) -> str:
     if not head:
         return "an empty file"
     try:
-        text = head.removeprefix(_UTF8_BOM).decode("utf-8")
+        text = head.removeprefix(UTF8_BOM).decode("utf-8")
     except UnicodeDecodeError as exc:
         if exc.start < len(head) - 3:  # not just a character cut off at the end of ``head``
             return f"binary data (it starts with the bytes {head[:8].hex(' ')})"
@@ -326,7 +326,7 @@ class _Decompressed(io.RawIOBase):
             raise self._truncated(self._at + len(head), self._at)
         elif self._at == 0:
             advice = _format_advice(self._path, head[:16])
-            if advice is None and (head[:1] in b"{[ \t\r\n" or head.startswith(_UTF8_BOM)):
+            if advice is None and (head[:1] in b"{[ \t\r\n" or head.startswith(UTF8_BOM)):
                 advice = f"looks like uncompressed text: rename it {_renamed(self._path, None).name}"
             raise _CompressedDataError(f"{self._path}: not {self._kind} data: "
                                        + (advice or f"it starts with the bytes {head[:8].hex(' ')}"))
@@ -629,8 +629,8 @@ def _skip_preamble(handle, path: Path) -> int:
     advice = _format_advice(path, head, decompressed=is_compressed(path))
     if advice is not None:
         raise UserError(f"{path}: {advice}")
-    if head.startswith(_UTF8_BOM):  # some editors write one; it is not part of the first record
-        return handle.seek(len(_UTF8_BOM))
+    if head.startswith(UTF8_BOM):  # some editors write one; it is not part of the first record
+        return handle.seek(len(UTF8_BOM))
     return 0
 
 

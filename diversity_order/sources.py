@@ -25,6 +25,7 @@ A source is a sequence of records, each known by (file, row), with these members
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -108,6 +109,13 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
     if exports:
         log.info("--input %s: %s left out (packed sequences an --export-packed wrote, not records)", folder,
                  ", ".join(str(p) for p in sorted(exports)))
+    arrow = [p for p in found if p.suffix == ".arrow"]
+    if arrow and not any(p.name.endswith(PARQUET_SUFFIX) or is_jsonl_name(p.name) and not _is_plain_json(p.name)
+                         for p in found):
+        # Its dataset_info.json would otherwise be read as JSONL: "not valid JSON ... must be JSONL"
+        raise UserError(f"--input {folder}: holds Arrow files ({arrow[0].name}) but is no datasets folder "
+                        f"({arrow[0].parent / 'state.json'} is missing: save_to_disk writes it); copy the folder whole, "
+                        "or give Parquet or JSONL")
     parquet = [p for p in found if p.name.endswith(PARQUET_SUFFIX)]
     jsonl = [p for p in found if is_jsonl_name(p.name)]
     # Plain .json files beside other data files are metadata (a curate run's B_meta.json, B_clusters.json,
@@ -454,26 +462,41 @@ class RecordPieces:
         return found
 
 
-def copied_files(source) -> list[tuple[Path, Path]]:
-    """(file, the earlier file it copies) for each input file whose documents are an earlier file's, in the same
-    order (by their fingerprints: the same file twice under two names, or compressed beside the plain one). One
-    pass over the fingerprints; none for a single file or a source that does not say its files' rows."""
+def copied_files(source) -> list[tuple[Path, Path, bool]]:
+    """(file, the earlier file it copies, whether in the same order) for each input file whose documents are an
+    earlier file's (by their fingerprints: the same file twice under two names, compressed beside the plain one, or
+    shuffled). One pass over the fingerprints; none for a single file or a source that does not say its files' rows."""
     import hashlib
     from collections import Counter
 
     spans = source.file_rows() if hasattr(source, "file_rows") else []
     sizes = Counter(hi - lo for _, lo, hi in spans)
-    seen: dict[tuple[int, bytes], Path] = {}
+    seen: dict[tuple[int, bytes], tuple[Path, bytes]] = {}
     copies = []
     for path, lo, hi in spans:
         if sizes[hi - lo] < 2:
             continue  # no other file has as many documents: nothing to hash
-        key = (hi - lo, hashlib.blake2b(np.ascontiguousarray(source.fingerprints[lo:hi]).tobytes()).digest())
+        rows = np.ascontiguousarray(source.fingerprints[lo:hi])
+        in_order = hashlib.blake2b(rows.tobytes()).digest()
+        key = (hi - lo, hashlib.blake2b(np.sort(rows).tobytes()).digest())
         if key in seen:
-            copies.append((path, seen[key]))
+            original, original_order = seen[key]
+            copies.append((path, original, in_order == original_order))
         else:
-            seen[key] = path
+            seen[key] = (path, in_order)
     return copies
+
+
+def files_with_byte_order_mark(inputs: Inputs) -> list[Path]:
+    """The JSONL files of ``inputs`` whose content starts with a UTF-8 byte order mark (read past, never written)."""
+    if inputs.kind != "jsonl":
+        return []
+    marked = []
+    for path in inputs.files:
+        with contextlib.suppress(OSError, UserError), records.open_binary(path) as handle:
+            if handle.read(len(records.UTF8_BOM)) == records.UTF8_BOM:
+                marked.append(path)
+    return marked
 
 
 def record_bytes(source, rows: np.ndarray) -> np.ndarray:

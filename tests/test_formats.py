@@ -527,9 +527,10 @@ def test_input_files_that_copy_another_are_warned_of(tmp_path, demo_records, tin
     with caplog.at_level(logging.WARNING):
         assert curate("--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, *COMMON) == 0
     said = [r.getMessage() for r in caplog.records if "hold the same documents" in r.getMessage()]
+    # d.jsonl, a's documents in another order, is curated twice as well (a reviewer's was not said)
     assert len(said) == 1 and said[0].startswith(
-        f"2 input file(s) hold the same documents, in the same order, as another input file ({folder / 'a.jsonl.gz'} "
-        "copies a.jsonl; the last: b.jsonl)")
+        f"3 input file(s) hold the same documents as another input file, 1 of them in another order "
+        f"({folder / 'a.jsonl.gz'} copies a.jsonl; the last: d.jsonl)")
     caplog.clear()
     pq.write_table(pa.Table.from_pylist(demo_records[:60]), tmp_path / "p1.parquet")
     pq.write_table(pa.Table.from_pylist(demo_records[60:]), tmp_path / "p2.parquet")
@@ -541,7 +542,7 @@ def test_input_files_that_copy_another_are_warned_of(tmp_path, demo_records, tin
     with caplog.at_level(logging.WARNING):
         assert curate("--input", tmp_path / "p*.parquet", "--output", tmp_path / "r.parquet", "--model-dir",
                       tiny_model_dir, *COMMON) == 0
-    assert f"1 input file(s) hold the same documents, in the same order, as another input file ({tmp_path / 'p3.parquet'} " \
+    assert f"1 input file(s) hold the same documents as another input file ({tmp_path / 'p3.parquet'} " \
         "copies p1.parquet)" in caplog.text
 
 
@@ -556,7 +557,9 @@ def test_files_in_several_folders_cache_their_counts_beside_the_output(tmp_path,
     assert curate("--input", tmp_path / "x/in/part.jsonl", "--input", tmp_path / "y/part.jsonl", "--output", out,
                   "--model-dir", tiny_model_dir, *COMMON) == 0
     assert (tmp_path / "out" / "o_token_counts.npy").is_file()
-    assert not list(tmp_path.parent.glob("*_token_counts*")) and not list(tmp_path.glob("*_token_counts*"))
+    # not named after their common folder, tmp_path, beside it (the reviewer's /tmp_token_counts.npy)
+    assert not (tmp_path.parent / f"{tmp_path.name}_token_counts.npy").exists()
+    assert not list(tmp_path.glob("*_token_counts*"))
     assert "The input files are in 2 folders: their token counts are cached beside the output (o_token_counts.npy)" \
         in caplog.text
     meta = json.loads((tmp_path / "out" / "o_meta.json").read_text())
@@ -1385,3 +1388,26 @@ def test_records_parquet_cannot_hold_are_one_line(tmp_path):
     [(path, _)] = writers.write_curated(scan_jsonl(tmp_path / "empty.jsonl", progress=False), np.arange(1),
                                         tmp_path / "empty.parquet", "parquet")
     assert arrow_json.rows(pq.read_table(path)) == [{"text": "a", "c": {}}]
+
+
+def test_an_input_starting_with_a_byte_order_mark_is_said(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A reviewer's byte-for-byte check found the first record one BOM short in the output, without a word."""
+    src = tmp_path / "bom.jsonl"
+    lines = [json.dumps(r).encode() for r in demo_records[:40]]
+    src.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n")
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", src, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert f"1 input file(s) start with a UTF-8 byte order mark ({src}): it is not part of a record" in caplog.text
+    assert sorted((tmp_path / "o.jsonl").read_bytes().splitlines()) == sorted(lines)
+
+
+def test_a_datasets_folder_without_its_state_file_is_said_to_be_one(tmp_path, demo_records, tiny_model_dir, capsys):
+    """A reviewer's save_to_disk folder lacking state.json was read as JSONL: "dataset_info.json:1: not valid JSON"."""
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "ds"
+    datasets.Dataset.from_list(demo_records[:30]).save_to_disk(str(folder))
+    (folder / "state.json").unlink()
+    capsys.readouterr()  # datasets' progress bar
+    err = run_error(capsys, "--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir)
+    assert err.startswith(f"error: --input {folder}: holds Arrow files (data-00000-of-00001.arrow) but is no datasets "
+                          f"folder ({folder / 'state.json'} is missing")

@@ -476,6 +476,14 @@ def test_utf8_bom_is_skipped_not_copied(tmp_path):
     out = tmp_path / "out.jsonl"
     write_reordered(index, np.array([1, 0]), out)
     assert out.read_bytes() == b'{"text": "b"}\n{"text": "a"}\n'
+    # Said, where a byte-for-byte check of the records would otherwise find it without a word (compressed too).
+    import gzip
+
+    from diversity_order.sources import files_with_byte_order_mark, resolve_inputs
+
+    (tmp_path / "z.jsonl.gz").write_bytes(gzip.compress(src.read_bytes()))
+    (tmp_path / "plain.jsonl").write_bytes(b'{"text": "c"}\n')
+    assert files_with_byte_order_mark(resolve_inputs(tmp_path / "*.jsonl*")) == [src, tmp_path / "z.jsonl.gz"]
 
 
 # --- The input must not change while a run uses it --------------------------------------------------------
