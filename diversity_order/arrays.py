@@ -17,6 +17,9 @@ from .errors import UserError
 def load_npy(path: Path, flag: str) -> np.ndarray:
     """A ``.npy`` file, memory-mapped, or a one-line error naming ``flag``."""
     path = Path(path)
+    if path.is_dir():
+        npys = sorted(path.glob("*.npy"))
+        raise UserError(f"{flag} {path}: is a folder; give the .npy file{f' (e.g. {npys[0]})' if npys else ''}")
     if not path.is_file():
         raise UserError(f"{flag} {path}: file not found")
     try:

@@ -189,4 +189,4 @@ def test_output_name_and_umap_rows_are_checked_before_any_video(run_files, capsy
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--output", str(tmp / "a_file" / "v.mp4")])
     assert rc == 2 and "--output: cannot write in" in capsys.readouterr().err
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--fps", "0", "--output", str(tmp / "f.mp4")])
-    assert rc == 2 and capsys.readouterr().err.startswith("error: --fps 0: must be within 1..")
+    assert rc == 2 and capsys.readouterr().err.startswith("error: --fps 0: must be at least 1")

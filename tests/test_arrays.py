@@ -38,3 +38,12 @@ def test_a_truncated_npy_is_named(tmp_path):
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(UserError, match=r"--labels .*a\.npy: not a readable \.npy file"):
         load_npy(path, "--labels")
+
+
+def test_a_folder_is_said_to_be_one_naming_an_array_in_it(tmp_path):
+    """A reviewer's compare_clusterings.py --shallow out (the run's folder) was told "file not found"."""
+    with pytest.raises(UserError, match=rf"^--shallow {tmp_path}: is a folder; give the .npy file$"):
+        load_npy(tmp_path, "--shallow")
+    np.save(tmp_path / "c_embeddings.npy", np.zeros((2, 2), np.float32))
+    with pytest.raises(UserError, match=r"is a folder; give the .npy file \(e.g. .*c_embeddings.npy\)$"):
+        load_npy(tmp_path, "--shallow")

@@ -227,6 +227,9 @@ def test_a_recommended_k_at_the_edge_of_the_sweep_is_said_to_be_no_peak():
             "no k separates")
     assert recommend_k(falling) == 5 and calibration_report(falling, 5).splitlines()[-1].startswith(said)
     assert "Recommended" not in calibration_report(falling, 5)  # not a recommendation and its retraction
+    # On 20 documents the default k is refused: not advised (a reviewer's was)
+    assert "set --n-clusters below the 20 documents (the default, 30, needs more)" in calibration_report(falling, 5, 20)
+    assert "keep --n-clusters 30 (the default)" in calibration_report(falling, 5, 31)
     dipped = rows([0.33, 0.3044, 0.3094, 0.3122])  # a later user's: falling, then rising again, never near 5's
     assert recommend_k(dipped) == 5 and said in calibration_report(dipped, 5)
     assert recommend_k(rising) == 20 and "20 is the largest k tried" in calibration_report(rising, 20)

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     _warn_unused_with_calibration(parser, args)
     result = calibrate(config)
     if result is not None:  # rank 0 under torchrun
-        print(calibration_report(result.calibration, result.recommended_k), flush=True)
+        print(calibration_report(result.calibration, result.recommended_k, len(result.token_counts)), flush=True)
     return 0
 
 
