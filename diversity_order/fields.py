@@ -122,14 +122,14 @@ def _from_sharegpt(message):
 
 def _checked_message(message, where: str, name: str) -> dict:
     if not isinstance(message, dict) or "content" not in message or "role" not in message:
-        has = f" (its keys: {shown_keys(message)})" if isinstance(message, dict) else f" (a JSON {json_type(message)})"
+        has = f" (its keys: {shown_keys(message)})" if isinstance(message, dict) else f" ({kind_of(message)})"
         raise UserError(f"{where}: field '{name}' is not a {{\"role\": ..., \"content\": ...}} object{has}"
                         + (_NO_CONTENT_HINT if isinstance(message, dict) and "tool_calls" in message else ""))
     if not isinstance(message["role"], str) or not isinstance(message["content"], str):
-        kind = json_type(message["content"] if isinstance(message["role"], str) else message["role"])
+        value = message["content"] if isinstance(message["role"], str) else message["role"]
         what = "content" if isinstance(message["role"], str) else "role"
-        raise UserError(f"{where}: field '{name}' has a {what} that is a JSON {kind}, expected a string"
-                        + (_CONTENT_HINTS.get(kind, "") if what == "content" else ""))
+        raise UserError(f"{where}: field '{name}' has a {what} that is {kind_of(value)}, expected a string"
+                        + (_CONTENT_HINTS.get(json_type(value), "") if what == "content" else ""))
     return message
 
 
@@ -147,7 +147,7 @@ def _template_arguments(record: dict, where: str) -> str:
         arguments["tools"] = tools
     options = record.get("chat_template_kwargs")
     if options is not None and not isinstance(options, dict):
-        raise UserError(f"{where}: field 'chat_template_kwargs' is a JSON {json_type(options)}, expected an object "
+        raise UserError(f"{where}: field 'chat_template_kwargs' is {kind_of(options)}, expected an object "
                         "(the chat template's keyword arguments)")
     clashing = sorted(set(options or {}) & _OWN_ARGUMENTS)
     if clashing:
@@ -232,7 +232,7 @@ def extract(record: dict, fields: tuple[str, ...], where, keys_text) -> str | Co
         elif isinstance(value, list):
             conversations.append((field, value))
         else:
-            raise UserError(f"{where()}: field '{field}' is a JSON {json_type(value)}, expected a string "
+            raise UserError(f"{where()}: field '{field}' is {kind_of(value)}, expected a string "
                             "(or a conversation: a list of role/content messages)")
     if conversations and parts:
         raise UserError(f"{where()}: field '{conversations[0][0]}' is a conversation and '{parts[0]}' a text; fields "
@@ -271,6 +271,17 @@ def json_type(value) -> str:
     """A JSON value's type in JSON's words (object, array, null, ...), for error lines."""
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
             type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def kind_of(value) -> str:
+    """What a value is, for error lines: "a JSON number", or for what a Parquet column may hold that JSON has no
+    word for, its own ("binary data (bytes)", "a datetime"): "a JSON bytes" read as nonsense."""
+    if isinstance(value, dict | list | str | bool | int | float) or value is None:
+        return f"a JSON {json_type(value)}"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "binary data (bytes)"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def plain_text(value: str | Conversation) -> str:

@@ -1411,3 +1411,11 @@ def test_a_datasets_folder_without_its_state_file_is_said_to_be_one(tmp_path, de
     err = run_error(capsys, "--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir)
     assert err.startswith(f"error: --input {folder}: holds Arrow files (data-00000-of-00001.arrow) but is no datasets "
                           f"folder ({folder / 'state.json'} is missing")
+
+
+def test_a_binary_text_column_is_said_to_be_binary(tmp_path, tiny_model_dir, capsys):
+    """A reviewer's Parquet of bytes in its text column was told the field "is a JSON bytes"."""
+    source = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"\xff\x00", b"ok"], pa.binary())}), source)
+    err = run_error(capsys, "--input", source, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir)
+    assert "field 'text' is binary data (bytes), expected a string" in err
