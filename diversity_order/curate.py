@@ -1129,8 +1129,9 @@ def _write_shards_across_ranks(run: Run, before_commit=None) -> list[tuple[Path,
     # earlier shards as they were.
     with replaced_together([paths[part] for part, _, _ in mine], writers.data_suffix(config.output)) as staged:
         try:
-            for (_, lo, hi), target in zip(mine, staged):
-                writers.write_shard(run.index, order[lo:hi], target, config.written_kind, run.parquet_schema)
+            for (part, lo, hi), target in zip(mine, staged):
+                writers.write_shard(run.index, order[lo:hi], target, config.written_kind, run.parquet_schema,
+                                    shown=paths[part])
         except UserError as exc:
             failure = exc
         if failure is None and before_commit is not None:

@@ -144,7 +144,8 @@ def write_curated(source, order: np.ndarray, output: Path, kind: str, shards: in
             before_commit()
         return [(path, write_shard(source, order[lo:hi], path, kind, schema)) for path, (lo, hi) in zip(paths, slices)]
     with replaced_together(paths, data_suffix(output), before_commit) as staged:
-        sizes = [write_shard(source, order[lo:hi], target, kind, schema) for target, (lo, hi) in zip(staged, slices)]
+        sizes = [write_shard(source, order[lo:hi], target, kind, schema, shown=path)
+                 for target, path, (lo, hi) in zip(staged, paths, slices)]
     return list(zip(paths, sizes))
 
 
@@ -153,16 +154,17 @@ def converts_to_parquet(source, kind: str) -> bool:
     return kind == "parquet" and source.kind == "jsonl"
 
 
-def write_shard(source, rows: np.ndarray, path: Path, kind: str, schema=None) -> int:
+def write_shard(source, rows: np.ndarray, path: Path, kind: str, schema=None, shown: Path | None = None) -> int:
     """Records ``rows`` (a slice of the curated order), in that order, to ``path`` as ``kind``; bytes written.
     ``schema``: JSONL converted to Parquet takes this one (every shard of a set must have the same columns
-    to be read back as one input; see ``parquet_schema``), else one inferred from ``rows``."""
+    to be read back as one input; see ``parquet_schema``), else one inferred from ``rows``. ``shown``: the name
+    the log gives the file (``path`` may be a staged one)."""
     if kind == source.kind or (kind == "parquet" and source.kind == "arrow"):
         if source.kind == "jsonl":
             return source.write_rows(rows, path)
         return source.write_rows(rows, path, kind)
     if kind == "jsonl":
-        return _arrow_to_jsonl(source, rows, path)
+        return _arrow_to_jsonl(source, rows, path, shown or path)
     if kind == "parquet":
         return _jsonl_to_parquet(source, rows, path, schema)
     raise ValueError(f"cannot write {kind} from a {source.kind} input")
@@ -175,15 +177,28 @@ def _json_value(value):
     return str(value)
 
 
-def _arrow_to_jsonl(source, rows: np.ndarray, path: Path) -> int:
-    written = 0
+def _arrow_to_jsonl(source, rows: np.ndarray, path: Path, shown: Path) -> int:
+    written, non_finite = 0, [0]
     with records.open_output(path) as sink:
         for table in source.ordered_tables(rows):
-            lines = [json.dumps(row, ensure_ascii=False, default=_json_value) for row in arrow_json.rows(table)]
+            lines = [_json_line(row, non_finite) for row in arrow_json.rows(table)]
             data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
             sink.write(data)
             written += len(data)
+    if non_finite[0]:
+        log.warning("%s: %d record(s) hold NaN or Infinity, which JSON has no word for: written as Python's json writes "
+                    "them (NaN, Infinity), which it and this tool read back, but strict JSON readers (pyarrow.json, "
+                    "datasets' json loader) refuse", shown, non_finite[0])
     return written
+
+
+def _json_line(row: dict, non_finite: list) -> str:
+    """``row`` as one JSON line; a row holding a NaN or an infinity is counted in ``non_finite[0]``."""
+    try:
+        return json.dumps(row, ensure_ascii=False, default=_json_value, allow_nan=False)
+    except ValueError:
+        non_finite[0] += 1
+        return json.dumps(row, ensure_ascii=False, default=_json_value)
 
 
 def _jsonl_pieces(source, rows: np.ndarray):

@@ -1419,3 +1419,18 @@ def test_a_binary_text_column_is_said_to_be_binary(tmp_path, tiny_model_dir, cap
     pq.write_table(pa.table({"text": pa.array([b"\xff\x00", b"ok"], pa.binary())}), source)
     err = run_error(capsys, "--input", source, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir)
     assert "field 'text' is binary data (bytes), expected a string" in err
+
+
+def test_parquet_nan_written_as_jsonl_is_said(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A reviewer's Parquet scores of NaN and Infinity were written as bare NaN/Infinity without a word: Python's json
+    and this tool read them back, strict JSON readers do not."""
+    rows = [dict(r, score=float("nan") if i % 7 == 0 else float("inf") if i % 11 == 0 else i / 3)
+            for i, r in enumerate(demo_records[:40])]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "n.parquet")
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", tmp_path / "n.parquet", "--output", tmp_path / "o.jsonl", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    non_finite = sum(i % 7 == 0 or i % 11 == 0 for i in range(40))
+    assert f"{tmp_path / 'o.jsonl'}: {non_finite} record(s) hold NaN or Infinity" in caplog.text
+    back = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert sum(not np.isfinite(r["score"]) for r in back) == non_finite
