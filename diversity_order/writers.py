@@ -329,7 +329,8 @@ def kinds_at_fields(source, rows: np.ndarray, fields: set[str] | None = None, st
                     kinds = found.setdefault(path, {})
                     if kind not in kinds:
                         kinds[kind] = (row, source.where(row))
-                        clash |= kind == arrow_json.HUGE_INTEGER or len(kinds) > 1
+                        clash |= kind == arrow_json.HUGE_INTEGER or len(set(kinds) - set(_NUMBER_SHAPES)) > 1 \
+                            or set(_NUMBER_SHAPES) <= set(kinds)
             if clash and stop_at_clash:
                 return found
     return found
@@ -351,20 +352,37 @@ def clash_in(parts: list[dict]) -> str | None:
         if arrow_json.HUGE_INTEGER in kinds:
             row, where = kinds[arrow_json.HUGE_INTEGER]
             said.append((row, f"field {path!r} is {arrow_json.HUGE_INTEGER} at {where}, which Parquet cannot hold"))
-        typed = sorted(((seen, kind) for kind, seen in kinds.items() if kind != arrow_json.HUGE_INTEGER), key=lambda k: k[0][0])
+        if set(_NUMBER_SHAPES) <= set(kinds):
+            (_, fraction_where), (row, where) = kinds[_FRACTION], kinds[_INEXACT_INTEGER]
+            said.append((min(row, kinds[_FRACTION][0]), f"field {path!r} holds {_INEXACT_INTEGER} at {where} and a "
+                                                        f"fraction at {fraction_where}: Parquet would hold both as "
+                                                        "doubles, which cannot hold that integer exactly"))
+        typed = sorted(((seen, kind) for kind, seen in kinds.items()
+                        if kind != arrow_json.HUGE_INTEGER and kind not in _NUMBER_SHAPES), key=lambda k: k[0][0])
         if len(typed) > 1:
             ((_, first_where), first), ((row, where), other) = typed[:2]
             said.append((row, f"field {path!r} is {other} at {where} but {first} at {first_where}"))
     return min(said, key=lambda candidate: candidate[0])[1] if said else None
 
 
+# Besides its kind, a number's shape where it matters: a field of fractions and integers is typed as doubles, which
+# hold integers exactly only up to 2**53 (Arrow refused 9007199254740993 beside 0.5 naming no field).
+_FRACTION, _INEXACT_INTEGER = "a fraction", "an integer past 2**53"
+_NUMBER_SHAPES = (_FRACTION, _INEXACT_INTEGER)
+
+
 def _json_kinds(value, path: str):
     """(path, kind) of a JSON value and of every value inside it (a list's items at ``path[]``); nulls have none:
-    a null fits any column (``arrow_json.json_kind``)."""
+    a null fits any column (``arrow_json.json_kind``). A fraction, and an integer a double cannot hold, also give
+    their shape (``_NUMBER_SHAPES``)."""
     kind = arrow_json.json_kind(value)
     if kind is None:
         return
     yield path, kind
+    if isinstance(value, float):
+        yield path, _FRACTION
+    elif kind == "a number" and isinstance(value, int) and abs(value) > 1 << 53:
+        yield path, _INEXACT_INTEGER
     if isinstance(value, list):
         for item in value:
             yield from _json_kinds(item, f"{path}[]")

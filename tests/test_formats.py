@@ -455,11 +455,11 @@ def test_a_run_stopped_while_writing_shards_leaves_the_earlier_set_whole(tmp_pat
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     real, calls = writers.write_shard, []
 
-    def stopped_at_the_third(source, rows, path, kind, schema=None):
+    def stopped_at_the_third(source, rows, path, kind, schema=None, shown=None):
         calls.append(Path(path).name)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(source, rows, path, kind, schema)
+        return real(source, rows, path, kind, schema, shown)
 
     monkeypatch.setattr(writers, "write_shard", stopped_at_the_third)
     assert curate(*base, "--output-shards", 6, "--ordering", "paced") == 130
@@ -1434,3 +1434,26 @@ def test_parquet_nan_written_as_jsonl_is_said(tmp_path, demo_records, tiny_model
     assert f"{tmp_path / 'o.jsonl'}: {non_finite} record(s) hold NaN or Infinity" in caplog.text
     back = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert sum(not np.isfinite(r["score"]) for r in back) == non_finite
+
+
+@pytest.mark.parametrize("values", [(9007199254740993, 0.5), (0.25, -(2**60)), (1, 0.5, {"v": 2**54 + 1})])
+def test_an_integer_a_double_cannot_hold_beside_fractions_names_the_field(tmp_path, tiny_model_dir, capsys, values):
+    """A reviewer's {"v": 9007199254740993} beside {"v": 0.5} was refused with Arrow's words, naming no field or line."""
+    records = [{"text": f"record {i}", "v": v} if not isinstance(v, dict) else {"text": f"record {i}", "meta": v}
+               for i, v in enumerate(values)]
+    if isinstance(values[-1], dict):  # nested: the fraction there too
+        records[0] = {"text": "record 0", "meta": {"v": 0.5}}
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    err = run_error(capsys, "--input", source, "--output", tmp_path / "o.parquet", "--model-dir", tiny_model_dir,
+                    "--n-clusters", 1)
+    path = "meta.v" if isinstance(values[-1], dict) else "v"
+    big = next(i for i, r in enumerate(records) if isinstance((r.get("meta") or r).get("v"), int))
+    assert f"field '{path}' holds an integer past 2**53 at {source}:{big + 1} and a fraction at {source}:" in err
+    assert err.endswith("write JSONL instead (--output-format jsonl)")
+    # the integers alone are an int64 column: written
+    integers = tmp_path / "i.jsonl"
+    integers.write_text('{"text": "x", "v": 1152921504606846976}\n{"text": "y", "v": 3}\n')
+    assert curate("--input", integers, "--output", tmp_path / "i.parquet", "--model-dir", tiny_model_dir,
+                  "--n-clusters", 1) == 0
+    assert pq.read_table(tmp_path / "i.parquet").column("v").to_pylist() == [2**60, 3]
