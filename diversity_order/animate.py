@@ -455,7 +455,7 @@ class UmapFrames:
     """Paints the UMAP video: all points grey, each lit in its cluster colour once placed."""
 
     def __init__(self, inputs: AnimationInputs, projection: np.ndarray, width: int = 1080, height: int = 1080):
-        from .plots import UNPLACED_RGB, cluster_colors
+        from .plots import UNPLACED_RGB, cloud_frame, cluster_colors
 
         xy = np.asarray(projection, dtype=np.float64)
         n = inputs.labels.size
@@ -473,7 +473,7 @@ class UmapFrames:
         plt, fig = _figure(width, height)
         ax = fig.add_axes([0.03, 0.03, 0.94, 0.9])
         finite = np.isfinite(xy).all(1)
-        lo, hi = np.percentile(xy[finite], [0.5, 99.5], axis=0) if finite.any() else (np.zeros(2), np.ones(2))
+        lo, hi = cloud_frame(xy[finite]) if finite.any() else (np.zeros(2), np.ones(2))  # the cluster cloud's frame
         pad = np.maximum((hi - lo) * 0.05, 1e-9)
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])

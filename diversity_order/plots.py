@@ -286,22 +286,29 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
     plt.close(fig)
 
 
-def cloud_frame(projection: np.ndarray, grid: int = 120) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) corners framing the cluster cloud: the cells of a ``grid`` x ``grid`` histogram over all points
-    that hold at least 0.05% of them (3 at least), so a small tight cluster is in the frame however far it lies, and
-    points scattered one by one are not. mix-b's 153k records had ~1% of points scattered far out: framed on all
-    points' 0.5th-99.5th percentiles, the cloud was a third of the picture, and the demo's cluster of 13 far below
-    the rest was cut off."""
+def cloud_frame(projection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) corners framing the cluster cloud: the cells of a histogram over all points that hold at least
+    0.05% of them (3 at least), so a small tight cluster is in the frame however far it lies, and points scattered
+    one by one are not (the demo's cluster of 13 far below the rest was cut off by a frame of the 0.5th-99.5th
+    percentiles). The grid is coarser for fewer points (sqrt(N) / 2 cells a side, 8 to 120), and the frame takes
+    in those percentiles too where the dense cells leave out more than 5% of the points (a sparse cloud)."""
     low, high = projection.min(axis=0), projection.max(axis=0)
     if not (high > low).all():
         return low, high
+    n = projection.shape[0]
+    grid = int(np.clip(np.sqrt(n) / 2, 8, 120))
     counts, x_edges, y_edges = np.histogram2d(projection[:, 0], projection[:, 1], bins=grid,
                                               range=[[low[0], high[0]], [low[1], high[1]]])
-    dense_x, dense_y = np.nonzero(counts >= max(3, 0.0005 * projection.shape[0]))
-    if dense_x.size == 0:
-        return low, high
-    return (np.array([x_edges[dense_x.min()], y_edges[dense_y.min()]]),
-            np.array([x_edges[dense_x.max() + 1], y_edges[dense_y.max() + 1]]))
+    dense = counts >= max(3, 0.0005 * n)
+    if counts[dense].sum() < 0.95 * n:
+        lo, hi = np.percentile(projection, [0.5, 99.5], axis=0)
+    else:
+        lo, hi = np.full(2, np.inf), np.full(2, -np.inf)
+    if dense.any():
+        dense_x, dense_y = np.nonzero(dense)
+        lo = np.minimum(lo, [x_edges[dense_x.min()], y_edges[dense_y.min()]])
+        hi = np.maximum(hi, [x_edges[dense_x.max() + 1], y_edges[dense_y.max() + 1]])
+    return lo, hi
 
 
 def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title: str, means: dict | None = None,
