@@ -24,6 +24,16 @@ sys.path.insert(0, str(ROOT))
 from diversity_order.clustering import inertia, kmeans_labels  # noqa: E402
 
 
+def resampled_embeddings(path: Path, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` rows drawn from the embeddings at ``path`` with small noise, re-normalised (float32): real text's
+    cluster structure at any size."""
+    base = np.load(path)
+    rng = np.random.default_rng(seed)
+    x = base[rng.integers(0, base.shape[0], n)] + rng.normal(0, 0.01, (n, base.shape[1])).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.astype(np.float32)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=1_000_000)
@@ -34,11 +44,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="where the torch backend runs: cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results_cluster.json")
     args = p.parse_args()
-    base = np.load(args.embeddings)
-    rng = np.random.default_rng(0)
-    x = base[rng.integers(0, base.shape[0], args.n)] + rng.normal(0, 0.01, (args.n, base.shape[1])).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    x = x.astype(np.float32)
+    x = resampled_embeddings(args.embeddings, args.n)
     if args.device != "cpu" and "torch" in args.backends:
         import torch
 

@@ -25,6 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_cluster import resampled_embeddings  # noqa: E402 (this folder, the script's own)
+
 from diversity_order import caches, clustering, matrix  # noqa: E402
 
 
@@ -36,14 +38,12 @@ def main() -> None:
     p.add_argument("--embeddings", type=Path, default=ROOT / "demo" / "out" / "stdlib_curated_embeddings.npy")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results_kept_labels.json")
     args = p.parse_args()
-    base = np.load(args.embeddings)
-    rng = np.random.default_rng(0)
-    x = base[rng.integers(0, base.shape[0], args.n)] + rng.normal(0, 0.01, (args.n, base.shape[1])).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    fingerprints = rng.integers(1, 2**63, args.n, dtype=np.int64).astype(np.uint64)
+    x = resampled_embeddings(args.embeddings, args.n)
+    dim = x.shape[1]
+    fingerprints = np.random.default_rng(1).integers(1, 2**63, args.n, dtype=np.int64).astype(np.uint64)
     with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks") as folder:
         path = Path(folder) / "b_embeddings.npy"
-        np.save(path, x.astype(np.float32))
+        np.save(path, x)
         del x
         embeddings = matrix.MatrixFile.open(path)
         kept = Path(folder) / "b_kmeans.npy"
@@ -60,7 +60,7 @@ def main() -> None:
             reused = clustering.kept_labels(found, args.k)
             keep_s.append(time.perf_counter() - started)
             assert reused is not None and np.array_equal(reused, labels)
-    row = {"n": args.n, "k": args.k, "dim": int(base.shape[1]), "repeats": args.repeats,
+    row = {"n": args.n, "k": args.k, "dim": int(dim), "repeats": args.repeats,
            "fit_seconds_median": round(statistics.median(fit_s), 2), "fit_seconds": [round(s, 2) for s in fit_s],
            "kept_seconds_median": round(statistics.median(keep_s), 2), "kept_seconds": [round(s, 2) for s in keep_s]}
     row["fit_over_kept"] = round(row["fit_seconds_median"] / max(row["kept_seconds_median"], 1e-9), 1)
