@@ -68,17 +68,27 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
     return labels
 
 
-def labels_key(embeddings: Matrix, n_clusters: int, seed: int, backend: str, fit_sample: int, device=None) -> dict:
+def labels_key(embeddings: Matrix, fingerprints: np.ndarray, n_clusters: int, seed: int, backend: str,
+               fit_sample: int, device=None) -> dict:
     """What ``kmeans_labels`` returns is a function of, to keep its labels for a rerun: every byte of the matrix
     (a digest of it: any edited, added or moved row changes it), the fit's settings, and the library that fits
-    (another version, or torch on another device, may fit other centres)."""
+    (another version, or torch on another device, may fit other centres); and the records' fingerprints in order,
+    so labels are only ever taken for the rows they were fitted to (a cache lookup matches rows by text: the same
+    --load-embeddings file beside the records shuffled took 467 of 600 labels from other rows)."""
     if isinstance(embeddings, matrix.MatrixFile):
         digest = caches.digest_file(embeddings.path)  # the .npy header holds the shape and dtype
     else:
         array = np.ascontiguousarray(embeddings)
         digest = f"{caches.digest_buffer(array)} {array.dtype.str} {list(array.shape)}"
-    return {"kind": "kmeans_labels", "embeddings": digest, "n_clusters": n_clusters, "seed": seed, "backend": backend,
-            "fit_rows": fit_sample, "fitter": _fitter(backend, device)}
+    rows = caches.digest_buffer(np.ascontiguousarray(fingerprints, dtype=np.uint64))
+    # Sampled fits assign every row with torch on the run's device, whatever fits the centres.
+    assigned = f", assigned on {_device_type(device)}" if fit_sample else ""
+    return {"kind": "kmeans_labels", "embeddings": digest, "rows": rows, "n_clusters": n_clusters, "seed": seed,
+            "backend": backend, "fit_rows": fit_sample, "fitter": _fitter(backend, device) + assigned}
+
+
+def _device_type(device) -> str:
+    return getattr(device, "type", None) or str(device or "cpu").split(":")[0]
 
 
 def _fitter(backend: str, device) -> str:
@@ -93,7 +103,7 @@ def _fitter(backend: str, device) -> str:
         return f"faiss {getattr(faiss, '__version__', '?')}{' gpu' if gpu else ''}"
     import torch
 
-    return f"torch {torch.__version__} {torch.device(device or 'cpu').type}"
+    return f"torch {torch.__version__} {_device_type(device)}"
 
 
 def kept_labels(found, n_clusters: int) -> np.ndarray | None:

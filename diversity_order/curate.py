@@ -152,14 +152,15 @@ class CurateConfig:
             from .packed_export import check_folder
 
             outputs.check_outside_model_dir(self.export_packed, self.model_dir, "--export-packed")
+            export = self.export_packed.resolve()  # resolved: "../w/EP" is EP too
             for path in [*self.inputs.files, self.load_embeddings]:
                 if path is not None and (outputs.same_file(self.export_packed, path)
-                                         or self.export_packed.absolute() in Path(path).absolute().parents):
+                                         or export in Path(path).resolve().parents):
                     raise UserError(f"--export-packed {self.export_packed}: holds the input {path}, which the export "
                                     "would replace; give the export a folder of its own")
             for role, path in {"output": self.output, **written}.items():
                 same = outputs.same_file(self.export_packed, path)
-                if same or self.export_packed.absolute() in Path(path).absolute().parents:
+                if same or export in Path(path).resolve().parents:
                     what = "--output" if role == "output" else f"this run's {role.replace('_', ' ')}"
                     raise UserError(f"--export-packed {self.export_packed}: {'is' if same else 'would hold'} {what} "
                                     f"({path}); give the export a folder of its own")
@@ -346,6 +347,10 @@ def _start(config: CurateConfig) -> Run:
     return run
 
 
+# The roles of output_paths that are caches (a data file with fingerprints and a manifest beside it).
+CACHE_ROLES = ("embeddings", "token_counts", "umap", "kmeans")
+
+
 def files_written(config: CurateConfig, paths: dict[str, Path]) -> dict[str, Path]:
     """Every file a run with these ``paths`` may write beside its output, by role: the files of ``paths``, each
     cache's fingerprints and manifest, the layout fit, the strategies reports and a --stats-only trial's own files,
@@ -356,12 +361,19 @@ def files_written(config: CurateConfig, paths: dict[str, Path]) -> dict[str, Pat
     stem = outputs.output_stem(config.output)
     trial = outputs.stats_only_paths(paths, config.output)
     written = {**paths, **{f"{role} (of a --stats-only trial)": trial[role] for role in outputs.DESCRIBING_ORDER},
-               "2-D layout fit": fit_path(paths["umap"]), "kept token counts": kept_rows.counts_target(paths)}
+               "2-D layout fit": fit_path(paths["umap"]), "token counts (beside the output)": kept_rows.counts_target(paths)}
     for tagged, place in (("", stem), (" (of a --stats-only trial)", Path(f"{stem}{outputs.STATS_ONLY_TAG}"))):
         written.update({f"strategies {kind}{tagged}": path for kind, path in ordering_report.report_paths(place).items()})
-    for role, path in list(written.items()):
-        if path.suffix == ".npy":  # a cache's companions
-            written.update({f"{role} fingerprints": files_for(path).fingerprints, f"{role} manifest": files_for(path).marker})
+    for role in CACHE_ROLES:  # a cache's companions
+        written.update({f"{role} fingerprints": files_for(paths[role]).fingerprints,
+                        f"{role} manifest": files_for(paths[role]).marker})
+    # What an interrupted torchrun run keeps (its manifest is read, and removed, by the next run)
+    for role, target in (("embeddings", paths["embeddings"]), ("token counts", kept_rows.counts_target(paths))):
+        written.update({f"kept {role} {kind}": path for kind, path in kept_rows.kept_paths(target).items()
+                        if kind != "rank"})
+    registry = caches.registry_dir()
+    if registry is not None:
+        written["cache registry"] = registry / caches.REGISTRY_FILE
     if config.output_shards > 1:
         written.update({f"output shard {i}": path for i, path in
                         enumerate(writers.shard_paths(config.output, config.output_shards))})
@@ -720,8 +732,8 @@ def cluster(run: Run) -> None:
     with run.timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
         # An unchanged rerun keeps the labels: the fit took 11-27 s at 1M documents; the key's digest of the
         # matrix, a second or two.
-        key = clustering.labels_key(run.embeddings, config.n_clusters, config.seed, config.cluster_backend,
-                                    fit_sample, run.device)
+        key = clustering.labels_key(run.embeddings, run.index.fingerprints, config.n_clusters, config.seed,
+                                    config.cluster_backend, fit_sample, run.device)
         found = caches.lookup(run.paths["kmeans"], key, run.index.fingerprints, dtype=np.int64, row_shape=())
         run.labels = clustering.kept_labels(found, config.n_clusters)
         if run.labels is not None:
@@ -1275,7 +1287,7 @@ def _recommendation(recommended, rows, n_documents: int | None = None) -> str:
         # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer; a later
         # one read "Recommended k = 5 ... But ... does not choose k" as the tool contradicting itself).
         keep = (f"keep --n-clusters {DEFAULT_N_CLUSTERS} (the default) or set it" if n_documents is None or
-                n_documents > DEFAULT_N_CLUSTERS else
+                n_documents >= DEFAULT_N_CLUSTERS else
                 f"set --n-clusters below the {n_documents} documents (the default, {DEFAULT_N_CLUSTERS}, needs more)")
         return (f"No k stands out: {recommended}, the smallest k tried, scores highest and every larger k more than 5% "
                 f"below it, so no k separates these embeddings clearly (shallow embeddings often score so); {keep} "

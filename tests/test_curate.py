@@ -633,3 +633,25 @@ def test_an_unchanged_rerun_keeps_the_k_means_labels_and_any_change_fits_again(t
     caplog.clear()
     assert np.array_equal(labels("--n-clusters", 5, "--seed", 7), edited) and len(fits) == 6
     assert "name clusters outside 0..4: fitted again" in caplog.text
+
+
+def test_kept_k_means_labels_are_never_taken_for_other_rows(tmp_path, tiny_model_dir, topical_jsonl, monkeypatch):
+    """A reviewer's --load-embeddings file beside the same records shuffled, into a new folder: the registry found the
+    labels kept for the first order and matched them to the records by text, while the rows (by position) were the
+    same; 467 of 600 labels differed from a fresh run's. The key holds the records' fingerprints in order now."""
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(240, 8)).astype(np.float32)
+    np.save(tmp_path / "e.npy", vectors)
+    shuffled = tmp_path / "shuffled.jsonl"
+    lines = topical_jsonl.read_text().splitlines()
+    shuffled.write_text("\n".join(lines[i] for i in rng.permutation(len(lines))) + "\n")
+
+    def labels(source, folder, *env) -> np.ndarray:
+        assert curate("--input", source, "--output", tmp_path / folder / "b.jsonl", "--model-dir", tiny_model_dir,
+                      "--load-embeddings", tmp_path / "e.npy", "--n-clusters", 6, "--seq-len", 1000, "--no-plot") == 0
+        return np.load(tmp_path / folder / "b_labels.npy")
+
+    labels(topical_jsonl, "first")
+    taken = labels(shuffled, "second")  # the registry holds the first run's labels
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", "")
+    assert np.array_equal(taken, labels(shuffled, "fresh"))

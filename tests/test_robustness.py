@@ -895,6 +895,7 @@ def test_log_lines_under_torchrun_say_whose_they_are(world, rank, tag):
     ("data_stats-only_meta.json", ["--stats-only"], "meta (of a --stats-only trial)"),
     ("data_stats-only_clusters.json", ["--stats-only"], "clusters json (of a --stats-only trial)"),
     ("data_stats-only_strategies.md", [], "strategies markdown (of a --stats-only trial)"),
+    ("data_embeddings.kept.json", [], "kept embeddings manifest"),  # an interrupted torchrun run's: read, removed
 ])
 def test_an_input_named_as_a_file_the_run_writes_is_refused(tmp_path, tiny_model_dir, topical_jsonl, capsys, name,
                                                             extra, role):
@@ -907,6 +908,22 @@ def test_an_input_named_as_a_file_the_run_writes_is_refused(tmp_path, tiny_model
     assert err == f"error: --input {source} is also where this run would write its {role} ({source}); choose another " \
                   "--output"
     assert source.read_bytes() == topical_jsonl.read_bytes()
+
+
+def test_the_cache_registry_as_input_is_refused_and_a_name_no_run_writes_is_not(tmp_path, tiny_model_dir,
+                                                                                 topical_jsonl, capsys, monkeypatch):
+    registry = tmp_path / "reg"
+    registry.mkdir()
+    monkeypatch.setenv("DIVERSITY_ORDER_CACHE_DIR", str(registry))
+    source = registry / "registry.jsonl"  # a run appends to it
+    source.write_bytes(topical_jsonl.read_bytes())
+    err = run_error(capsys, "--input", source, "--output", tmp_path / "data.jsonl", "--model-dir", tiny_model_dir)
+    assert err.startswith(f"error: --input {source} is also where this run would write its cache registry")
+    assert source.read_bytes() == topical_jsonl.read_bytes()
+    labels_like = tmp_path / "data_labels.cache.json"  # B_labels.npy is no cache: nothing of that name is written
+    labels_like.write_bytes(topical_jsonl.read_bytes())
+    assert curate("--input", labels_like, "--output", tmp_path / "data.jsonl", "--model-dir", tiny_model_dir,
+                  "--no-plot") == 0
 
 
 def test_an_export_folder_that_is_another_path_of_the_run_is_refused(tmp_path, tiny_model_dir, topical_jsonl, capsys):
@@ -923,6 +940,8 @@ def test_an_export_folder_that_is_another_path_of_the_run_is_refused(tmp_path, t
     assert err.startswith(f"error: --export-packed {out.parent / 'c_meta.json'}: is this run's meta (")
     err = run_error(capsys, *args, out.parent)
     assert err == f"error: --export-packed {out.parent}: would hold --output ({out}); give the export a folder of its own"
+    dotted = tmp_path / "x" / ".." / "e"  # a reviewer's ../w/EP slipped past, and failed after the embedding
+    assert run_error(capsys, *args, dotted).startswith(f"error: --export-packed {dotted}: would hold --output")
     (tmp_path / "in").mkdir()
     source = tmp_path / "in" / "d.jsonl"
     source.write_bytes(topical_jsonl.read_bytes())
