@@ -250,18 +250,24 @@ def _special_tokens_printed(model_dir: Path, template: str) -> str:
     """The special tokens a chat template names (``{{ bos_token }}``), as the folder's files set them: transformers
     hands them to the template, so changing one in ``tokenizer_config.json`` alone changes what it prints. Only the
     names it uses, so a template that prints none keys caches as before. "" when it names none."""
-    names = [name for name in _SPECIAL_TOKEN_KEYS + ("additional_special_tokens",)
-             if re.search(rf"\b{name}\b", template)]
-    if not names:
-        return ""
-    values = {}
+    files = {}
     for file in ("tokenizer_config.json", "special_tokens_map.json"):
         try:
             written = json.loads((model_dir / file).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if isinstance(written, dict):
-            values[file] = {name: written[name] for name in names if name in written}
+            files[file] = written
+    # Named tokens of extra_special_tokens ({"image_token": ...}) reach the template by their names too.
+    extra = {file: written.get("extra_special_tokens") for file, written in files.items()}
+    extra = {file: named for file, named in extra.items() if isinstance(named, dict)}
+    names = {*_SPECIAL_TOKEN_KEYS, "additional_special_tokens", *(name for named in extra.values() for name in named)}
+    printed = sorted(name for name in names if isinstance(name, str) and re.search(rf"\b{re.escape(name)}\b", template))
+    if not printed:
+        return ""
+    values = {file: {name: written[name] for name in printed if name in written} for file, written in files.items()}
+    for file, named in extra.items():
+        values[file]["extra_special_tokens"] = {name: named[name] for name in printed if name in named}
     return json.dumps(values, sort_keys=True)
 
 

@@ -185,6 +185,12 @@ def test_special_tokens_a_chat_template_prints_key_its_caches(tiny_model_dir, tm
     assert fingerprint() != printed
     (folder / "special_tokens_map.json").unlink()
 
+    # A named token of extra_special_tokens (transformers hands it to the template by its name)
+    template.write_text("{{ image_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    named = fingerprint(extra_special_tokens={"image_token": "<s>"})
+    assert fingerprint(extra_special_tokens={"image_token": "</s>"}) != named
+    assert fingerprint(extra_special_tokens={"image_token": "<s>", "audio_token": "</s>"}) == named
+
     template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     plain = fingerprint()
     assert fingerprint(bos_token="<unk>") == plain  # a template that prints none keys its caches as before
