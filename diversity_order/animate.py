@@ -473,7 +473,7 @@ class UmapFrames:
         plt, fig = _figure(width, height)
         ax = fig.add_axes([0.03, 0.03, 0.94, 0.9])
         finite = np.isfinite(xy).all(1)
-        lo, hi = cloud_frame(xy[finite]) if finite.any() else (np.zeros(2), np.ones(2))  # the cluster cloud's frame
+        lo, hi = cloud_frame(xy[finite], inputs.labels[finite]) if finite.any() else (np.zeros(2), np.ones(2))
         pad = np.maximum((hi - lo) * 0.05, 1e-9)
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
