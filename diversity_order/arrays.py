@@ -18,7 +18,9 @@ def load_npy(path: Path, flag: str) -> np.ndarray:
     """A ``.npy`` file, memory-mapped, or a one-line error naming ``flag``."""
     path = Path(path)
     if path.is_dir():
-        npys = sorted(path.glob("*.npy"))
+        # (not a cache's fingerprints or a checkpoint's mask: the data arrays, a run's embeddings first)
+        npys = sorted((p for p in path.glob("*.npy") if not p.name.endswith((".fingerprints.npy", ".done.npy"))),
+                      key=lambda p: (not p.name.endswith("_embeddings.npy"), p.name))
         raise UserError(f"{flag} {path}: is a folder; give the .npy file{f' (e.g. {npys[0]})' if npys else ''}")
     if not path.is_file():
         raise UserError(f"{flag} {path}: file not found")

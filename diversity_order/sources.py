@@ -110,6 +110,11 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
         log.info("--input %s: %s left out (packed sequences an --export-packed wrote, not records)", folder,
                  ", ".join(str(p) for p in sorted(exports)))
     arrow = [p for p in found if p.suffix == ".arrow"]
+    inner = sorted({p.parent for p in arrow if is_dataset_folder(p.parent)})
+    if inner:
+        raise UserError(f"--input {folder}: holds the datasets folder {inner[0]}; give that folder as --input"
+                        + (f" (it holds {len(inner)} of them: give each, or a glob such as {folder}/*)"
+                           if len(inner) > 1 else ""))
     if arrow and not any(p.name.endswith(PARQUET_SUFFIX) or is_jsonl_name(p.name) and not _is_plain_json(p.name)
                          for p in found):
         # Its dataset_info.json would otherwise be read as JSONL: "not valid JSON ... must be JSONL"
@@ -195,9 +200,13 @@ def _refuse_earlier_outputs_of_these(files: list[Path]) -> None:
             except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError):
                 continue  # not a curate run's metadata
             both_out, both_in = sorted(outputs & read), inputs & read
-            if both_out and isinstance(meta, dict) and meta.get("complete") is False:
+            # By name too, beside the metadata: a folder moved or copied whole keeps the stub, its paths not.
+            named_here = {folder / Path(name).name for name in meta.get("output_files") or () if isinstance(name, str)}
+            stopped = sorted((outputs | named_here) & read)
+            if len(named_here) > 1 and stopped and meta.get("complete") is False:
+                # (one file is renamed into place whole: always one run's; shards are renamed one by one)
                 # Killed while renaming its shards, a run leaves some new and some earlier: records twice and missing.
-                raise UserError(f"--input: {both_out[0]} is among the files of a curate run that stopped before it "
+                raise UserError(f"--input: {stopped[0]} is among the files of a curate run that stopped before it "
                                 f"finished ({meta_path.name} says so): they may be some of its shards and some of an "
                                 "earlier run's; run that curate command again to complete them, then read them")
             if both_out and both_in:

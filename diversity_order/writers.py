@@ -354,8 +354,8 @@ def clash_in(parts: list[dict]) -> str | None:
             said.append((row, f"field {path!r} is {arrow_json.HUGE_INTEGER} at {where}, which Parquet cannot hold"))
         if set(_NUMBER_SHAPES) <= set(kinds):
             (_, fraction_where), (row, where) = kinds[_FRACTION], kinds[_INEXACT_INTEGER]
-            said.append((min(row, kinds[_FRACTION][0]), f"field {path!r} holds {_INEXACT_INTEGER} at {where} and a "
-                                                        f"fraction at {fraction_where}: Parquet would hold both as "
+            said.append((min(row, kinds[_FRACTION][0]), f"field {path!r} holds {_INEXACT_INTEGER} at {where} and "
+                                                        f"{_FRACTION} at {fraction_where}: Parquet would hold both as "
                                                         "doubles, which cannot hold that integer exactly"))
         typed = sorted(((seen, kind) for kind, seen in kinds.items()
                         if kind != arrow_json.HUGE_INTEGER and kind not in _NUMBER_SHAPES), key=lambda k: k[0][0])
@@ -367,7 +367,7 @@ def clash_in(parts: list[dict]) -> str | None:
 
 # Besides its kind, a number's shape where it matters: a field of fractions and integers is typed as doubles, which
 # hold integers exactly only up to 2**53 (Arrow refused 9007199254740993 beside 0.5 naming no field).
-_FRACTION, _INEXACT_INTEGER = "a fraction", "an integer past 2**53"
+_FRACTION, _INEXACT_INTEGER = "a floating-point number", "an integer past 2**53"
 _NUMBER_SHAPES = (_FRACTION, _INEXACT_INTEGER)
 
 

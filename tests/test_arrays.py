@@ -44,6 +44,8 @@ def test_a_folder_is_said_to_be_one_naming_an_array_in_it(tmp_path):
     """A reviewer's compare_clusterings.py --shallow out (the run's folder) was told "file not found"."""
     with pytest.raises(UserError, match=rf"^--shallow {tmp_path}: is a folder; give the .npy file$"):
         load_npy(tmp_path, "--shallow")
+    np.save(tmp_path / "c_embeddings.fingerprints.npy", np.zeros(2, np.uint64))  # a reviewer was pointed at this
+    np.save(tmp_path / "a_labels.npy", np.zeros(2, np.int64))
     np.save(tmp_path / "c_embeddings.npy", np.zeros((2, 2), np.float32))
-    with pytest.raises(UserError, match=r"is a folder; give the .npy file \(e.g. .*c_embeddings.npy\)$"):
+    with pytest.raises(UserError, match=r"is a folder; give the .npy file \(e.g. .*/c_embeddings.npy\)$"):
         load_npy(tmp_path, "--shallow")

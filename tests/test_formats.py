@@ -783,6 +783,14 @@ def test_a_run_stopped_while_its_shards_are_renamed_leaves_both_sets_known(tmp_p
         f"error: --input: {tmp_path / 'c-00000-of-00004.jsonl'} is among the files of a curate run that stopped before "
         "it finished (c_meta.json says so): they may be some of its shards and some of an earlier run's; run that "
         "curate command again to complete them, then read them\n")
+    moved = tmp_path / "moved"  # the folder copied whole: its stub's paths are the old ones, its names the same
+    moved.mkdir()
+    for path in [*tmp_path.glob("c-*-of-00004.jsonl"), tmp_path / "c_meta.json"]:
+        shutil.copy(path, moved / path.name)
+    assert curate("--input", moved, "--output", tmp_path / "next" / "x.jsonl", "--model-dir", tiny_model_dir,
+                  *COMMON) == 2
+    assert "is among the files of a curate run that stopped before it finished" in capsys.readouterr().err
+    shutil.rmtree(moved)
     assert curate(*base, "--output-shards", 2) == 0
     assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00002.jsonl" for i in range(2)]
     lines = [line for path in sorted(tmp_path.glob("c-*")) for line in path.read_bytes().splitlines()]
@@ -1411,6 +1419,12 @@ def test_a_datasets_folder_without_its_state_file_is_said_to_be_one(tmp_path, de
     err = run_error(capsys, "--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir)
     assert err.startswith(f"error: --input {folder}: holds Arrow files (data-00000-of-00001.arrow) but is no datasets "
                           f"folder ({folder / 'state.json'} is missing")
+    # A folder holding a whole datasets folder: named, not said to lack a state.json it has (a reviewer's)
+    whole = tmp_path / "outer" / "ds"
+    datasets.Dataset.from_list(demo_records[:30]).save_to_disk(str(whole))
+    capsys.readouterr()
+    err = run_error(capsys, "--input", whole.parent, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir)
+    assert err == f"error: --input {whole.parent}: holds the datasets folder {whole}; give that folder as --input"
 
 
 def test_a_binary_text_column_is_said_to_be_binary(tmp_path, tiny_model_dir, capsys):
@@ -1449,7 +1463,8 @@ def test_an_integer_a_double_cannot_hold_beside_fractions_names_the_field(tmp_pa
                     "--n-clusters", 1)
     path = "meta.v" if isinstance(values[-1], dict) else "v"
     big = next(i for i, r in enumerate(records) if isinstance((r.get("meta") or r).get("v"), int))
-    assert f"field '{path}' holds an integer past 2**53 at {source}:{big + 1} and a fraction at {source}:" in err
+    assert f"field '{path}' holds an integer past 2**53 at {source}:{big + 1} and a floating-point number at " \
+        f"{source}:" in err
     assert err.endswith("write JSONL instead (--output-format jsonl)")
     # the integers alone are an int64 column: written
     integers = tmp_path / "i.jsonl"
