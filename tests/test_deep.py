@@ -287,6 +287,12 @@ def test_user_errors(data, tiny_model_dir, tmp_path, capsys):
     base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--device", "cpu", "--no-progress"]
     assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(tmp_path / "missing")]) == 2
     assert "folder not found" in capsys.readouterr().err
+    # A GGUF file, or a folder of one: the converter command, as curate gives it (a reviewer got "folder not found")
+    (tmp_path / "gg").mkdir()
+    (tmp_path / "gg" / "m.gguf").write_bytes(b"GGUF" + bytes(64))
+    for given in (tmp_path / "gg" / "m.gguf", tmp_path / "gg"):
+        assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(given)]) == 2
+        assert "convert it with: python -m diversity_order.demo_data model OUT_DIR --gguf" in capsys.readouterr().err
 
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import distributed
 from ..errors import UserError
+from ..model_folder import check_model_dir
 from ..outputs import check_outside_model_dir, same_file
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -134,8 +135,7 @@ def _check_replaceable(output: Path) -> None:
 
 
 def check_config(config: DeepConfig) -> None:
-    if not Path(config.model_dir).is_dir():
-        raise UserError(f"--model-dir {config.model_dir}: folder not found")
+    check_model_dir(Path(config.model_dir))  # what curate says of a missing path, a GGUF file or a GGUF folder
     if not (Path(config.model_dir) / "config.json").is_file():
         raise UserError(f"--model-dir {config.model_dir}: no config.json, not a Hugging Face model folder")
     if config.batch_size is not None and config.batch_size < 1:
