@@ -349,7 +349,9 @@ class OtherRows(str):
 
 # A key's entries as a changed one is said, where its name says less than what it covers (the tokenizer's hash
 # covers the folder's chat template: a reviewer who changed only the template read "a different tokenizer").
-_KEY_WORDS = {"tokenizer": "tokenizer or chat template"}
+_KEY_WORDS = {"tokenizer": "tokenizer or chat template", "embeddings": "embeddings (by their digest)",
+              "rows": "records or record order", "n_clusters": "k", "fit_rows": "fit sample",
+              "fitter": "fitting library or device"}
 
 
 def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | str:
@@ -371,7 +373,8 @@ def _open_set(files: CacheFiles, key: dict | None, expect: _Expect) -> _Set | st
     if key is not None and stored_key != _normal(key):
         changed = sorted(k for k in set(key) | set(stored_key) if _normal(key).get(k) != stored_key.get(k))
         said = [_KEY_WORDS.get(k, k) for k in changed]
-        return f"{name} was computed with a different {', '.join(said)}; recomputing all rows"
+        # (not "recomputing": rows of the same texts may still come from another set, and the log says so next)
+        return f"{name} was computed with a different {', '.join(said)}; its rows are not reused"
     opened: dict[str, _Npy] = {}
     try:
         try:
@@ -463,7 +466,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
     if named is not None and not named.legacy and np.array_equal(named.fingerprints, fingerprints):
         if registry and not files.extras:
             _ensure_registered(files, named.meta)  # a set stored with the registry off, or before it existed
-        return _whole(named, n, f"all {n} rows reused from {files.data.name}", lazy)
+        return _whole(named, n, f"all {n:,} rows reused from {files.data.name}", lazy)
     if named is not None and want is None:
         want = named.meta.get("key")  # other sets must agree with the one the target holds
     others = []
@@ -474,7 +477,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
                 log.info("%s: %s", alternative.data, found)
             continue
         if not found.legacy and np.array_equal(found.fingerprints, fingerprints):
-            return _whole(found, n, f"all {n} rows reused from {alternative.data}", lazy, alternative.data)
+            return _whole(found, n, f"all {n:,} rows reused from {alternative.data}", lazy, alternative.data)
         others.append(found)
 
     source = match_rows(named.fingerprints, fingerprints) if named is not None else np.full(n, -1, np.int64)
@@ -1107,7 +1110,7 @@ def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *,
     expect = _Expect(np.dtype(dtype), tuple(row_shape))
     found = _open_set(files, key, expect)
     if not isinstance(found, str) and not found.legacy and np.array_equal(found.fingerprints, fingerprints):
-        return RowSource(n, [(files, np.arange(n, dtype=np.int64))], f"all {n} rows reused from {files.data.name}", True)
+        return RowSource(n, [(files, np.arange(n, dtype=np.int64))], f"all {n:,} rows reused from {files.data.name}", True)
     sets, parts = [], []
     hit = np.zeros(n, dtype=bool)
     if isinstance(found, str):

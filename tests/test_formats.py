@@ -339,7 +339,7 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
     with caplog.at_level(logging.INFO):
         assert curate("--input", chat, "--text-field", "messages", "--output", tmp_path / "c.jsonl", "--model-dir",
                       model, "--n-clusters", 2) == 0
-    assert "was computed with a different tokenizer or chat template; recomputing all rows" in caplog.text
+    assert "was computed with a different tokenizer or chat template; its rows are not reused" in caplog.text
     (model / "chat_template.jinja").write_text(template)
     # Parquet: the tools column is read with the messages (null where a record has none).
     table = pa.Table.from_pylist([{"messages": r.get("messages"), "tools": json.dumps(r["tools"]) if isinstance(
