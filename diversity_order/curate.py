@@ -730,8 +730,8 @@ def cluster(run: Run) -> None:
     backend_name = {"sklearn": "MiniBatchKMeans", "faiss": "faiss k-means", "torch": "torch k-means"}[config.cluster_backend]
     fitted_on = f", fitted on {fit_sample:,} rows" if 0 < fit_sample < run.n else ""
     with run.timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
-        # An unchanged rerun keeps the labels: the fit took 11-27 s at 1M documents; the key's digest of the
-        # matrix, a second or two.
+        # An unchanged rerun keeps the labels: at 1M documents the fit took 9-36 s, the key's digest and the lookup
+        # 0.7-1.7 s (BENCHMARKS).
         key = clustering.labels_key(run.embeddings, run.index.fingerprints, config.n_clusters, config.seed,
                                     config.cluster_backend, fit_sample, run.device)
         found = caches.lookup(run.paths["kmeans"], key, run.index.fingerprints, dtype=np.int64, row_shape=())
