@@ -97,10 +97,15 @@ def _fitter(backend: str, device) -> str:
 
         return f"scikit-learn {version('scikit-learn')}"  # (not imported: a second of an unchanged rerun)
     if backend == "faiss":
-        import faiss
+        from importlib.metadata import PackageNotFoundError, version
 
-        gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
-        return f"faiss {getattr(faiss, '__version__', '?')}{' gpu' if gpu else ''}"
+        # By its distribution, not imported: its import logs which CPU build it loads, on every rerun.
+        for distribution in ("faiss-gpu", "faiss-gpu-cu12", "faiss-gpu-cu11", "faiss-cpu", "faiss"):
+            try:
+                return f"{distribution} {version(distribution)}"
+            except PackageNotFoundError:
+                continue
+        return "faiss (version unknown)"
     import torch
 
     return f"torch {torch.__version__} {_device_type(device)}"
