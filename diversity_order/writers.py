@@ -178,27 +178,44 @@ def _json_value(value):
 
 
 def _arrow_to_jsonl(source, rows: np.ndarray, path: Path, shown: Path) -> int:
-    written, non_finite = 0, [0]
+    written, said = 0, _AsText()
     with records.open_output(path) as sink:
         for table in source.ordered_tables(rows):
-            lines = [_json_line(row, non_finite) for row in arrow_json.rows(table)]
+            lines = [said.line(row) for row in arrow_json.rows(table)]
             data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
             sink.write(data)
             written += len(data)
-    if non_finite[0]:
+    if said.non_finite:
         log.warning("%s: %d record(s) hold NaN or Infinity, which JSON has no word for: written as Python's json writes "
                     "them (NaN, Infinity), which it and this tool read back, but strict JSON readers (pyarrow.json, "
-                    "datasets' json loader) refuse", shown, non_finite[0])
+                    "datasets' json loader) refuse", shown, said.non_finite)
+    if said.binary:
+        log.warning("%s: %d record(s) hold binary values, which JSON has no type for: written as text, bytes that are "
+                    "not UTF-8 escaped (\\xff), so they read back as strings, not as the bytes", shown, said.binary)
     return written
 
 
-def _json_line(row: dict, non_finite: list) -> str:
-    """``row`` as one JSON line; a row holding a NaN or an infinity is counted in ``non_finite[0]``."""
-    try:
-        return json.dumps(row, ensure_ascii=False, default=_json_value, allow_nan=False)
-    except ValueError:
-        non_finite[0] += 1
-        return json.dumps(row, ensure_ascii=False, default=_json_value)
+class _AsText:
+    """Arrow rows as JSON lines, counting the rows whose values JSON cannot hold as they are (said after the file)."""
+
+    def __init__(self):
+        self.non_finite = self.binary = 0
+        self._binary_in_row = False
+
+    def line(self, row: dict) -> str:
+        self._binary_in_row = False
+        try:
+            text = json.dumps(row, ensure_ascii=False, default=self._value, allow_nan=False)
+        except ValueError:
+            self.non_finite += 1
+            self._binary_in_row = False  # counted again by the second dump
+            text = json.dumps(row, ensure_ascii=False, default=self._value)
+        self.binary += self._binary_in_row
+        return text
+
+    def _value(self, value):
+        self._binary_in_row |= isinstance(value, bytes)
+        return _json_value(value)
 
 
 def _jsonl_pieces(source, rows: np.ndarray):

@@ -1438,8 +1438,8 @@ def test_a_binary_text_column_is_said_to_be_binary(tmp_path, tiny_model_dir, cap
 def test_parquet_nan_written_as_jsonl_is_said(tmp_path, demo_records, tiny_model_dir, caplog):
     """A reviewer's Parquet scores of NaN and Infinity were written as bare NaN/Infinity without a word: Python's json
     and this tool read them back, strict JSON readers do not."""
-    rows = [dict(r, score=float("nan") if i % 7 == 0 else float("inf") if i % 11 == 0 else i / 3)
-            for i, r in enumerate(demo_records[:40])]
+    rows = [dict(r, score=float("nan") if i % 7 == 0 else float("inf") if i % 11 == 0 else i / 3,
+                 blob=bytes([255, i]) if i % 4 == 0 else None) for i, r in enumerate(demo_records[:40])]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "n.parquet")
     with caplog.at_level(logging.WARNING):
         assert curate("--input", tmp_path / "n.parquet", "--output", tmp_path / "o.jsonl", "--model-dir",
@@ -1448,6 +1448,10 @@ def test_parquet_nan_written_as_jsonl_is_said(tmp_path, demo_records, tiny_model
     assert f"{tmp_path / 'o.jsonl'}: {non_finite} record(s) hold NaN or Infinity" in caplog.text
     back = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert sum(not np.isfinite(r["score"]) for r in back) == non_finite
+    # Binary values, as text (said: they read back as strings)
+    assert f"{tmp_path / 'o.jsonl'}: 10 record(s) hold binary values, which JSON has no type for" in caplog.text
+    assert sorted(r["blob"] for r in back if r["blob"] is not None) == sorted(
+        bytes([255, i]).decode("utf-8", "backslashreplace") for i in range(0, 40, 4))
 
 
 @pytest.mark.parametrize("values", [(9007199254740993, 0.5), (0.25, -(2**60)), (1, 0.5, {"v": 2**54 + 1})])
