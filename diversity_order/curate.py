@@ -342,7 +342,7 @@ def _start(config: CurateConfig) -> Run:
         _remove_what_killed_runs_left(run)
         if config.inputs.spread:
             log.info("The input files are in %d folders: their token counts are cached beside the output (%s), not "
-                     "beside a folder they share", len({f.absolute().parent for f in config.inputs.files}),
+                     "beside a folder they share", len(config.inputs.folders),
                      run.paths["token_counts"].name)
     return run
 

@@ -269,14 +269,15 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
         n = labels.size
         point = float(np.clip(60000 / max(n, 1), 0.5, 20))
         ax.scatter(projection[:, 0], projection[:, 1], c=colors[labels], s=point, lw=0, alpha=0.8, rasterized=True)
-        lo, hi = cloud_frame(projection, labels)
+        centres = cluster_label_anchors(projection, labels, sizes)  # where the names go, and what the frame holds
+        lo, hi = cloud_frame(projection, labels, centres)
         pad = (hi - lo) * 0.05
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
         outside = int(np.count_nonzero(((projection < lo - pad) | (projection > hi + pad)).any(axis=1)))
         present = np.flatnonzero(sizes)
         _name_clusters(ax, [f"c{k} ({sizes[k]})" for k in present],
-                       np.clip(cluster_label_anchors(projection, labels, sizes), lo, hi), sizes[present])
+                       np.clip(centres, lo, hi), sizes[present])
         ax.set_xticks([])
         ax.set_yticks([])
         off = f"; {outside:,} stray points ({outside / n:.1%}) outside the frame" if outside else ""
@@ -286,15 +287,16 @@ def plot_cluster_cloud(path: Path, labels: np.ndarray, n_clusters: int, projecti
     plt.close(fig)
 
 
-def cloud_frame(projection: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cloud_frame(projection: np.ndarray, labels: np.ndarray, centres: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) corners framing the cluster cloud: the 0.5th-99.5th percentiles of all points (a few far
     outliers would otherwise squeeze the picture), widened to every cluster's centre point (its point nearest the
     median of its points), so no cluster is left out of the picture: the demo's cluster of 13 lay far below the
     rest, and the percentiles alone cut it off, its name pinned to the edge. (Dense cells of a histogram kept it, but
     on mix-b took in far islands of identical records, and the cloud shrank to a third of the picture.)"""
     lo, hi = np.percentile(projection, [0.5, 99.5], axis=0)
-    sizes = np.bincount(labels)
-    centres = cluster_label_anchors(projection, labels, sizes)
+    if centres is None:  # (``cluster_label_anchors``, where the caller has not made them)
+        centres = cluster_label_anchors(projection, labels, np.bincount(labels))
     if centres.size:
         lo, hi = np.minimum(lo, centres.min(axis=0)), np.maximum(hi, centres.max(axis=0))
     return lo, hi

@@ -81,10 +81,15 @@ class Inputs:
         return Path(_common_folder(self.files))
 
     @property
+    def folders(self) -> set[Path]:
+        """The folders the files are in."""
+        return {f.absolute().parent for f in self.files}
+
+    @property
     def spread(self) -> bool:
         """Several files in more than one folder: their common folder may be any ancestor (``/`` for ``/tmp/a.jsonl``
         and ``/data/b.jsonl``), no place to name a cache after or write one beside."""
-        return self.folder is None and len({f.absolute().parent for f in self.files}) > 1
+        return self.folder is None and len(self.folders) > 1
 
     def describe(self) -> str:
         return str(self.name) if len(self.files) == 1 or self.folder else f"{len(self.files)} files in {self.name}"
