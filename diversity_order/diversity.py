@@ -309,6 +309,8 @@ def _layered_windows(excess, sizes, seq_len):
 # Thresholds s at which the bound counts the windows deviating by more than s: (j + 1) / BOUND_GRID.
 # Counting at the right end of each step undercounts by at most 1 / BOUND_GRID of the mean.
 BOUND_GRID = 4096
+# How many clusters, those of the largest shortfall, the bound's term (d) is taken at.
+DEFICIT_CLUSTERS = 4
 # Packing whole the shared-window count W lies in a range; the bound is taken at W's that grow by this ratio.
 BOUND_WINDOW_RATIO = 1.005
 
@@ -366,8 +368,10 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
     n_k the most windows its documents touch). Per document, the touches less the pieces over s are
     taken at their most over its placings. (c) Packing whole, of W_s windows holding P pieces at least
     W_s - (P - W_s) // j hold j or fewer, so deviate by 1 / j - max tau or more (a lone piece's window by
-    a_c). (a) alone divides by the most windows an order can make; with (b) and (c), which grow with
-    W_s, the mean is bounded over the range of W_s.
+    a_c). (d) One cluster's shortfall in the shared windows, when its long documents hold more than its
+    share of the windows they fill alone, with the pieces' excess beyond it (``_deficit_bound``): a sum
+    over all windows, whatever their number. (a) alone divides by the most windows an order can make;
+    with (b), (c) and (d), the mean is bounded over the range of W_s.
     """
     labels = np.asarray(labels, dtype=np.int64)
     lengths = np.asarray(token_counts, dtype=np.int64)
@@ -432,6 +436,7 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
         n_pieces = int(present.sum())
         per_window = np.ceil(1.0 / (thresholds + tau.max()) * (1 - 1e-12)).astype(np.int64) - 1
         calm = np.searchsorted(np.sort(alone[labels[present]]), thresholds, side="right")
+    deficit = _deficit_bound(labels, lengths, tau, pieces, keep, filled_alone, forced, int(seq_len), total)
     best, shared = np.inf, fewest
     while True:  # F(W_s) grows with W_s: for W_s up to the next one looked at, the mean is >= F(W_s) / (alone + it)
         after = min(most, max(shared + 1, int(np.ceil(shared * BOUND_WINDOW_RATIO))))
@@ -441,11 +446,48 @@ def uniformity_lower_bound(labels: np.ndarray, token_counts: np.ndarray, seq_len
                            2 * shared - n_pieces - calm)
             deviating = np.maximum(deviating, few)
         counted = float(deviating.sum()) / BOUND_GRID
-        best = min(best, (forced + counted) / max(alone_windows + max(shared, after - 1), 1))
+        best = min(best, max(forced + counted, deficit) / max(alone_windows + max(shared, after - 1), 1))
         if shared >= most:
             break
         shared = after
     return max(bound, best)
+
+
+def _deficit_bound(labels, lengths, tau, pieces, keep, filled_alone, forced, seq_len, total) -> float:
+    """(d) of ``uniformity_lower_bound``: the sum over all windows of their deviation, bounded through one
+    cluster k's token deficit.
+
+    A shared window w of f_w <= seq_len tokens, t_wk of them k's, deviates by at least
+    D_w = (f_w tau_k - t_wk) / seq_len (its shortfall in k, scaled by f_w / seq_len <= 1), and by at least
+    E_w, the excess of any piece in it. The D_w sum to (tau_k F - T_k) / seq_len over the shared windows
+    whatever the order (F and T_k: their tokens, and k's); so the deviations sum to at least that plus
+    the sum of max(E_w - D_w, 0). A piece of p tokens of cluster c puts E_w - D_w >= v = p / seq_len -
+    tau_c - tau_k, plus p / seq_len more when c = k (its own tokens count in t_wk), and the pieces of
+    v > s sit in at least ``_layered_windows``'s count of windows. It is what a cluster whose tokens sit
+    in long documents forces: every other window falls short of it. Taken at the cluster where it is
+    largest among the ``DEFICIT_CLUSTERS`` of the largest shortfall; only pieces of positive excess (``keep``) can have v > 0."""
+    n_clusters = tau.shape[0]
+    alone_tokens = np.bincount(labels, weights=filled_alone * float(seq_len), minlength=n_clusters)
+    cluster_tokens = np.bincount(labels, weights=lengths.astype(np.float64), minlength=n_clusters)
+    shared_tokens = float(total) - float(alone_tokens.sum())
+    shortfall = (tau * shared_tokens - (cluster_tokens - alone_tokens)) / seq_len
+    share, owner = pieces[keep] / seq_len, labels[keep]
+    sizes = pieces[keep].astype(np.int64)
+    best = 0.0
+    # The shortfall leads; the clusters of the largest few are tried (each costs a sort of the pieces).
+    for k in np.argsort(-shortfall, kind="stable")[:DEFICIT_CLUSTERS]:
+        if shortfall[k] <= 0:
+            break
+        v = share - tau[owner] - tau[k] + np.where(owner == k, share, 0.0)
+        positive = v > 0
+        layered = 0.0
+        if positive.any():
+            by_v = np.argsort(-v[positive], kind="mergesort")
+            sorted_v = v[positive][by_v]
+            windows = _layered_windows(sorted_v, sizes[positive][by_v], seq_len)
+            layered = float(np.dot(sorted_v - np.append(sorted_v[1:], 0.0), windows))
+        best = max(best, forced + float(shortfall[k]) + layered)
+    return best
 
 
 def _token_slice_mix(labels: np.ndarray, bounds: np.ndarray, start: float, stop: float, n_clusters: int) -> np.ndarray:
