@@ -178,9 +178,10 @@ def _json_value(value):
 
 
 def _arrow_to_jsonl(source, rows: np.ndarray, path: Path, shown: Path) -> int:
-    written, said = 0, _AsText()
+    written, said, maps = 0, _AsText(), []
     with records.open_output(path) as sink:
         for table in source.ordered_tables(rows):
+            maps = maps or map_columns(table.schema)
             lines = [said.line(row) for row in arrow_json.rows(table)]
             data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
             sink.write(data)
@@ -192,7 +193,32 @@ def _arrow_to_jsonl(source, rows: np.ndarray, path: Path, shown: Path) -> int:
     if said.binary:
         log.warning("%s: %d record(s) hold binary values, which JSON has no type for: written as text, bytes that are "
                     "not UTF-8 escaped (\\xff), so they read back as strings, not as the bytes", shown, said.binary)
+    if maps:
+        log.warning("%s: %s %s Arrow map%s, which JSON has no type for: written as lists of [key, value] pairs (keys "
+                    "may repeat and need not be text), so they read back as lists, not as maps", shown,
+                    ", ".join(maps), "is an" if len(maps) == 1 else "are", "" if len(maps) == 1 else "s")
     return written
+
+
+def map_columns(schema) -> list[str]:
+    """The dotted names of the map-typed fields of an Arrow schema, nested ones too (a map inside a list is
+    named by the list's field)."""
+    import pyarrow as pa
+
+    found = []
+
+    def visit(name, kind):
+        if pa.types.is_map(kind):
+            found.append(name)
+        elif pa.types.is_struct(kind):
+            for field in kind:
+                visit(f"{name}.{field.name}", field.type)
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            visit(name, kind.value_type)
+
+    for field in schema:
+        visit(field.name, field.type)
+    return found
 
 
 class _AsText:

@@ -1454,6 +1454,26 @@ def test_parquet_nan_written_as_jsonl_is_said(tmp_path, demo_records, tiny_model
         bytes([255, i]).decode("utf-8", "backslashreplace") for i in range(0, 40, 4))
 
 
+def test_parquet_maps_written_as_jsonl_are_said(tmp_path, demo_records, tiny_model_dir, caplog):
+    """Map columns become lists of [key, value] pairs in JSON; a reviewer found that done without a word."""
+    from diversity_order.writers import map_columns
+
+    kinds = pa.map_(pa.string(), pa.int64())
+    table = pa.table({"text": [r["text"] for r in demo_records[:30]],
+                      "tags": pa.array([[("a", i), ("b", 2 * i)] for i in range(30)], kinds),
+                      "meta": pa.array([{"inner": [[("k", i)]]} for i in range(30)],
+                                       pa.struct([("inner", pa.list_(kinds))]))})
+    assert map_columns(table.schema) == ["tags", "meta.inner"]
+    assert map_columns(pa.schema([("text", pa.string()), ("n", pa.list_(pa.int64()))])) == []
+    pq.write_table(table, tmp_path / "m.parquet")
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", tmp_path / "m.parquet", "--output", tmp_path / "o.jsonl", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    assert f"{tmp_path / 'o.jsonl'}: tags, meta.inner are Arrow maps, which JSON has no type for" in caplog.text
+    back = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert sorted(r["tags"][1][1] for r in back) == sorted(2 * i for i in range(30))
+
+
 @pytest.mark.parametrize("values", [(9007199254740993, 0.5), (0.25, -(2**60)), (1, 0.5, {"v": 2**54 + 1})])
 def test_an_integer_a_double_cannot_hold_beside_fractions_names_the_field(tmp_path, tiny_model_dir, capsys, values):
     """A reviewer's {"v": 9007199254740993} beside {"v": 0.5} was refused with Arrow's words, naming no field or line."""
