@@ -34,9 +34,19 @@ def note_object_keys(records: list[dict], into: dict) -> None:
         for name, value in record.items():
             if isinstance(value, dict | list):  # a plain value is a column's: Arrow types it, and says a clash
                 _note(value, (name,), into)
+            elif isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 1 << 63:
+                # Whether an integer column is unsigned (``integer_columns``): its values past 2**63 - 1, and
+                # whether it holds negative ones.
+                kind = NEGATIVE_INTEGER if -(1 << 63) <= value < 0 else json_kind(value)
+                entry = into.setdefault((name,), [_UNSEEN, frozenset()])
+                entry[1] = entry[1] | {kind}
 
 
 HUGE_INTEGER = "an integer past 64 bits"
+# 2**63 .. 2**64 - 1: a column holds it as an unsigned 64-bit integer (64-bit hashes, ids), unless the column also
+# holds a negative integer; inside an object or a list it is held as JSON text, as an integer past 64 bits is.
+UNSIGNED_INTEGER = "an integer past 2**63 - 1"
+NEGATIVE_INTEGER = "a negative integer"
 
 
 def json_kind(value) -> str | None:
@@ -47,7 +57,7 @@ def json_kind(value) -> str | None:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
-        return HUGE_INTEGER
+        return UNSIGNED_INTEGER if 0 <= value < 1 << 64 else HUGE_INTEGER
     if isinstance(value, int | float):
         return "a number"
     return "a string" if isinstance(value, str) else "a list" if isinstance(value, list) else \
@@ -75,12 +85,12 @@ def _note(value, path: tuple, into: dict) -> None:
 def _as_text(path: tuple, entry) -> bool:
     """Whether the values at ``path`` are held as JSON text: objects whose keys differ, or that are always ``{}`` (a
     struct of no fields, which Parquet cannot write); below the record's own fields, also values of two kinds (a
-    string in one tool call's arguments, an object in another's) and integers past 64 bits, which datasets holds as
+    string in one tool call's arguments, an object in another's) and integers past 2**63 - 1, which datasets holds as
     JSON too. (A record's own field of two kinds is refused: it is a column.)"""
     keys, kinds = entry
     if keys is None or keys == ():
         return True
-    return len(path) > 1 and (len(kinds) > 1 or HUGE_INTEGER in kinds)
+    return len(path) > 1 and (len(kinds) > 1 or HUGE_INTEGER in kinds or UNSIGNED_INTEGER in kinds)
 
 
 def merge_object_keys(parts: list[dict]) -> dict:

@@ -554,6 +554,7 @@ def _parquet_columns(run: Run):
 
     try:
         object_keys = arrow_json.merge_object_keys([keys for _, _, keys in parts])
+        writers.refuse_signed_and_unsigned(run.index, object_keys, find_clash)
         # A path one rank holds as JSON text, or that is so only once the ranks' records are put together, is so in
         # every rank's part.
         as_text = arrow_json.uneven_object_paths(object_keys)

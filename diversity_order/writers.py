@@ -272,6 +272,8 @@ def inferred_columns(source, rows: np.ndarray):
         # A path held as JSON text in one piece, or only once the pieces are put together, is so in every piece.
         schema = _unified([arrow_json.with_json_at(piece_schema, arrow_json.uneven_object_paths(object_keys))
                            for piece_schema in schemas])
+        if signed_and_unsigned(object_keys):
+            raise ValueError(f"no Parquet integer holds the values of {', '.join(signed_and_unsigned(object_keys))}")
     except _conversion_errors() as exc:
         raise _not_one_table(source, exc, _first_clash(source, rows)) from None
     return schema, object_keys
@@ -288,7 +290,38 @@ def finished_schema(source, schema, object_keys: dict):
                  "held as JSON text (Arrow's JSON type, which datasets reads back as the values), not as one struct of "
                  "every key, which would give each object the keys it lacks as null",
                  ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
-    return writable_schema(source, schema)
+    return writable_schema(source, integer_columns(schema, object_keys))
+
+
+def signed_and_unsigned(object_keys: dict) -> list[str]:
+    """The record's own fields holding both an integer past 2**63 - 1 and a negative one: no Parquet integer type
+    holds both (``note_object_keys`` notes them)."""
+    both = {arrow_json.UNSIGNED_INTEGER, arrow_json.NEGATIVE_INTEGER}
+    return sorted(path[0] for path, (_, kinds) in object_keys.items() if len(path) == 1 and both <= kinds)
+
+
+def refuse_signed_and_unsigned(source, object_keys: dict, find_clash) -> None:
+    """Refuse records (parts typed apart, as torchrun ranks') whose own field holds an integer past 2**63 - 1 and a
+    negative one, said with the places ``find_clash(names)`` gives (``unify_parquet_schemas``)."""
+    both = signed_and_unsigned(object_keys)
+    if both:
+        raise _not_one_table(source, ValueError(f"no Parquet integer holds the values of {', '.join(both)}"),
+                             find_clash(set(both)))
+
+
+def integer_columns(schema, object_keys: dict):
+    """``schema`` with each integer column of the records' own fields unsigned where it holds an integer past
+    2**63 - 1 and signed otherwise (pieces are typed apart, and unsigned where they needed it)."""
+    import pyarrow as pa
+
+    unsigned = {path[0] for path, (_, kinds) in object_keys.items()
+                if len(path) == 1 and arrow_json.UNSIGNED_INTEGER in kinds}
+    for i, column in enumerate(schema):
+        if pa.types.is_integer(column.type) and column.type in (pa.int64(), pa.uint64()):
+            wanted = pa.uint64() if column.name in unsigned else pa.int64()
+            if column.type != wanted:
+                schema = schema.set(i, column.with_type(wanted))
+    return schema
 
 
 def writable_schema(source, schema):
@@ -309,7 +342,20 @@ def _piece_schema(piece: list[dict]):
     import pyarrow as pa
 
     fields = dict.fromkeys(name for record in piece for name in record)
-    return pa.Table.from_pydict({name: [record.get(name) for record in piece] for name in fields}).schema
+    return pa.Table.from_pydict({name: _column(pa, [record.get(name) for record in piece]) for name in fields}).schema
+
+
+def _column(pa, values: list):
+    """A column's values as Arrow types them, integers of which one is past 2**63 - 1 as unsigned (Arrow would infer
+    signed 64-bit integers and overflow); where that fails (a negative integer beside it) the values as they are,
+    for Arrow to refuse."""
+    if any(type(value) is int and value >= 1 << 63 for value in values) \
+            and all(value is None or type(value) is int for value in values):
+        try:
+            return pa.array(values, pa.uint64())
+        except _conversion_errors():
+            pass
+    return values
 
 
 def unify_parquet_schemas(source, schemas: list, find_clash=None):
@@ -372,8 +418,9 @@ def kinds_at_fields(source, rows: np.ndarray, fields: set[str] | None = None, st
                     kinds = found.setdefault(path, {})
                     if kind not in kinds:
                         kinds[kind] = (row, source.where(row))
-                        clash |= kind == arrow_json.HUGE_INTEGER or len(set(kinds) - set(_NUMBER_SHAPES)) > 1 \
-                            or set(_NUMBER_SHAPES) <= set(kinds)
+                        clash |= kind == arrow_json.HUGE_INTEGER \
+                            or len(set(kinds) - set(_NUMBER_SHAPES + _INTEGER_SIGNS)) > 1 \
+                            or set(_NUMBER_SHAPES) <= set(kinds) or set(_INTEGER_SIGNS) <= set(kinds)
             if clash and stop_at_clash:
                 return found
     return found
@@ -395,13 +442,20 @@ def clash_in(parts: list[dict]) -> str | None:
         if arrow_json.HUGE_INTEGER in kinds:
             row, where = kinds[arrow_json.HUGE_INTEGER]
             said.append((row, f"field {path!r} is {arrow_json.HUGE_INTEGER} at {where}, which Parquet cannot hold"))
+        if {arrow_json.UNSIGNED_INTEGER, arrow_json.NEGATIVE_INTEGER} <= set(kinds):
+            (row, where), (negative_row, negative_where) = (kinds[arrow_json.UNSIGNED_INTEGER],
+                                                            kinds[arrow_json.NEGATIVE_INTEGER])
+            said.append((max(row, negative_row), f"field {path!r} holds {arrow_json.UNSIGNED_INTEGER} at {where} and "
+                                                 f"{arrow_json.NEGATIVE_INTEGER} at {negative_where}: no Parquet "
+                                                 "integer holds both"))
         if set(_NUMBER_SHAPES) <= set(kinds):
             (_, fraction_where), (row, where) = kinds[_FRACTION], kinds[_INEXACT_INTEGER]
-            said.append((min(row, kinds[_FRACTION][0]), f"field {path!r} holds {_INEXACT_INTEGER} at {where} and "
+            said.append((max(row, kinds[_FRACTION][0]), f"field {path!r} holds {_INEXACT_INTEGER} at {where} and "
                                                         f"{_FRACTION} at {fraction_where}: Parquet would hold both as "
                                                         "doubles, which cannot hold that integer exactly"))
         typed = sorted(((seen, kind) for kind, seen in kinds.items()
-                        if kind != arrow_json.HUGE_INTEGER and kind not in _NUMBER_SHAPES), key=lambda k: k[0][0])
+                        if kind != arrow_json.HUGE_INTEGER and kind not in _NUMBER_SHAPES + _INTEGER_SIGNS),
+                       key=lambda k: k[0][0])
         if len(typed) > 1:
             ((_, first_where), first), ((row, where), other) = typed[:2]
             said.append((row, f"field {path!r} is {other} at {where} but {first} at {first_where}"))
@@ -412,15 +466,25 @@ def clash_in(parts: list[dict]) -> str | None:
 # hold integers exactly only up to 2**53 (Arrow refused 9007199254740993 beside 0.5 naming no field).
 _FRACTION, _INEXACT_INTEGER = "a floating-point number", "an integer past 2**53"
 _NUMBER_SHAPES = (_FRACTION, _INEXACT_INTEGER)
+# A record's own field of integers is unsigned if one is past 2**63 - 1, and cannot be if another is negative.
+_INTEGER_SIGNS = (arrow_json.UNSIGNED_INTEGER, arrow_json.NEGATIVE_INTEGER)
 
 
-def _json_kinds(value, path: str):
+def _json_kinds(value, path: str, own_field: bool = True):
     """(path, kind) of a JSON value and of every value inside it (a list's items at ``path[]``); nulls have none:
     a null fits any column (``arrow_json.json_kind``). A fraction, and an integer a double cannot hold, also give
-    their shape (``_NUMBER_SHAPES``)."""
+    their shape (``_NUMBER_SHAPES``); an integer of the record's own field (``own_field``) past 2**63 - 1, or below 0,
+    its sign (``_INTEGER_SIGNS``)."""
     kind = arrow_json.json_kind(value)
     if kind is None:
         return
+    if kind == arrow_json.UNSIGNED_INTEGER:
+        yield path, kind
+        if not own_field:  # held as JSON text there, beside anything
+            return
+        kind = "a number"
+    elif own_field and kind == "a number" and isinstance(value, int) and value < 0:
+        yield path, arrow_json.NEGATIVE_INTEGER
     yield path, kind
     if isinstance(value, float):
         yield path, _FRACTION
@@ -428,10 +492,10 @@ def _json_kinds(value, path: str):
         yield path, _INEXACT_INTEGER
     if isinstance(value, list):
         for item in value:
-            yield from _json_kinds(item, f"{path}[]")
+            yield from _json_kinds(item, f"{path}[]", False)
     elif isinstance(value, dict):
         for name, item in value.items():
-            yield from _json_kinds(item, f"{path}.{name}")
+            yield from _json_kinds(item, f"{path}.{name}", False)
 
 
 def _not_one_table(source, exc: Exception, detail: str | None = None) -> UserError:

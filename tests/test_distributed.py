@@ -368,6 +368,31 @@ def test_torchrun_refuses_records_parquet_cannot_hold_before_embedding(tmp_path,
             assert not list(tmp_path.glob("**/*.npy")) and not list(tmp_path.glob("**/*.parquet"))
 
 
+def test_torchrun_types_an_unsigned_column_as_one_process_does(tmp_path, tiny_model_dir):
+    """A column of 64-bit ids past 2**63 - 1 in rank 1's records only, small ones in rank 0's: every rank's shard is
+    unsigned (one schema for the set) and the ids read back exact. A negative id in rank 0's records beside them is
+    refused in one line naming both records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = topical_records(per_topic=10)
+    n = len(records)
+    ids = [i if i < n // 2 else (1 << 64) - 1 - i for i in range(n)]
+    write_jsonl(tmp_path / "ids.jsonl", [dict(record, id=ids[i]) for i, record in enumerate(records)])
+    common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--output-shards", 2]
+    torchrun(["--input", tmp_path / "ids.jsonl", "--output", tmp_path / "ok" / "c.parquet", *common])
+    shards = sorted((tmp_path / "ok").glob("c-*.parquet"))
+    assert len(shards) == 2 and all(pq.read_schema(path).field("id").type == pa.uint64() for path in shards)
+    assert sorted(v for path in shards for v in pq.read_table(path).column("id").to_pylist()) == sorted(ids)
+
+    write_jsonl(tmp_path / "signed.jsonl", [dict(record, id=-1 if i == 0 else ids[i]) for i, record in enumerate(records)])
+    log = torchrun(["--input", tmp_path / "signed.jsonl", "--output", tmp_path / "no" / "c.parquet", *common], fails=True)
+    said = [line for line in log.splitlines() if line.startswith("error: ")]
+    where = re.escape(str(tmp_path / "signed.jsonl"))
+    assert len(said) == 1 and re.search(rf"field 'id' holds an integer past 2\*\*63 - 1 at {where}:{n // 2 + 1} and a "
+                                        rf"negative integer at {where}:1: no Parquet integer holds both", said[0]), said
+
+
 def test_torchrun_calibration_reads_the_shared_file_and_equals_a_single_process(tmp_path, tiny_model_dir):
     """--calibrate-k under torchrun: the ranks embed into the shared cache, rank 0 sweeps k reading it
     (nothing gathered); the table and the recommendation equal a single process's, in and out of core."""

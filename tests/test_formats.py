@@ -1193,7 +1193,8 @@ def test_jsonl_converted_to_parquet_keeps_every_field_of_every_record_in_one_sch
 
 
 _JSON_LEAVES = (st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-1, 1) | st.text(max_size=3)
-                | st.sampled_from([1 << 63, -(1 << 70)]))  # past 64 bits: no Parquet integer holds them
+                # unsigned 64-bit integers only, or past 64 bits: no Parquet integer holds those
+                | st.sampled_from([1 << 63, (1 << 64) - 1, -(1 << 63), 1 << 64, -(1 << 70)]))
 
 
 @settings(max_examples=60, deadline=None)
@@ -1216,11 +1217,16 @@ def test_a_type_clash_names_the_field_and_two_records_that_disagree(tmp_path_fac
     def shape(value):  # what Arrow types the column by: a list or an object as such, whatever it holds
         return [] if isinstance(value, list) else {} if isinstance(value, dict) else value
 
+    column = [shape(r.get("v")) for r in records]
     try:
-        pa.array([shape(r.get("v")) for r in records])  # pyarrow's own verdict on the column
+        pa.array(column)  # pyarrow's own verdict on the column
         typed = True
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        typed = False
+        # Integers only, one past 2**63 - 1 and none negative: unsigned 64-bit integers.
+        typed = all(v is None or type(v) is int for v in column) and all(v is None or 0 <= v < 1 << 64 for v in column)
+    if typed and any(type(v) is int and v >= 1 << 63 for v in column):
+        [(path, _)] = writers.write_curated(source, np.arange(len(records)), folder / "out.parquet", "parquet")
+        assert pq.read_schema(path).field("v").type == pa.uint64()
     if typed:
         # A column of one kind: what lies inside it of two kinds (or past 64 bits, or {} only) is held as JSON text,
         # as datasets holds it, and every record reads back as written.
@@ -1230,8 +1236,10 @@ def test_a_type_clash_names_the_field_and_two_records_that_disagree(tmp_path_fac
     with pytest.raises(UserError) as caught:
         writers.parquet_schema(source, np.arange(len(records)))
     huge = re.search(r"field '(v[^']*)' is an integer past 64 bits at .*in\.jsonl:(\d+),", str(caught.value))
-    said = huge or re.search(r"field '(v[^']*)' is (.+?) at .*in\.jsonl:(\d+) but (.+?) at .*in\.jsonl:(\d+)\)",
+    both = re.search(r"field '(v[^']*)' holds (.+?) at .*in\.jsonl:(\d+) and (.+?) at .*in\.jsonl:(\d+):",
                      str(caught.value))
+    said = huge or both or re.search(r"field '(v[^']*)' is (.+?) at .*in\.jsonl:(\d+) but (.+?) at .*in\.jsonl:(\d+)\)",
+                                     str(caught.value))
     assert said, str(caught.value)
     path = said.group(1)
 
@@ -1243,10 +1251,20 @@ def test_a_type_clash_names_the_field_and_two_records_that_disagree(tmp_path_fac
             return [k for item in value for k in kinds(item, rest)] if isinstance(value, list) else []
         return kinds(value.get(step[1:]), rest) if isinstance(value, dict) else []
 
+    steps = re.findall(r"\[\]|\.[^.\[]+", path[1:])
+    if both:  # two numbers no one Parquet type holds exactly: a plain look at the two records says which
+        first, second = (kinds(records[int(both.group(i)) - 1].get("v"), steps) for i in (3, 5))
+        if both.group(2) == "an integer past 2**63 - 1":  # a column's own integers only
+            assert path == "v" and both.group(4) == "a negative integer"
+            assert any(type(v) is int and v >= 1 << 63 for v in first) and any(type(v) is int and v < 0 for v in second)
+        else:
+            assert both.group(2) == "an integer past 2**53" and both.group(4) == "a floating-point number"
+            assert any(type(v) is int and abs(v) > 1 << 53 for v in first) and any(isinstance(v, float) for v in second)
+        return
+
     def kind(value):
         return "bool" if isinstance(value, bool) else "number" if isinstance(value, int | float) else type(value).__name__
 
-    steps = re.findall(r"\[\]|\.[^.\[]+", path[1:])
     if huge:
         values = kinds(records[int(huge.group(2)) - 1].get("v"), steps)
         assert any(isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 1 << 63 for v in values)
@@ -1452,6 +1470,21 @@ def test_parquet_nan_written_as_jsonl_is_said(tmp_path, demo_records, tiny_model
     assert f"{tmp_path / 'o.jsonl'}: 10 record(s) hold binary values, which JSON has no type for" in caplog.text
     assert sorted(r["blob"] for r in back if r["blob"] is not None) == sorted(
         bytes([255, i]).decode("utf-8", "backslashreplace") for i in range(0, 40, 4))
+
+
+def test_unsigned_64_bit_ids_survive_parquet_to_jsonl_and_back(tmp_path, demo_records, tiny_model_dir):
+    """A reviewer's uint64 ids past 2**63 - 1 (64-bit hashes) did not come back from Parquet -> JSONL -> Parquet:
+    Arrow types Python integers as signed. A column of integers with one past 2**63 - 1 is unsigned now."""
+    ids = [(1 << 64) - 1 - i if i % 3 else i for i in range(40)]
+    pq.write_table(pa.table({"text": [r["text"] for r in demo_records[:40]], "id": pa.array(ids, pa.uint64()),
+                             "small": pa.array(range(40), pa.uint64())}), tmp_path / "in.parquet")
+    assert curate("--input", tmp_path / "in.parquet", "--output", tmp_path / "a" / "o.jsonl", "--model-dir",
+                  tiny_model_dir, *COMMON) == 0
+    assert curate("--input", tmp_path / "a" / "o.jsonl", "--output", tmp_path / "b" / "o.parquet", "--model-dir",
+                  tiny_model_dir, *COMMON) == 0
+    back = pq.read_table(tmp_path / "b" / "o.parquet")
+    assert back.schema.field("id").type == pa.uint64() and sorted(back.column("id").to_pylist()) == sorted(ids)
+    assert back.schema.field("small").type == pa.int64()  # none past 2**63 - 1: signed, as Arrow types them
 
 
 def test_parquet_maps_written_as_jsonl_are_said(tmp_path, demo_records, tiny_model_dir, caplog):
