@@ -151,7 +151,9 @@ TERMINATED = "terminated (SIGTERM): every file written is complete; none was lef
 # ignored"), so the run would go on; a thread can also hold up the exit.
 INTERRUPT_GRACE_S = 10.0
 FINISHING_LIMIT_S = 600.0  # the longest the grace is held off by ``interrupts.finishing``
-_interrupt = {"received": False, "reported": False, "code": 130}
+# "finished": the command's work is done (its outputs written): a signal from then on is only noted, so one that
+# lands while the process returns is no traceback.
+_interrupt = {"received": False, "reported": False, "code": 130, "finished": False}
 
 
 def _report_interrupt() -> None:
@@ -183,6 +185,8 @@ def _quiet_about_interrupts(unraisable) -> None:
 
 
 def _on_interrupt(signum, frame) -> None:
+    if _interrupt["finished"]:
+        return
     _stop_received(130)
     raise KeyboardInterrupt
 
@@ -191,6 +195,8 @@ def _on_terminate(signum, frame) -> None:
     """SIGTERM (a scheduler's preemption or time limit, ``timeout``, ``docker stop``) stops a command as Ctrl-C
     does: the work worth keeping is kept, one line says so, and the exit status is 143, as for a process
     SIGTERM ended. (Python's default ends it at once, without a word.)"""
+    if _interrupt["finished"]:
+        return
     _stop_received(128 + signum)
     raise Terminated(128 + signum)
 
@@ -208,6 +214,7 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     code = None
     try:
         code = main(argv) or 0
+        _interrupt["finished"] = True
         return code
     except UserError as exc:
         # One write: under torchrun the ranks share one stderr, and a line written in parts interleaves with another's.
@@ -272,7 +279,7 @@ def run_command(main: Callable[[list[str] | None], int]) -> int:
         sys.unraisablehook = _quiet_about_interrupts
     try:
         code = run_main(main)
-    except Exception:
+    except (Exception, KeyboardInterrupt, Terminated):  # the last two: a signal that landed as run_main returned
         if not _interrupt["received"]:
             raise
         code = _interrupt["code"]  # what the interrupt broke on its way (an import it cut short fails as ImportError)
