@@ -110,12 +110,12 @@ class ArrowTableSource:
         path = self.files[piece.file]
         try:
             if self.kind == "parquet":
-                return pa.parquet.ParquetFile(path).read_row_group(piece.index, columns=columns)
+                return without_views(pa.parquet.ParquetFile(path).read_row_group(piece.index, columns=columns))
             if piece.file not in self._opened:  # a stream has no index: map it once, keep its batches (zero-copy)
                 mapped = pa.memory_map(str(path))
                 self._opened[piece.file] = (mapped, list(pa.ipc.open_stream(mapped)))
             table = pa.Table.from_batches([self._opened[piece.file][1][piece.index]])
-            return table.select(columns) if columns else table
+            return without_views(table.select(columns) if columns else table)
         except (OSError, pa.ArrowException) as exc:
             raise UserError(f"{path}: cannot read {self._unit(piece)} ({str(exc).splitlines()[0]})") from None
 
@@ -493,10 +493,46 @@ def _conformed(table, schema):
 
 
 def _file_schema(path: Path, kind: str, pa):
+    """The columns of ``path`` as this tool reads them (``without_views``)."""
     if kind == "parquet":
-        return pa.parquet.ParquetFile(path).schema_arrow
+        return _viewless_schema(pa.parquet.ParquetFile(path).schema_arrow, pa)
     with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_stream(source).schema
+        return _viewless_schema(pa.ipc.open_stream(source).schema, pa)
+
+
+def without_views(table):
+    """``table`` with its string and binary views as large strings and binaries: Arrow has no kernel to take rows
+    of a view (a Parquet file of ``string_view`` failed after the whole run, as it was written)."""
+    pa = _pyarrow()
+    plain = _viewless_schema(table.schema, pa)
+    return table if plain is table.schema else table.cast(plain)
+
+
+def _viewless_schema(schema, pa):
+    """``schema`` (itself where it has no view) with every string or binary view, nested ones too, as a large string
+    or binary."""
+    def plain(kind):
+        if pa.types.is_string_view(kind):
+            return pa.large_string()
+        if pa.types.is_binary_view(kind):
+            return pa.large_binary()
+        if pa.types.is_struct(kind):
+            return pa.struct([kind.field(i).with_type(plain(kind.field(i).type)) for i in range(kind.num_fields)])
+        if pa.types.is_map(kind):
+            return pa.map_(kind.key_field.with_type(plain(kind.key_type)), kind.item_field.with_type(plain(kind.item_type)),
+                           kind.keys_sorted)
+        if pa.types.is_large_list(kind):
+            return pa.large_list(kind.value_field.with_type(plain(kind.value_type)))
+        if pa.types.is_fixed_size_list(kind):
+            return pa.list_(kind.value_field.with_type(plain(kind.value_type)), kind.list_size)
+        if pa.types.is_list(kind):
+            return pa.list_(kind.value_field.with_type(plain(kind.value_type)))
+        return kind
+
+    fields = [field.with_type(plain(field.type)) for field in schema]
+    if all(new.type.equals(old.type) for new, old in zip(fields, schema)):
+        return schema
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def _rows_of_pieces(path: Path, kind: str, pa) -> list[int]:
