@@ -381,6 +381,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     sizes: list[int] = []
     first = 0
     schema = None
+    unsigned: dict[str, list[Path]] = {}  # the files holding each column as unsigned 64-bit integers
     for number, path in enumerate(source.files):
         stat = path.stat()
         source.stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
@@ -388,6 +389,14 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             source.pieces.append(_Piece(number, index, first, rows))
             first += rows
         file_schema = _file_schema(path, kind, pa)
+        twice = sorted({name for name in file_schema.names if file_schema.names.count(name) > 1})
+        if twice:
+            named = f"the column '{twice[0]}'" if len(twice) == 1 else f"{len(twice)} columns ('{twice[0]}' ...)"
+            raise UserError(f"--input {path}: holds {named} twice: a record cannot hold a field twice; give each "
+                            "column its own name")
+        for column in file_schema:
+            if column.type == pa.uint64():
+                unsigned.setdefault(column.name, []).append(path)
         missing = [f for f in text_fields if f.split(".")[0] not in file_schema.names and f not in file_schema.names]
         if missing:
             raise UserError(f"--input {path}: no column '{missing[0]}' (columns: "
@@ -404,7 +413,8 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             except (pa.ArrowException, TypeError, ValueError):
                 joined = None
             lossy = None if joined is None else (_lossy_widening(schema, joined, pa)
-                                                 or _lossy_widening(file_schema, joined, pa))
+                                                 or _lossy_widening(file_schema, joined, pa)
+                                                 or _unsigned_made_signed(unsigned, joined, kind, pa))
             if joined is None or lossy:
                 difference = lossy or schema_difference(schema, file_schema)
                 raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s "
@@ -468,6 +478,31 @@ def _lossy_widening(schema, joined, pa) -> str | None:
         if widened(column.type, joined.field(column.name).type):
             return f"'{column.name}' holds integers in one file and floating point numbers in another"
     return None
+
+
+def _unsigned_made_signed(unsigned: dict[str, list[Path]], joined, kind: str, pa) -> str | None:
+    """Where joining made a column of unsigned 64-bit integers signed (another file holds it signed) and a file holds
+    a value past 2**63 - 1 there, which no signed one holds, said; else None."""
+    for name, paths in unsigned.items():
+        if name in joined.names and pa.types.is_signed_integer(joined.field(name).type):
+            for path in paths:
+                if _column_max(path, kind, name, pa) >= 1 << 63:
+                    return (f"'{name}' holds unsigned 64-bit integers past 2**63 - 1 in {path.name} and signed "
+                            "integers in another: no one integer type holds both")
+    return None
+
+
+def _column_max(path: Path, kind: str, name: str, pa) -> int:
+    """The largest value of an integer column of ``path`` (0 for none)."""
+    import pyarrow.compute as pc
+
+    if kind == "parquet":
+        column = pa.parquet.read_table(path, columns=[name]).column(name)
+    else:
+        with pa.memory_map(str(path)) as mapped:
+            column = pa.ipc.open_stream(mapped).read_all().column(name)
+    largest = pc.max(column).as_py()
+    return 0 if largest is None else int(largest)
 
 
 def _conversation_hint(schema, pa) -> str:

@@ -174,6 +174,8 @@ def resolve_inputs(values) -> Inputs:
     if not values:
         raise UserError("--input is required")
     items = [item for value in values for item in _resolve_one(value)]
+    if not items:  # only a datasets folder of no data files resolves to none (one saved from an empty dataset)
+        raise UserError(f"--input {values[0]}: no rows (a datasets folder with no data files)")
     kinds = sorted({kind for kind, _, _ in items})
     if len(kinds) > 1:
         first = {kind: path for kind, path, _ in reversed(items)}

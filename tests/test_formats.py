@@ -1489,6 +1489,32 @@ def test_parquet_string_and_binary_views_are_read_and_written(tmp_path, demo_rec
     assert sorted(r["text"] for r in lines) == sorted(texts)
 
 
+def test_parquet_inputs_no_table_can_hold_are_one_line(tmp_path, demo_records, tiny_model_dir, capsys):
+    """A tester's tracebacks: a column name twice in one file, unsigned 64-bit integers past 2**63 - 1 in one file
+    and signed ones in another (after the whole run, as it was written), an empty datasets folder."""
+    import datasets
+
+    texts = [r["text"] for r in demo_records[:30]]
+    pq.write_table(pa.Table.from_arrays([pa.array(texts), pa.array(texts)], names=["text", "text"]), tmp_path / "d.parquet")
+    (tmp_path / "ids").mkdir()
+    pq.write_table(pa.table({"text": texts[:15], "x": pa.array([(1 << 64) - 1] * 15, pa.uint64())}),
+                   tmp_path / "ids" / "a.parquet")
+    pq.write_table(pa.table({"text": texts[15:], "x": pa.array([-1] * 15, pa.int64())}), tmp_path / "ids" / "b.parquet")
+    datasets.Dataset.from_list([{"text": "t"}]).select([]).save_to_disk(str(tmp_path / "empty"))
+    capsys.readouterr()  # datasets' progress bar
+    said = {name: run_error(capsys, "--input", tmp_path / name, "--output", tmp_path / "o" / "c.parquet",
+                            "--model-dir", tiny_model_dir, *COMMON) for name in ("d.parquet", "ids", "empty")}
+    assert said["d.parquet"] == (f"error: --input {tmp_path / 'd.parquet'}: holds the column 'text' twice: a record "
+                                 "cannot hold a field twice; give each column its own name")
+    assert "'x' holds unsigned 64-bit integers past 2**63 - 1 in a.parquet and signed integers in another" in said["ids"]
+    assert said["empty"] == f"error: --input {tmp_path / 'empty'}: no rows (a datasets folder with no data files)"
+    # Unsigned values a signed integer holds join as before.
+    pq.write_table(pa.table({"text": texts[:15], "x": pa.array([5] * 15, pa.uint64())}), tmp_path / "ids" / "a.parquet")
+    assert curate("--input", tmp_path / "ids", "--output", tmp_path / "ok" / "c.parquet", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    assert sorted(pq.read_table(tmp_path / "ok" / "c.parquet").column("x").to_pylist()) == [-1] * 15 + [5] * 15
+
+
 def test_unsigned_64_bit_ids_survive_parquet_to_jsonl_and_back(tmp_path, demo_records, tiny_model_dir):
     """A reviewer's uint64 ids past 2**63 - 1 (64-bit hashes) did not come back from Parquet -> JSONL -> Parquet:
     Arrow types Python integers as signed. A column of integers with one past 2**63 - 1 is unsigned now."""
