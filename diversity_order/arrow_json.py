@@ -34,12 +34,14 @@ def note_object_keys(records: list[dict], into: dict) -> None:
         for name, value in record.items():
             if isinstance(value, dict | list):  # a plain value is a column's: Arrow types it, and says a clash
                 _note(value, (name,), into)
-            elif isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 1 << 63:
-                # Whether an integer column is unsigned (``integer_columns``): its values past 2**63 - 1, and
-                # whether it holds negative ones.
-                kind = NEGATIVE_INTEGER if -(1 << 63) <= value < 0 else json_kind(value)
+            elif type(value) is int or type(value) is float:
+                # A number column's shape: whether it is unsigned (``integer_columns``: values past 2**63 - 1, and
+                # none negative), and whether doubles hold integers of it (``mixed_number_columns``).
+                kind = FRACTION if type(value) is float else NEGATIVE_INTEGER if -(1 << 63) <= value < 0 else \
+                    INTEGER if value < 1 << 63 else json_kind(value)
                 entry = into.setdefault((name,), [_UNSEEN, frozenset()])
-                entry[1] = entry[1] | {kind}
+                if kind not in entry[1]:
+                    entry[1] = entry[1] | {kind}
 
 
 HUGE_INTEGER = "an integer past 64 bits"
@@ -47,6 +49,8 @@ HUGE_INTEGER = "an integer past 64 bits"
 # holds a negative integer; inside an object or a list it is held as JSON text, as an integer past 64 bits is.
 UNSIGNED_INTEGER = "an integer past 2**63 - 1"
 NEGATIVE_INTEGER = "a negative integer"
+# Numbers as ``note_object_keys`` tells them apart (JSON writes 1 and 1.0 apart; a double column reads both as 1.0).
+INTEGER, FRACTION = "an integer", "a fraction"
 
 
 def json_kind(value) -> str | None:
@@ -68,6 +72,8 @@ def _note(value, path: tuple, into: dict) -> None:
     kind = json_kind(value)
     if kind is None:
         return
+    if kind == "a number":  # integers beside fractions inside a field: JSON text, so 1 reads back as 1, not 1.0
+        kind = FRACTION if isinstance(value, float) else INTEGER
     entry = into.setdefault(path, [_UNSEEN, frozenset()])
     entry[1] = entry[1] | {kind}
     if isinstance(value, dict):
@@ -85,8 +91,9 @@ def _note(value, path: tuple, into: dict) -> None:
 def _as_text(path: tuple, entry) -> bool:
     """Whether the values at ``path`` are held as JSON text: objects whose keys differ, or that are always ``{}`` (a
     struct of no fields, which Parquet cannot write); below the record's own fields, also values of two kinds (a
-    string in one tool call's arguments, an object in another's) and integers past 2**63 - 1, which datasets holds as
-    JSON too. (A record's own field of two kinds is refused: it is a column.)"""
+    string in one tool call's arguments, an object in another's; integers beside fractions, which doubles would read
+    back as 1.0) and integers past 2**63 - 1, which datasets holds as JSON too. (A record's own field of two kinds is
+    refused: it is a column.)"""
     keys, kinds = entry
     if keys is None or keys == ():
         return True

@@ -290,7 +290,18 @@ def finished_schema(source, schema, object_keys: dict):
                  "held as JSON text (Arrow's JSON type, which datasets reads back as the values), not as one struct of "
                  "every key, which would give each object the keys it lacks as null",
                  ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
+    mixed = [path[0] for path, (_, kinds) in object_keys.items()
+             if len(path) == 1 and arrow_json.FRACTION in kinds and kinds & _INTEGER_KINDS]
+    if mixed:
+        log.warning("Parquet: %s hold%s integers in some records and fractions in others: the column is of doubles, "
+                    "so its integers read back as 1.0 where the JSONL had 1 (inside a field such values are held as "
+                    "JSON text, and read back as written)", ", ".join(f"'{name}'" for name in mixed[:5])
+                    + (" ..." if len(mixed) > 5 else ""), "s" if len(mixed) == 1 else "")
     return writable_schema(source, integer_columns(schema, object_keys))
+
+
+# What a record's own number field holds as ``arrow_json.note_object_keys`` notes it, integers of every size.
+_INTEGER_KINDS = frozenset({arrow_json.INTEGER, arrow_json.NEGATIVE_INTEGER, arrow_json.UNSIGNED_INTEGER})
 
 
 def signed_and_unsigned(object_keys: dict) -> list[str]:

@@ -1515,6 +1515,26 @@ def test_parquet_inputs_no_table_can_hold_are_one_line(tmp_path, demo_records, t
     assert sorted(pq.read_table(tmp_path / "ok" / "c.parquet").column("x").to_pylist()) == [-1] * 15 + [5] * 15
 
 
+def test_integers_beside_fractions_read_back_as_written_or_are_said(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A reviewer's tool-call argument "temperature" of 1 in some calls and 0.5 in others became doubles in Parquet:
+    1.0 read back, another text for a template printing it, so half the rows were embedded again. Inside a field
+    such values are JSON text now; a record's own field of them stays a double column, said."""
+    from diversity_order import arrow_json
+
+    records = [{"text": r["text"], "score": 1 if i % 2 else 0.5,
+                "call": {"name": "search", "arguments": {"query": f"q{i}", "temperature": 1 if i % 2 else 0.5}}}
+               for i, r in enumerate(demo_records[:40])]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", tmp_path / "c.jsonl", "--output", tmp_path / "o.parquet", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    assert "Parquet: 'score' holds integers in some records and fractions in others: the column is of doubles" \
+        in caplog.text
+    back = arrow_json.rows(pq.read_table(tmp_path / "o.parquet"))
+    assert sorted(json.dumps(r["call"]) for r in back) == sorted(json.dumps(r["call"]) for r in records)
+    assert sorted(repr(r["score"]) for r in back) == sorted(["1.0"] * 20 + ["0.5"] * 20)
+
+
 def test_unsigned_64_bit_ids_survive_parquet_to_jsonl_and_back(tmp_path, demo_records, tiny_model_dir):
     """A reviewer's uint64 ids past 2**63 - 1 (64-bit hashes) did not come back from Parquet -> JSONL -> Parquet:
     Arrow types Python integers as signed. A column of integers with one past 2**63 - 1 is unsigned now."""
@@ -1559,10 +1579,20 @@ def test_an_integer_a_double_cannot_hold_beside_fractions_names_the_field(tmp_pa
         records[0] = {"text": "record 0", "meta": {"v": 0.5}}
     source = tmp_path / "a.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if isinstance(values[-1], dict):
+        # Inside a field, integers beside fractions are held as JSON text: written, and read back exactly.
+        from diversity_order import arrow_json
+
+        assert curate("--input", source, "--output", tmp_path / "o.parquet", "--model-dir", tiny_model_dir,
+                      "--n-clusters", 1) == 0
+        back = arrow_json.rows(pq.read_table(tmp_path / "o.parquet"))
+        assert sorted(json.dumps(_without_nulls(r), sort_keys=True) for r in back) == sorted(
+            json.dumps(r, sort_keys=True) for r in records)
+        return
     err = run_error(capsys, "--input", source, "--output", tmp_path / "o.parquet", "--model-dir", tiny_model_dir,
                     "--n-clusters", 1)
-    path = "meta.v" if isinstance(values[-1], dict) else "v"
-    big = next(i for i, r in enumerate(records) if isinstance((r.get("meta") or r).get("v"), int))
+    path = "v"
+    big = next(i for i, r in enumerate(records) if isinstance(r.get("v"), int) and abs(r["v"]) > 1 << 53)
     assert f"field '{path}' holds an integer past 2**53 at {source}:{big + 1} and a floating-point number at " \
         f"{source}:" in err
     assert err.endswith("write JSONL instead (--output-format jsonl)")
