@@ -340,10 +340,16 @@ def writable_schema(source, schema):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    sink = pa.BufferOutputStream()
     try:
-        pq.ParquetWriter(pa.BufferOutputStream(), schema).close()
+        pq.ParquetWriter(sink, schema).close()
     except _conversion_errors() as exc:
         raise _not_one_table(source, exc) from None
+    try:  # what Parquet writes and no reader opens: fields nested past the readers' depth limit (a list of lists ...)
+        pq.read_schema(pa.BufferReader(sink.getvalue()))
+    except (OSError, *_conversion_errors()) as exc:
+        raise _not_one_table(source, exc, f"a Parquet file of these columns could not be read back: "
+                                          f"{str(exc).splitlines()[0]}") from None
     return schema
 
 

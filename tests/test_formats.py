@@ -1535,6 +1535,18 @@ def test_integers_beside_fractions_read_back_as_written_or_are_said(tmp_path, de
     assert sorted(repr(r["score"]) for r in back) == sorted(["1.0"] * 20 + ["0.5"] * 20)
 
 
+def test_records_nested_past_what_parquet_readers_open_are_refused(tmp_path, tiny_model_dir, capsys):
+    """A tester's field of 60 nested lists was written as a Parquet file that no reader (pyarrow, this tool) opens."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("".join(json.dumps({"text": f"record {i}", "v": json.loads("[" * 60 + str(i) + "]" * 60)}) + "\n"
+                            for i in range(8)))
+    err = run_error(capsys, "--input", deep, "--output", tmp_path / "o" / "c.parquet", "--model-dir", tiny_model_dir,
+                    "--n-clusters", 1)
+    assert err.startswith(f"error: {deep}: the records cannot be one Parquet table (a Parquet file of these columns "
+                          "could not be read back: Parquet schema too deeply nested")
+    assert not (tmp_path / "o" / "c.parquet").exists()
+
+
 def test_unsigned_64_bit_ids_survive_parquet_to_jsonl_and_back(tmp_path, demo_records, tiny_model_dir):
     """A reviewer's uint64 ids past 2**63 - 1 (64-bit hashes) did not come back from Parquet -> JSONL -> Parquet:
     Arrow types Python integers as signed. A column of integers with one past 2**63 - 1 is unsigned now."""
