@@ -43,9 +43,18 @@ def verdict(ari: float) -> str:
     return "very different: deep embeddings are worth pursuing"
 
 
-def check_same_order(shallow_path: Path, deep_path: Path) -> None:
+def require_same_row_counts(n_shallow: int, n_deep: int) -> None:
+    if n_shallow != n_deep:
+        raise UserError(f"row counts differ: the shallow file has {n_shallow:,} rows, the deep file {n_deep:,}; both "
+                        "must hold the same documents in the same order")
+
+
+def check_same_order(shallow_path: Path, deep_path: Path, n_shallow: int, n_deep: int) -> None:
     """The two files' rows against each other (``caches.require_row_order``): the same documents in other orders
-    would compare every document with another one. Neither may be part-filled (an interrupted run's)."""
+    would compare every document with another one. Neither may be part-filled (an interrupted run's). Files of
+    other row counts are said to be so first (each one's fingerprints would otherwise be blamed for the other's
+    length)."""
+    require_same_row_counts(n_shallow, n_deep)
     caches.require_filled(shallow_path, f"--shallow {shallow_path}")
     caches.require_filled(deep_path, f"--deep {deep_path}")
     for flag, path in (("--shallow", shallow_path), ("--deep", deep_path)):
@@ -195,9 +204,7 @@ def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = DEFAULT_N_C
     """Cluster both sets and compare; ``report`` holds every number (JSON-ready)."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    if shallow.shape[0] != deep.shape[0]:
-        raise UserError(f"row counts differ: the shallow file has {shallow.shape[0]} rows, the deep file "
-                        f"{deep.shape[0]}; both must hold the same documents in the same order")
+    require_same_row_counts(shallow.shape[0], deep.shape[0])
     if n_clusters < 1:
         raise UserError(f"--n-clusters {n_clusters}: must be at least 1")
     if pca_components < 0 or (pca_deep_only is not None and pca_deep_only < 0):

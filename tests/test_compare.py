@@ -159,6 +159,15 @@ def test_script_errors_are_one_line(tmp_path, capsys):
                                       ["--shallow", str(tmp_path / "a.npy"), "--deep", str(tmp_path / "b.npy")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: row counts differ") and err.count("\n") == 1
+    # With each file's fingerprints beside it, the counts are still what is said (a reviewer was told the deep
+    # file's fingerprints were not its rows').
+    np.save(tmp_path / "a.fingerprints.npy", np.arange(5, dtype=np.uint64))
+    np.save(tmp_path / "b.fingerprints.npy", np.arange(6, dtype=np.uint64))
+    rc = compare_clusterings.run_main(compare_clusterings.main,
+                                      ["--shallow", str(tmp_path / "a.npy"), "--deep", str(tmp_path / "b.npy")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("error: row counts differ: the shallow file has 5 rows, the deep file 6; both must hold "
+                               "the same documents in the same order\n")
     rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "a.npy"), "--deep",
                                                                  str(tmp_path / "a.npy"), "--plot", str(tmp_path / "x.txt")])
     assert rc == 2 and "--plot" in capsys.readouterr().err and not list(tmp_path.glob("x*"))
@@ -260,7 +269,7 @@ def test_files_without_fingerprints_are_compared_unchecked_and_said(tmp_path, ca
     np.save(tmp_path / "d.npy", rows[::-1].copy())
     np.save(tmp_path / "d.fingerprints.npy", np.arange(20, dtype=np.uint64))
     with caplog.at_level(logging.WARNING):
-        cluster_compare.check_same_order(tmp_path / "s.npy", tmp_path / "d.npy")
+        cluster_compare.check_same_order(tmp_path / "s.npy", tmp_path / "d.npy", 20, 20)
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"--shallow {tmp_path / 's.npy'}: no s.fingerprints.npy beside it (copied without it?), so the two "
                     "files' rows are compared by position, unchecked: files of the same documents in other orders "

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         cmp.check_replaceable_report(args.json)
     shallow = load_matrix(args.shallow, "--shallow")
     deep = load_matrix(args.deep, "--deep")
-    cmp.check_same_order(args.shallow, args.deep)
+    cmp.check_same_order(args.shallow, args.deep, shallow.shape[0], deep.shape[0])
     limits = cmp.token_limits(args.shallow, args.deep)
     result = cmp.compare(shallow, deep, args.n_clusters, args.pca_components, args.pca_deep_only, args.seed)
     result.report["shallow"]["path"] = str(args.shallow)
