@@ -806,7 +806,7 @@ def report_measures(run: Run) -> None:
     """The measures in the log: diversity before and after, uniformity, boundary shift, warnings."""
     _log_improvement(run.quality["original"]["diversity"], run.quality["curated"]["diversity"], run.config,
                      *(float(run.windows[name][0].mean()) for name in ("original", "curated")))
-    _log_by_tenth(run.quality)
+    _log_by_tenth(run.quality, run.windows["curated"][1])
     _log_quality(run.quality)
     _warn_if_degenerate(run)
     _log_field_quality(run.field_quality, run.quality)
@@ -1315,9 +1315,14 @@ BELOW_SHUFFLE = 0.9
 EPOCH_PARTS_WARNED = diversity.EPOCH_PARTS
 
 
-def _log_by_tenth(quality: dict) -> None:
+# A tenth whose windows hold fewer than this share of the epoch's mean documents per window is said to gather long ones.
+FEW_DOCUMENTS_THERE = 0.5
+
+
+def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
     """Clusters per window in each tenth of the epoch, and a warning where the curated order falls below a random
-    shuffle's in some tenth: a mean can hide a stretch of the epoch less diverse than the rest."""
+    shuffle's in some tenth: a mean can hide a stretch of the epoch less diverse than the rest. ``documents``: the
+    curated order's documents per window, to say why."""
     parts = {key: q["diversity_by_tenth"] for key, q in quality.items()}
     log.info("Unique clusters per window by tenth of the epoch: %s", "; ".join(
         f"{diversity.measured_order_name(key, quality[key])} {' '.join(f'{v:.1f}' for v in values)}"
@@ -1327,10 +1332,17 @@ def _log_by_tenth(quality: dict) -> None:
         return  # too few windows to speak of parts of the epoch (or the orders cut them apart)
     worst = min(range(len(curated)), key=lambda i: curated[i] / shuffled[i] if shuffled[i] else float("inf"))
     if curated[worst] < BELOW_SHUFFLE * shuffled[worst]:
+        held = diversity.diversity_by_part(documents)
+        there, overall = held[worst] if len(held) == len(curated) else float("nan"), float(np.mean(documents))
+        # Why: windows of few documents there (long ones gathered), or windows as full as elsewhere of few clusters.
+        why = (f"its windows hold {there:.1f} documents on average against {overall:.1f} over the epoch: long "
+               "documents gather there" if there < FEW_DOCUMENTS_THERE * overall else
+               f"its windows hold as many documents as elsewhere ({there:.1f} on average), of fewer clusters: this "
+               "order puts documents of few clusters together there")
         log.warning("In tenth %d of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
-                    "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): the documents that "
-                    "fill windows alone or in pairs gather there; --compare-strategies gives each ordering's lowest "
-                    "tenth", worst + 1, curated[worst], shuffled[worst], quality["curated"]["diversity"]["mean"])
+                    "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s; "
+                    "--compare-strategies gives each ordering's lowest tenth", worst + 1, curated[worst],
+                    shuffled[worst], quality["curated"]["diversity"]["mean"], why)
 
 
 def _warn_if_degenerate(run: Run) -> None:

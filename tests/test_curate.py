@@ -569,28 +569,35 @@ def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
         return {"diversity": {"mean": sum(tenths) / len(tenths)}, "diversity_by_tenth": tenths, **extra}
 
     shuffled = quality([8.0] * 10, shuffles=5)
+    # 100 windows; the sixth tenth's hold 2 documents each, the others 20 (long documents gathered there).
+    gathered = np.array([20] * 50 + [2] * 10 + [20] * 40)
     with caplog.at_level(logging.INFO):
         _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([16.0, 11.5, 8.5, 8.3, 6.5, 5.7, 7.7, 9.7,
-                                                                           10.8, 16.1]), "random_shuffle": shuffled})
+                                                                           10.8, 16.1]), "random_shuffle": shuffled},
+                      gathered)
     assert "by tenth of the epoch: input 6.0 6.0" in caplog.text and "random shuffle (mean of 5) 8.0" in caplog.text
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("In tenth 6 of the epoch the curated order's windows hold 5.7 "
                                                      "clusters on average, fewer than a random shuffle's 8.0 there")
+    assert "its windows hold 2.0 documents on average against 18.2 over the epoch: long documents gather there" \
+        in warned[0]
     caplog.clear()
     with caplog.at_level(logging.INFO):  # the tenth furthest below in ratio, not in clusters (a reviewer's case)
         _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([19.9] + [20.0] * 8 + [5.0]),
-                       "random_shuffle": quality([22.0] * 9 + [6.0], shuffles=5)})
+                       "random_shuffle": quality([22.0] * 9 + [6.0], shuffles=5)}, np.full(100, 40))
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("In tenth 10 of the epoch the curated order's windows hold 5.0")
+    # A reviewer's input order: windows as full there as elsewhere, so not said to gather long documents.
+    assert "its windows hold as many documents as elsewhere (40.0 on average), of fewer clusters" in warned[0]
     caplog.clear()
     with caplog.at_level(logging.INFO):  # fewer than ten windows: a "tenth" is a window; nothing to warn of
         _log_by_tenth({"original": quality([6.0] * 7), "curated": quality([10.0] * 6 + [0.5]),
-                       "random_shuffle": quality([8.0] * 7, shuffles=5)})
+                       "random_shuffle": quality([8.0] * 7, shuffles=5)}, np.full(7, 5))
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     caplog.clear()
     with caplog.at_level(logging.INFO):  # within 10% of a shuffle's everywhere: nothing to warn of
         _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([7.3] + [9.0] * 9),
-                       "random_shuffle": shuffled})
+                       "random_shuffle": shuffled}, np.full(100, 5))
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
