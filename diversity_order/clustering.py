@@ -504,9 +504,12 @@ def _calibration_row(k: int, score: float | None, sizes: np.ndarray, done: int, 
 
 
 def recommend_k(rows: list[CalibrationRow]) -> int | None:
+    """The highest k whose silhouette is within ``CALIBRATION_TOLERANCE`` of the peak, among the ks whose clusters all
+    hold documents (a k with empty ones only names clusters no document is in), where there are such ks."""
     scored = [r for r in rows if r.silhouette is not None]
     if not scored:
         return None
+    scored = [r for r in scored if r.size_min > 0] or scored
     peak = max(scored, key=lambda r: r.silhouette)
     good = [r.k for r in scored if r.silhouette >= CALIBRATION_TOLERANCE * peak.silhouette]
     return max(good) if good else peak.k
