@@ -59,8 +59,6 @@ log = logging.getLogger(__name__)
 # one after another, 10.5 s side by side). Below it they are short and compete for the cores, and their
 # working memory adds up (20K documents: 1.08 s one after another, 1.2 s side by side, +125 MB peak).
 SIDE_BY_SIDE_ROWS = 1_000_000
-# Fewer windows than this: their figures are warned of as resting on few windows.
-FEW_WINDOWS = 10
 # Records longer than a window holding this share of the tokens or more: said as a warning, not a note.
 LONG_RECORDS_WARN_SHARE = 0.1
 
@@ -1368,7 +1366,7 @@ def _warn_if_degenerate(run: Run) -> None:
                "most documents are short, but the few longer than --seq-len fill most windows")
         log.warning("Most %s-token windows hold a single document (%s): each such window holds one cluster whatever "
                     "the order", f"{config.seq_len:,}", why)
-    elif unique.size < FEW_WINDOWS:
+    elif unique.size < diversity.FEW_WINDOWS:
         log.warning("Only %d windows of %s tokens: the figures per window (and the boundary shift) rest on so few "
                     "that one document moved changes them; a shorter --seq-len shows more of the order",
                     unique.size, f"{config.seq_len:,}")

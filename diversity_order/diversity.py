@@ -119,6 +119,10 @@ def window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, or
     return _window_counts(labels, counts, order, int(seq_len), n_clusters, packing_model(packing))
 
 
+# Fewer windows than this: their figures are warned of as resting on few windows (one document moved changes them).
+FEW_WINDOWS = 10
+
+
 def window_diversity(
     labels: np.ndarray, token_counts: np.ndarray, seq_len: int, order: np.ndarray | None = None,
     packing: str = "whole",

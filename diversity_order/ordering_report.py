@@ -60,6 +60,10 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality,
                          "uniformity_bound": bound})
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
+        most = max(int(r["diversity"]["n_sequences"]) for r in rows if r["seq_len"] == seq_len)
+        if most < diversity.FEW_WINDOWS:
+            log.warning("At seq-len %s the orders make %d windows or fewer: the figures there rest on so few that one "
+                        "document moved changes them", f"{seq_len:,}", most)
         random_row = next((r for r in rows if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
         if random_row and uniformity_out_of_reach(bound, random_row["uniformity_mean"]):
             log.warning("At seq-len %s no order of these documents meets U (mean uniformity <= %g x a random "
@@ -210,6 +214,10 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "
                          f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.3f} |")
         lines += _field_tables(at)
+        most = max(int(r["diversity"]["n_sequences"]) for r in at.values())
+        if most < diversity.FEW_WINDOWS:
+            lines += ["", f"Only {most} windows or fewer at this length: every figure here rests on so few that one "
+                          "document moved changes it, the verdicts too; a shorter length shows more of each order."]
         if seq_len in wins:
             verdict = f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
             near = sorted((at[name]["uniformity_mean"], name) for name, ok in met[seq_len].items()
@@ -225,7 +233,8 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
             floor = (f"No order of these documents has a mean uniformity below {bound:.4f} (a lower bound from the "
                      "documents' lengths and clusters alone: the windows long documents fill, the share of its "
                      "window a document larger than its cluster's share takes, the windows a cluster with few "
-                     "documents cannot reach, and windows left to one or two documents, in every order).")
+                     "documents cannot reach, windows left to one or two documents, and the shortfall of a cluster "
+                     "whose long documents hold its tokens in the other windows, in every order).")
             if random_uniformity:
                 floor += (f" That is {bound / random_uniformity:.2f} x the random shuffle's {random_uniformity:.4f}; "
                           f"U asks for {UNIFORMITY_RATIO:g} x: "

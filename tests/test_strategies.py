@@ -680,3 +680,19 @@ def test_the_random_row_is_the_mean_of_the_baseline_shuffles_its_order_the_first
     given_first = diversity.random_baseline(labels.size, options.seed, measure, first=measure(shuffles[0]))
     assert given_first == diversity.random_baseline(labels.size, options.seed, measure) == \
         {**plain, "shuffles": len(shuffles)}
+
+
+def test_compare_strategies_says_where_few_windows_carry_the_figures(caplog):
+    """A reviewer's 131,072-token section rested on 3 windows and printed its verdicts without a word (a single run
+    warns of so few windows)."""
+    labels = np.arange(60) % 4
+    counts = np.full(60, 100)
+    caplog.set_level(logging.WARNING, logger=strategies.__name__)
+    rows, _ = strategies.compare_strategies(labels, counts, 4, [100, 1024], OrderingOptions(), ["stratified", "random"])
+    assert [m for m in caplog.messages if "windows or fewer" in m] == [
+        "At seq-len 1,024 the orders make 6 windows or fewer: the figures there rest on so few that one document "
+        "moved changes them"]
+    table = strategies.markdown_table(rows, 4, "few")
+    at_1024 = table[table.index("## seq-len 1,024"):]
+    assert "Only 6 windows or fewer at this length" in at_1024
+    assert "Only" not in table[table.index("## seq-len 100"):table.index("## seq-len 1,024")]
