@@ -494,7 +494,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
             if linked is not None:  # another run's set of exactly these records: shared, no second copy on disk
                 # Why the target's own set was not used, where it had one.
                 said = f"{reason}; " if reason and reason != NO_CACHE else ""
-                return _whole(linked, n, f"{said}all {n} rows are those of {filler.files.data}, linked as "
+                return _whole(linked, n, f"{said}all {n:,} rows are those of {filler.files.data}, linked as "
                                          f"{files.data.name}, not copied ({FROM_ANOTHER_RUN})", lazy, filler.files.data)
         if filler is not None:
             filled = ~hit & (filler_source >= 0)
@@ -632,8 +632,8 @@ def _reused(hit: np.ndarray, source: np.ndarray, name: str) -> str:
     records than the set has rows can be given one (said, or the count reads as wrong)."""
     reused = int(np.count_nonzero(hit))
     repeated = reused - int(np.unique(source[hit]).size)
-    return (f"{reused} of {hit.size} rows reused from {name}"
-            + (f" ({repeated} of them records whose text another record has too)" if repeated else ""))
+    return (f"{reused:,} of {hit.size:,} rows reused from {name}"
+            + (f" ({repeated:,} of them share a row with another record of the same text)" if repeated else ""))
 
 
 def _left_out(stored, fingerprints: np.ndarray) -> str:

@@ -481,8 +481,10 @@ def index_input(run: Run, fail_fast: bool) -> None:
                                                                 spill_folder=config.output.absolute().parent)
         else:
             run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
-    # The records' own bytes (no line ends, no file framing): the output line gives the files' size instead.
-    log.info("%s: %d record(s), %.1f MB of records", config.inputs.describe(), run.n, run.index.total_bytes / 1e6)
+    # The records' own bytes (no line ends, no file framing): the output line gives the files' size instead. Of
+    # Parquet and datasets folders only their documents' text is measured (the columns are not read whole).
+    log.info("%s: %s record(s), %.1f MB of %s", config.inputs.describe(), f"{run.n:,}", run.index.total_bytes / 1e6,
+             "records" if config.inputs.kind == "jsonl" else "documents' text")
     if run.ctx.is_main:
         run.chat_template = _chat_template_used(run)
         _warn_of_copied_files(run)

@@ -280,6 +280,8 @@ def kind_of(value) -> str:
         return f"a JSON {json_type(value)}"
     if isinstance(value, bytes | bytearray | memoryview):
         return "binary data (bytes)"
+    if isinstance(value, tuple):  # what Arrow gives a map's entries as: (key, value) pairs
+        return "an Arrow map entry, a (key, value) pair"
     name = type(value).__name__
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 

@@ -347,7 +347,7 @@ def reserve(fd: int, offset: int, nbytes: int) -> None:
 
 def no_room(name: Path | str, nbytes: int, exc: OSError) -> UserError:
     """The one-line error for a file whose rows ``reserve`` found no room for."""
-    return UserError(f"{name}: no room on its disk for {nbytes / 1e9:.2f} GB of rows ({exc.strerror}); free "
+    return UserError(f"{name}: no room on its disk for {size_text(nbytes)} of rows ({exc.strerror}); free "
                      "space or choose another --output folder")
 
 

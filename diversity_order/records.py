@@ -1096,7 +1096,7 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
     elif bad:
         row, value = bad[0], values[bad[0]]
         found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
-                 else f"the value {json.dumps(value)[:40]}")
+                 else f"the value {_shortened(json.dumps(value))}")
         more = f" ({len(bad):,} of the {len(values):,} records lack one; the last: {index.where(bad[-1])})" \
             if len(bad) > 1 else ""
         raise UserError(f"{index.where(row)}: --score-field {field} needs a finite number in every record; found "
@@ -1233,3 +1233,8 @@ def check_output_path(input_path: Path, output_path: Path) -> None:
         same = os.path.samefile(input_path, output_path)
     if same:
         raise UserError(f"--output {output_path} is the input file; choose another output path")
+
+
+def _shortened(text: str, most: int = 40) -> str:
+    """``text`` cut to ``most`` characters, the cut said (10**400 cut bare read as 1e39)."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text):,} characters)"

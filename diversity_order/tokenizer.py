@@ -227,6 +227,8 @@ def say_chat_template(field, model_dir: Path) -> dict | None:
     """``chat_template_source``, said in the log: the conversations of ``field`` are rendered with it."""
     source = chat_template_source(Path(model_dir))
     if source is not None:
+        # Several fields (prompt and completion) are one conversation: named as the flags give them.
+        field = "', '".join(field) if isinstance(field, tuple | list) else field
         log.info("Conversations in '%s': each rendered with the chat template of %s (blake2b %s) before its tokens are "
                  "counted, as a chat trainer renders them", field, source["file"], source["blake2b"])
     return source

@@ -204,7 +204,7 @@ def test_the_log_says_how_many_cached_rows_belong_to_records_gone_since(tmp_path
     now = np.array([1, 2, 3, 4, 5, 6, 7, 8, 8, 20], dtype=np.uint64)  # 9 and 10 gone, 20 new, 8 twice
     for found in (caches.lookup(path, KEY, now), caches.find_rows(path, KEY, now, dtype=np.float32, row_shape=(3,))):
         # 8 twice: more records given rows than the set has rows for them (a new user read 20,159 of its 20,000)
-        assert found.reason == ("9 of 10 rows reused from x.npy (1 of them records whose text another record has too) "
+        assert found.reason == ("9 of 10 rows reused from x.npy (1 of them share a row with another record of the same text) "
                                 "(2 of its rows, of records removed or edited since, left out)")
     assert "left out" not in caches.lookup(path, KEY, np.append(fps, 11).astype(np.uint64)).reason
     assert "another record" not in caches.lookup(path, KEY, fps[:5]).reason

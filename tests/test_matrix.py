@@ -149,7 +149,7 @@ def test_a_full_disk_fails_at_the_start_naming_the_file_and_leaves_no_temp(tmp_p
     from diversity_order.errors import UserError
 
     monkeypatch.setattr(matrix, "_FALLOCATE", _failing_fallocate(errno.ENOSPC))
-    with pytest.raises(UserError, match=r"x_embeddings\.npy: no room on its disk for 0\.02 GB of rows"):
+    with pytest.raises(UserError, match=r"x_embeddings\.npy: no room on its disk for 21\.97 MiB of rows"):
         caches.Fill(tmp_path / "x_embeddings.npy", (10_000, 576), np.float32)
     assert list(tmp_path.iterdir()) == []
 
