@@ -738,7 +738,7 @@ def cluster(run: Run) -> None:
         found = caches.lookup(run.paths["kmeans"], key, run.index.fingerprints, dtype=np.int64, row_shape=())
         run.labels = clustering.kept_labels(found, config.n_clusters)
         if run.labels is not None:
-            log.info("k-means labels: %s (the same embeddings, k, --seed and fit)", found.reason)
+            log.info("k-means labels kept, for the same embeddings, k, --seed and fit: %s", found.reason)
             return
         run.labels = clustering.kmeans_labels(run.embeddings, config.n_clusters, config.seed, config.cluster_backend,
                                               fit_sample, run.device)

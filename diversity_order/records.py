@@ -1114,13 +1114,35 @@ def read_categories(index, field: str) -> tuple[np.ndarray, list[str]]:
     if values and all(v is _MISSING for v in values):
         raise UserError(f"--balance-field {field}: no record has this field (the first record has keys: "
                         f"{record_keys(index, 0)})")
-    keys = ["(missing)" if v is _MISSING else (v if isinstance(v, str) else json.dumps(v, sort_keys=True))
-            for v in values]
+    keys = [_category_key(v) for v in values]
     names, ids, sizes = np.unique(np.asarray(keys, dtype=object), return_inverse=True, return_counts=True)
     by_size = np.argsort(-sizes, kind="stable")
     rank = np.empty_like(by_size)
     rank[by_size] = np.arange(by_size.size)
-    return rank[ids].astype(np.int64), [str(names[i]) for i in by_size]
+    return rank[ids].astype(np.int64), _category_names([str(names[i]) for i in by_size])
+
+
+# A category's key: a string as it is, another JSON value as its JSON text after _OTHER, an absent field _ABSENT, so
+# 1 and "1", null and "null", an absent field and "(missing)" are each two categories (a tester's were one). A string
+# that starts with one of these marks gets _ESCAPED before it.
+_ESCAPED, _OTHER, _ABSENT = "\x00", "\x01", "\x02"
+
+
+def _category_key(value) -> str:
+    if value is _MISSING:
+        return _ABSENT
+    if isinstance(value, str):
+        return _ESCAPED + value if value[:1] in (_ESCAPED, _OTHER, _ABSENT) else value
+    return _OTHER + json.dumps(value, sort_keys=True)
+
+
+def _category_names(keys: list[str]) -> list[str]:
+    """Each category's name as the log and the metadata say it: a string as it is, another value as its JSON text,
+    an absent field "(missing)"; a string that would read as another category's name is said as JSON ("1")."""
+    shown = ["(missing)" if key == _ABSENT else key[1:] if key[:1] in (_OTHER, _ESCAPED) else key for key in keys]
+    others = {name for key, name in zip(keys, shown) if key[:1] in (_OTHER, _ABSENT)}
+    return [json.dumps(name, ensure_ascii=False) if key[:1] not in (_OTHER, _ABSENT) and name in others else name
+            for key, name in zip(keys, shown)]
 
 
 def write_reordered(index: RecordIndex, order: np.ndarray, output: Path | str, max_pass_bytes: int = 1 << 30) -> int:

@@ -627,7 +627,8 @@ def test_an_unchanged_rerun_keeps_the_k_means_labels_and_any_change_fits_again(t
     assert fits == [6]
     caplog.clear()
     assert np.array_equal(labels("--n-clusters", 6), first) and fits == [6]
-    assert "k-means labels: all 240 rows reused from b_kmeans.npy" in caplog.text
+    assert "k-means labels kept, for the same embeddings, k, --seed and fit: all 240 rows reused from b_kmeans.npy" \
+        in caplog.text
     labels("--n-clusters", 5)
     labels("--n-clusters", 5, "--seed", 7)
     assert fits == [6, 5, 5]

@@ -731,3 +731,26 @@ def test_conversations_written_as_json_strings_are_counted_once_one_is_seen():
     assert late.encoded == 0  # checked in a field's first 1,000 plain texts only, while none is one
     joined = DocumentKinds.joined([(0, late), (1001, kinds)])
     assert joined.encoded == 4 and joined.first_encoded_row == 1006
+
+
+_FIELD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(["1", "null", "(missing)", "true",
+                                                                                         "\x01a", "a", ""]),
+                          st.lists(st.integers(0, 1), max_size=2), st.just("ABSENT"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_FIELD_VALUES, min_size=1, max_size=20).filter(lambda values: any(v != "ABSENT" for v in values)))
+def test_balance_categories_are_the_json_values_kinds_kept_apart(tmp_path_factory, values):
+    """A tester's 1 and "1" were one --balance-field category (as were null and "null", and an absent field and the
+    string "(missing)"). Records share a category exactly when a plain comparison of their JSON values (an absent
+    field apart from every value) says they are equal, and every category has its own name."""
+    from diversity_order.records import read_categories
+
+    path = tmp_path_factory.mktemp("categories") / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": f"t{i}", **({} if v == "ABSENT" else {"f": v})}) + "\n"
+                            for i, v in enumerate(values)))
+    ids, names = read_categories(scan_jsonl(path, progress=False), "f")
+    plain = [("absent",) if v == "ABSENT" else (type(v).__name__, json.dumps(v)) for v in values]
+    assert all((ids[i] == ids[j]) == (plain[i] == plain[j]) for i in range(len(values)) for j in range(len(values)))
+    assert len(set(names)) == len(names) == len(set(plain))
+    assert ("(missing)" in names) == ("ABSENT" in values)
