@@ -473,6 +473,41 @@ outputs.remove_created_folders = cut_short
     assert "error: a bad flag" in result.stderr
 
 
+def test_ctrl_c_after_a_command_failed_or_in_a_second_command_of_one_process():
+    """A reviewer's: a Ctrl-C after a command had failed (exit 2) was a traceback, and a second command run in the
+    same process after a first that finished could not be interrupted."""
+    script = f"""
+import os, signal, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from diversity_order import cli
+from diversity_order.errors import UserError
+cli.INTERRUPT_GRACE_S = 0.5
+
+def failing(argv):
+    raise UserError("a bad flag")
+
+def slow(argv):  # past the grace of the signal that came after the first: it must not end this command
+    time.sleep(1.0)
+    return 0
+
+def interrupted(argv):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    return 0
+
+first = cli.run_command(failing)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.05)
+second = cli.run_command(slow)
+third = cli.run_command(interrupted)
+print("codes", first, second, third, flush=True)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.strip() == "codes 2 0 130"
+    assert "error: a bad flag" in result.stderr
+
+
 def test_errors_without_ctrl_c_still_show_their_traceback():
     result, _ = _run_command("""
 raise RuntimeError("a bug")

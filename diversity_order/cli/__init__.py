@@ -153,7 +153,7 @@ INTERRUPT_GRACE_S = 10.0
 FINISHING_LIMIT_S = 600.0  # the longest the grace is held off by ``interrupts.finishing``
 # "finished": the command's work is done (its outputs written): a signal from then on is only noted, so one that
 # lands while the process returns is no traceback.
-_interrupt = {"received": False, "reported": False, "code": 130, "finished": False}
+_interrupt = {"received": False, "reported": False, "code": 130, "finished": False, "command": 0}
 
 
 def _report_interrupt() -> None:
@@ -186,9 +186,23 @@ def _quiet_about_interrupts(unraisable) -> None:
 
 def _on_interrupt(signum, frame) -> None:
     if _interrupt["finished"]:
+        _exit_if_still_here(130)
         return
     _stop_received(130)
     raise KeyboardInterrupt
+
+
+def _exit_if_still_here(code: int) -> None:
+    """A signal once the command is done: not raised (it would be a traceback as the process returns), but the
+    process is ended after the grace if it has not by then (an exit hung on a thread or an atexit handler)."""
+    command = _interrupt["command"]
+
+    def end() -> None:
+        time.sleep(INTERRUPT_GRACE_S)
+        if _interrupt["command"] == command:  # not if another command has started in this process since
+            os._exit(code)
+
+    threading.Thread(target=end, name="interrupt-exit", daemon=True).start()
 
 
 def _on_terminate(signum, frame) -> None:
@@ -196,6 +210,7 @@ def _on_terminate(signum, frame) -> None:
     does: the work worth keeping is kept, one line says so, and the exit status is 143, as for a process
     SIGTERM ended. (Python's default ends it at once, without a word.)"""
     if _interrupt["finished"]:
+        _exit_if_still_here(128 + signum)
         return
     _stop_received(128 + signum)
     raise Terminated(128 + signum)
@@ -277,12 +292,16 @@ def run_command(main: Callable[[list[str] | None], int]) -> int:
         if os.environ.get("WORLD_SIZE", "1") == "1" and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_terminate)
         sys.unraisablehook = _quiet_about_interrupts
+    # A second command in one process starts afresh.
+    _interrupt.update(received=False, reported=False, code=130, finished=False, command=_interrupt["command"] + 1)
     try:
         code = run_main(main)
     except (Exception, KeyboardInterrupt, Terminated):  # the last two: a signal that landed as run_main returned
         if not _interrupt["received"]:
             raise
         code = _interrupt["code"]  # what the interrupt broke on its way (an import it cut short fails as ImportError)
+    finally:
+        _interrupt["finished"] = True  # failed or not, the work is over: a later signal is no traceback
     if _interrupt["received"]:
         _report_interrupt()
         return _interrupt["code"]
