@@ -394,9 +394,12 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             named = f"the column '{twice[0]}'" if len(twice) == 1 else f"{len(twice)} columns ('{twice[0]}' ...)"
             raise UserError(f"--input {path}: holds {named} twice: a record cannot hold a field twice; give each "
                             "column its own name")
-        for column in file_schema:
-            if column.type == pa.uint64():
-                unsigned.setdefault(column.name, []).append(path)
+        inner = _inner_field_twice(file_schema, pa)
+        if inner:
+            raise UserError(f"--input {path}: its column '{inner[0]}' holds the field '{inner[1]}' twice: a record "
+                            "cannot hold a field twice; give each field its own name")
+        for steps in _unsigned_paths(file_schema, pa):
+            unsigned.setdefault(steps, []).append(path)
         missing = [f for f in text_fields if f.split(".")[0] not in file_schema.names and f not in file_schema.names]
         if missing:
             raise UserError(f"--input {path}: no column '{missing[0]}' (columns: "
@@ -480,28 +483,82 @@ def _lossy_widening(schema, joined, pa) -> str | None:
     return None
 
 
-def _unsigned_made_signed(unsigned: dict[str, list[Path]], joined, kind: str, pa) -> str | None:
-    """Where joining made a column of unsigned 64-bit integers signed (another file holds it signed) and a file holds
-    a value past 2**63 - 1 there, which no signed one holds, said; else None."""
-    for name, paths in unsigned.items():
-        if name in joined.names and pa.types.is_signed_integer(joined.field(name).type):
+def _children(kind, pa) -> list[tuple[str, object]]:
+    """(step, type) of what a type holds: a struct's fields by name, a list's (or map's) items as "[]"."""
+    if pa.types.is_struct(kind):
+        return [(kind.field(i).name, kind.field(i).type) for i in range(kind.num_fields)]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [("[]", kind.value_type)]
+    return []
+
+
+def _inner_field_twice(schema, pa) -> tuple[str, str] | None:
+    """(column, field) of the first struct inside a column that holds a field name twice (no record can), or None."""
+    def walk(kind):
+        names = [step for step, _ in _children(kind, pa) if pa.types.is_struct(kind)]
+        twice = next((name for name in names if names.count(name) > 1), None)
+        if twice is not None:
+            return twice
+        return next((found for _, child in _children(kind, pa) if (found := walk(child)) is not None), None)
+
+    return next(((column.name, found) for column in schema if (found := walk(column.type)) is not None), None)
+
+
+def _unsigned_paths(schema, pa) -> list[tuple[str, ...]]:
+    """The paths (column, then fields and "[]" for list items) at which ``schema`` holds unsigned 64-bit integers."""
+    found = []
+
+    def walk(kind, steps):
+        if kind == pa.uint64():
+            found.append(steps)
+        for step, child in _children(kind, pa):
+            walk(child, (*steps, step))
+
+    for column in schema:
+        walk(column.type, (column.name,))
+    return found
+
+
+def _type_at(schema, steps: tuple[str, ...], pa):
+    """The type at a path of ``schema`` (see ``_unsigned_paths``), or None where it has none."""
+    if steps[0] not in schema.names:
+        return None
+    kind = schema.field(steps[0]).type
+    for step in steps[1:]:
+        kind = dict(_children(kind, pa)).get(step)
+        if kind is None:
+            return None
+    return kind
+
+
+def _unsigned_made_signed(unsigned: dict[tuple[str, ...], list[Path]], joined, kind: str, pa) -> str | None:
+    """Where joining made unsigned 64-bit integers signed (another file holds them signed) and a file holds a value
+    past 2**63 - 1 there, which no signed integer holds, said; else None. Inside structs and lists too: rows were
+    joined when they were written, after the whole run."""
+    for steps, paths in unsigned.items():
+        now = _type_at(joined, steps, pa)
+        if now is not None and pa.types.is_signed_integer(now):
             for path in paths:
-                if _column_max(path, kind, name, pa) >= 1 << 63:
-                    return (f"'{name}' holds unsigned 64-bit integers past 2**63 - 1 in {path.name} and signed "
+                if _largest_at(path, kind, steps, pa) >= 1 << 63:
+                    named = ".".join(steps).replace(".[]", "[]")
+                    return (f"'{named}' holds unsigned 64-bit integers past 2**63 - 1 in {path.name} and signed "
                             "integers in another: no one integer type holds both")
     return None
 
 
-def _column_max(path: Path, kind: str, name: str, pa) -> int:
-    """The largest value of an integer column of ``path`` (0 for none)."""
+def _largest_at(path: Path, kind: str, steps: tuple[str, ...], pa) -> int:
+    """The largest integer at a path of ``path``'s rows (0 for none)."""
     import pyarrow.compute as pc
 
     if kind == "parquet":
-        column = pa.parquet.read_table(path, columns=[name]).column(name)
+        values = pa.parquet.read_table(path, columns=[steps[0]]).column(steps[0])
     else:
         with pa.memory_map(str(path)) as mapped:
-            column = pa.ipc.open_stream(mapped).read_all().column(name)
-    largest = pc.max(column).as_py()
+            values = pa.ipc.open_stream(mapped).read_all().column(steps[0])
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    for step in steps[1:]:
+        values = values.flatten() if step == "[]" else pc.struct_field(values, [values.type.get_field_index(step)])
+    largest = pc.max(values).as_py() if len(values) else None
     return 0 if largest is None else int(largest)
 
 

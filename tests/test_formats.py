@@ -1508,6 +1508,24 @@ def test_parquet_inputs_no_table_can_hold_are_one_line(tmp_path, demo_records, t
                                  "cannot hold a field twice; give each column its own name")
     assert "'x' holds unsigned 64-bit integers past 2**63 - 1 in a.parquet and signed integers in another" in said["ids"]
     assert said["empty"] == f"error: --input {tmp_path / 'empty'}: no rows (a datasets folder with no data files)"
+    # The same inside a column (a reviewer's: a struct's field, a list's items; and a struct's field name twice).
+    for name, big, small in (("struct", pa.array([{"h": (1 << 64) - 1 - i} for i in range(15)],
+                                                 pa.struct([("h", pa.uint64())])),
+                              pa.array([{"h": i} for i in range(15)], pa.struct([("h", pa.int64())]))),
+                             ("list", pa.array([[(1 << 64) - 1]] * 15, pa.list_(pa.uint64())),
+                              pa.array([[-1]] * 15, pa.list_(pa.int64())))):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"text": texts[:15], "x": big}), tmp_path / name / "a.parquet")
+        pq.write_table(pa.table({"text": texts[15:], "x": small}), tmp_path / name / "b.parquet")
+        err = run_error(capsys, "--input", tmp_path / name, "--output", tmp_path / "o" / "c.jsonl", "--model-dir",
+                        tiny_model_dir, *COMMON)
+        assert f"'{'x.h' if name == 'struct' else 'x[]'}' holds unsigned 64-bit integers past 2**63 - 1 in a.parquet" \
+            in err
+    pq.write_table(pa.Table.from_arrays([pa.array(texts), pa.array([{"x": 1, "y": 2}] * 30, pa.struct(
+        [("x", pa.int64()), ("x", pa.int64())]))], names=["text", "m"]), tmp_path / "twice.parquet")
+    assert run_error(capsys, "--input", tmp_path / "twice.parquet", "--output", tmp_path / "o" / "c.jsonl", "--model-dir",
+                     tiny_model_dir, *COMMON).endswith("its column 'm' holds the field 'x' twice: a record cannot hold a "
+                                                       "field twice; give each field its own name")
     # Unsigned values a signed integer holds join as before.
     pq.write_table(pa.table({"text": texts[:15], "x": pa.array([5] * 15, pa.uint64())}), tmp_path / "ids" / "a.parquet")
     assert curate("--input", tmp_path / "ids", "--output", tmp_path / "ok" / "c.parquet", "--model-dir", tiny_model_dir,
