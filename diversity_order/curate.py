@@ -561,7 +561,7 @@ def _parquet_columns(run: Run):
         schema = writers.unify_parquet_schemas(
             run.index, [arrow_json.with_json_at(pa.ipc.read_schema(pa.py_buffer(part)), as_text) for part, _, _ in parts],
             find_clash)
-        return writers.finished_schema(run.index, schema, object_keys)
+        return writers.finished_schema(run.index, schema, object_keys, say=ctx.is_main)
     except UserError as exc:  # every rank has every part: each finds the same
         raise EveryRankError(str(exc)) from None
 
@@ -1284,6 +1284,10 @@ def _recommendation(recommended, rows, n_documents: int | None = None) -> str:
     if recommended is None:
         return "No k could be scored (too few documents or clusters)"
     scored = [row.k for row in rows if row.silhouette is not None]
+    if all(row.size_min == 0 for row in rows if row.silhouette is not None):
+        # A reviewer's 30 records of 3 texts: every k left clusters empty, and the default (larger) was advised.
+        return (f"No k tried fills all its clusters: these embeddings hold fewer distinct groups than {min(scored)} "
+                "(few distinct documents?); set --n-clusters below that")
     if recommended == min(scored) and len(scored) > 1:
         # A silhouette falling from the first k on has no peak to find (a new user took k = 5 as the answer; a later
         # one read "Recommended k = 5 ... But ... does not choose k" as the tool contradicting itself).
@@ -1334,11 +1338,12 @@ def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
     if curated[worst] < BELOW_SHUFFLE * shuffled[worst]:
         held = diversity.diversity_by_part(documents)
         there, overall = held[worst] if len(held) == len(curated) else float("nan"), float(np.mean(documents))
-        # Why: windows of few documents there (long ones gathered), or windows as full as elsewhere of few clusters.
+        # Why: windows of few documents there (long ones gathered; a window of one document holds one cluster), or
+        # windows as full as elsewhere of few clusters.
         why = (f"its windows hold {there:.1f} documents on average against {overall:.1f} over the epoch: long "
-               "documents gather there" if there < FEW_DOCUMENTS_THERE * overall else
-               f"its windows hold as many documents as elsewhere ({there:.1f} on average), of fewer clusters: this "
-               "order puts documents of few clusters together there")
+               "documents gather there" if there < FEW_DOCUMENTS_THERE * overall or there < overall and there <= 2
+               else f"its windows hold about as many documents as elsewhere ({there:.1f} on average, {overall:.1f} over "
+               "the epoch), of fewer clusters: this order puts documents of few clusters together there")
         log.warning("In tenth %d of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
                     "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s; "
                     "--compare-strategies gives each ordering's lowest tenth", worst + 1, curated[worst],

@@ -62,8 +62,8 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
         log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
         most = max(int(r["diversity"]["n_sequences"]) for r in rows if r["seq_len"] == seq_len)
         if most < diversity.FEW_WINDOWS:
-            log.warning("At seq-len %s the orders make %d windows or fewer: the figures there rest on so few that one "
-                        "document moved changes them", f"{seq_len:,}", most)
+            log.warning("At seq-len %s no order makes more than %d window%s: the figures there rest on so few that "
+                        "one document moved changes them", f"{seq_len:,}", most, "" if most == 1 else "s")
         random_row = next((r for r in rows if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
         if random_row and uniformity_out_of_reach(bound, random_row["uniformity_mean"]):
             log.warning("At seq-len %s no order of these documents meets U (mean uniformity <= %g x a random "
@@ -216,8 +216,9 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
         lines += _field_tables(at)
         most = max(int(r["diversity"]["n_sequences"]) for r in at.values())
         if most < diversity.FEW_WINDOWS:
-            lines += ["", f"Only {most} windows or fewer at this length: every figure here rests on so few that one "
-                          "document moved changes it, the verdicts too; a shorter length shows more of each order."]
+            lines += ["", f"No order makes more than {most} window{'' if most == 1 else 's'} at this length: every "
+                          "figure here rests on so few that one document moved changes it, the verdicts too; a shorter "
+                          "length shows more of each order."]
         if seq_len in wins:
             verdict = f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}."
             near = sorted((at[name]["uniformity_mean"], name) for name, ok in met[seq_len].items()

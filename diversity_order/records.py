@@ -1138,10 +1138,12 @@ def _category_key(value) -> str:
 
 def _category_names(keys: list[str]) -> list[str]:
     """Each category's name as the log and the metadata say it: a string as it is, another value as its JSON text,
-    an absent field "(missing)"; a string that would read as another category's name is said as JSON ("1")."""
+    an absent field "(missing)"; where two would read alike, every string as JSON ("1")."""
     shown = ["(missing)" if key == _ABSENT else key[1:] if key[:1] in (_OTHER, _ESCAPED) else key for key in keys]
-    others = {name for key, name in zip(keys, shown) if key[:1] in (_OTHER, _ABSENT)}
-    return [json.dumps(name, ensure_ascii=False) if key[:1] not in (_OTHER, _ABSENT) and name in others else name
+    if len(set(shown)) == len(shown):
+        return shown
+    # Two read alike (1 and "1"): every string is said as JSON then, so no two can ("1" and "\"1\"" stay apart).
+    return [name if key[:1] in (_OTHER, _ABSENT) else json.dumps(name, ensure_ascii=False)
             for key, name in zip(keys, shown)]
 
 

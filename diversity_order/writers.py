@@ -279,20 +279,23 @@ def inferred_columns(source, rows: np.ndarray):
     return schema, object_keys
 
 
-def finished_schema(source, schema, object_keys: dict):
+def finished_schema(source, schema, object_keys: dict, say: bool = True):
     """The records' schema, objects whose keys differ held as JSON text (said), checked writable (not a struct of
-    no fields, from records holding ``{}`` only)."""
+    no fields, from records holding ``{}`` only). ``say``: whether to log what it says (under torchrun, rank 0
+    alone does)."""
     uneven = arrow_json.uneven_object_paths(object_keys)
     if uneven:
         schema = arrow_json.with_json_at(schema, uneven)
         named = [".".join(path).replace(".[]", "[]") for path in arrow_json.json_paths(schema)]
-        log.info("Parquet: the values at %s differ from record to record (in their keys, their order or their kind): "
+        (log.info if say else log.debug)(
+                 "Parquet: the values at %s differ from record to record (in their keys, their order or their kind; "
+                 "or are integers past 2**63 - 1): "
                  "held as JSON text (Arrow's JSON type, which datasets reads back as the values), not as one struct of "
                  "every key, which would give each object the keys it lacks as null",
                  ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
     mixed = [path[0] for path, (_, kinds) in object_keys.items()
              if len(path) == 1 and arrow_json.FRACTION in kinds and kinds & _INTEGER_KINDS]
-    if mixed:
+    if mixed and say:
         log.warning("Parquet: %s hold%s integers in some records and fractions in others: the column is of doubles, "
                     "so its integers read back as 1.0 where the JSONL had 1 (inside a field such values are held as "
                     "JSON text, and read back as written)", ", ".join(f"'{name}'" for name in mixed[:5])

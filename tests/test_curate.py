@@ -246,7 +246,11 @@ def test_a_recommended_k_at_the_edge_of_the_sweep_is_said_to_be_no_peak():
     degenerate = [CalibrationRow(5, 0.10, 2, 6.0, 9), CalibrationRow(10, 0.096, 1, 3.0, 5),
                   CalibrationRow(15, 0.12, 0, 2.0, 4), CalibrationRow(20, 0.13, 0, 1.0, 4)]
     assert recommend_k(degenerate) == 10
-    assert recommend_k([CalibrationRow(5, 0.1, 0, 1.0, 2), CalibrationRow(10, 0.2, 0, 1.0, 2)]) == 10  # none full
+    none_full = [CalibrationRow(5, 0.1, 0, 1.0, 2), CalibrationRow(10, 0.2, 0, 1.0, 2)]
+    assert recommend_k(none_full) == 10
+    assert calibration_report(none_full, 10, 30).splitlines()[-1] == (  # not "keep the default" (a reviewer's)
+        "No k tried fills all its clusters: these embeddings hold fewer distinct groups than 5 (few distinct "
+        "documents?); set --n-clusters below that")
 
 
 def test_calibrate_k_prints_table_and_exits(tmp_path, tiny_model_dir, caplog, capsys):
@@ -594,7 +598,15 @@ def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("In tenth 10 of the epoch the curated order's windows hold 5.0")
     # A reviewer's input order: windows as full there as elsewhere, so not said to gather long documents.
-    assert "its windows hold as many documents as elsewhere (40.0 on average), of fewer clusters" in warned[0]
+    assert "its windows hold about as many documents as elsewhere (40.0 on average, 40.0 over the epoch), of fewer " \
+        "clusters" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # a reviewer's: windows of one document there, 1.7 over the epoch
+        _log_by_tenth({"original": quality([1.0] * 10), "curated": quality([1.7] * 2 + [1.0] + [1.7] * 7),
+                       "random_shuffle": quality([1.4] * 10, shuffles=5)}, np.array([2] * 20 + [1] * 10 + [2] * 70))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "its windows hold 1.0 documents on average against 1.9 over the epoch: long " \
+        "documents gather there" in warned[0]
     caplog.clear()
     with caplog.at_level(logging.INFO):  # fewer than ten windows: a "tenth" is a window; nothing to warn of
         _log_by_tenth({"original": quality([6.0] * 7), "curated": quality([10.0] * 6 + [0.5]),

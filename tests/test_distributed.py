@@ -378,9 +378,11 @@ def test_torchrun_types_an_unsigned_column_as_one_process_does(tmp_path, tiny_mo
     records = topical_records(per_topic=10)
     n = len(records)
     ids = [i if i < n // 2 else (1 << 64) - 1 - i for i in range(n)]
-    write_jsonl(tmp_path / "ids.jsonl", [dict(record, id=ids[i]) for i, record in enumerate(records)])
+    write_jsonl(tmp_path / "ids.jsonl", [dict(record, id=ids[i], score=1 if i % 2 else 0.5)
+                                         for i, record in enumerate(records)])
     common = ["--model-dir", tiny_model_dir, "--device", "cpu", "--n-clusters", 4, "--no-plot", "--output-shards", 2]
-    torchrun(["--input", tmp_path / "ids.jsonl", "--output", tmp_path / "ok" / "c.parquet", *common])
+    log = torchrun(["--input", tmp_path / "ids.jsonl", "--output", tmp_path / "ok" / "c.parquet", *common])
+    assert log.count("'score' holds integers in some records and fractions in others") == 1  # rank 0's, once
     shards = sorted((tmp_path / "ok").glob("c-*.parquet"))
     assert len(shards) == 2 and all(pq.read_schema(path).field("id").type == pa.uint64() for path in shards)
     assert sorted(v for path in shards for v in pq.read_table(path).column("id").to_pylist()) == sorted(ids)

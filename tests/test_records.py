@@ -734,7 +734,7 @@ def test_conversations_written_as_json_strings_are_counted_once_one_is_seen():
 
 
 _FIELD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(["1", "null", "(missing)", "true",
-                                                                                         "\x01a", "a", ""]),
+                                                                                         "\x01a", "a", "", '"1"']),
                           st.lists(st.integers(0, 1), max_size=2), st.just("ABSENT"))
 
 

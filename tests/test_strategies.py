@@ -689,10 +689,10 @@ def test_compare_strategies_says_where_few_windows_carry_the_figures(caplog):
     counts = np.full(60, 100)
     caplog.set_level(logging.WARNING, logger=strategies.__name__)
     rows, _ = strategies.compare_strategies(labels, counts, 4, [100, 1024], OrderingOptions(), ["stratified", "random"])
-    assert [m for m in caplog.messages if "windows or fewer" in m] == [
-        "At seq-len 1,024 the orders make 6 windows or fewer: the figures there rest on so few that one document "
+    assert [m for m in caplog.messages if "more than" in m] == [
+        "At seq-len 1,024 no order makes more than 6 windows: the figures there rest on so few that one document "
         "moved changes them"]
     table = strategies.markdown_table(rows, 4, "few")
     at_1024 = table[table.index("## seq-len 1,024"):]
-    assert "Only 6 windows or fewer at this length" in at_1024
-    assert "Only" not in table[table.index("## seq-len 100"):table.index("## seq-len 1,024")]
+    assert "No order makes more than 6 windows at this length" in at_1024
+    assert "No order makes more than" not in table[table.index("## seq-len 100"):table.index("## seq-len 1,024")]
