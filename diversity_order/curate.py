@@ -1342,8 +1342,8 @@ def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
         # windows as full as elsewhere of few clusters.
         why = (f"its windows hold {there:.1f} documents on average against {overall:.1f} over the epoch: long "
                "documents gather there" if there < FEW_DOCUMENTS_THERE * overall or there < overall and there <= 2
-               else f"its windows hold about as many documents as elsewhere ({there:.1f} on average, {overall:.1f} over "
-               "the epoch), of fewer clusters: this order puts documents of few clusters together there")
+               else f"its windows hold {there:.1f} documents on average ({overall:.1f} over the epoch), enough for more "
+               "clusters: this order puts documents of few clusters together there")
         log.warning("In tenth %d of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
                     "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s; "
                     "--compare-strategies gives each ordering's lowest tenth", worst + 1, curated[worst],
