@@ -36,7 +36,7 @@ def note_object_keys(records: list[dict], into: dict) -> None:
                 _note(value, (name,), into)
             elif type(value) is int or type(value) is float:
                 # A number column's shape: whether it is unsigned (``integer_columns``: values past 2**63 - 1, and
-                # none negative), and whether doubles hold integers of it (``mixed_number_columns``).
+                # none negative), and whether doubles hold integers of it (``writers.finished_schema`` says so).
                 kind = FRACTION if type(value) is float else NEGATIVE_INTEGER if -(1 << 63) <= value < 0 else \
                     INTEGER if value < 1 << 63 else json_kind(value)
                 entry = into.setdefault((name,), [_UNSEEN, frozenset()])

@@ -381,7 +381,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     sizes: list[int] = []
     first = 0
     schema = None
-    unsigned: dict[str, list[Path]] = {}  # the files holding each column as unsigned 64-bit integers
+    unsigned: dict[tuple[str, ...], list[Path]] = {}  # the files holding unsigned 64-bit integers at each path
     for number, path in enumerate(source.files):
         stat = path.stat()
         source.stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
@@ -484,7 +484,7 @@ def _lossy_widening(schema, joined, pa) -> str | None:
 
 
 def _children(kind, pa) -> list[tuple[str, object]]:
-    """(step, type) of what a type holds: a struct's fields by name, a list's (or map's) items as "[]"."""
+    """(step, type) of what a type holds: a struct's fields by name, a list's items as "[]" (a map: nothing)."""
     if pa.types.is_struct(kind):
         return [(kind.field(i).name, kind.field(i).type) for i in range(kind.num_fields)]
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):

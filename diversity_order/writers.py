@@ -272,8 +272,9 @@ def inferred_columns(source, rows: np.ndarray):
         # A path held as JSON text in one piece, or only once the pieces are put together, is so in every piece.
         schema = _unified([arrow_json.with_json_at(piece_schema, arrow_json.uneven_object_paths(object_keys))
                            for piece_schema in schemas])
-        if signed_and_unsigned(object_keys):
-            raise ValueError(f"no Parquet integer holds the values of {', '.join(signed_and_unsigned(object_keys))}")
+        both = signed_and_unsigned(object_keys)
+        if both:
+            raise ValueError(f"no Parquet integer holds the values of {', '.join(both)}")
     except _conversion_errors() as exc:
         raise _not_one_table(source, exc, _first_clash(source, rows)) from None
     return schema, object_keys
@@ -331,7 +332,7 @@ def integer_columns(schema, object_keys: dict):
     unsigned = {path[0] for path, (_, kinds) in object_keys.items()
                 if len(path) == 1 and arrow_json.UNSIGNED_INTEGER in kinds}
     for i, column in enumerate(schema):
-        if pa.types.is_integer(column.type) and column.type in (pa.int64(), pa.uint64()):
+        if column.type in (pa.int64(), pa.uint64()):
             wanted = pa.uint64() if column.name in unsigned else pa.int64()
             if column.type != wanted:
                 schema = schema.set(i, column.with_type(wanted))
