@@ -53,6 +53,18 @@ NEGATIVE_INTEGER = "a negative integer"
 INTEGER, FRACTION = "an integer", "a fraction"
 
 
+def type_children(kind) -> list[tuple[str, object]]:
+    """(step, type) of what an Arrow type holds: a struct's fields by name, a list's items as ``ITEMS`` (a map:
+    nothing)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return [(kind.field(i).name, kind.field(i).type) for i in range(kind.num_fields)]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [(ITEMS, kind.value_type)]
+    return []
+
+
 def json_kind(value) -> str | None:
     """A JSON value's kind as Arrow types it, in the words errors say it ("a number": integers and fractions are
     both); None for null, which fits any column."""

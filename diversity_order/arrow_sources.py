@@ -382,6 +382,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     first = 0
     schema = None
     unsigned: dict[tuple[str, ...], list[Path]] = {}  # the files holding unsigned 64-bit integers at each path
+    largest: dict = {}  # their largest values there, as read (``_unsigned_made_signed``)
     for number, path in enumerate(source.files):
         stat = path.stat()
         source.stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
@@ -417,7 +418,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
                 joined = None
             lossy = None if joined is None else (_lossy_widening(schema, joined, pa)
                                                  or _lossy_widening(file_schema, joined, pa)
-                                                 or _unsigned_made_signed(unsigned, joined, kind, pa))
+                                                 or _unsigned_made_signed(unsigned, joined, kind, pa, largest))
             if joined is None or lossy:
                 difference = lossy or schema_difference(schema, file_schema)
                 raise UserError(f"--input {path}: its columns differ from {source.files[0]}'s "
@@ -483,23 +484,14 @@ def _lossy_widening(schema, joined, pa) -> str | None:
     return None
 
 
-def _children(kind, pa) -> list[tuple[str, object]]:
-    """(step, type) of what a type holds: a struct's fields by name, a list's items as "[]" (a map: nothing)."""
-    if pa.types.is_struct(kind):
-        return [(kind.field(i).name, kind.field(i).type) for i in range(kind.num_fields)]
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return [("[]", kind.value_type)]
-    return []
-
-
 def _inner_field_twice(schema, pa) -> tuple[str, str] | None:
     """(column, field) of the first struct inside a column that holds a field name twice (no record can), or None."""
     def walk(kind):
-        names = [step for step, _ in _children(kind, pa) if pa.types.is_struct(kind)]
+        names = [step for step, _ in arrow_json.type_children(kind) if pa.types.is_struct(kind)]
         twice = next((name for name in names if names.count(name) > 1), None)
         if twice is not None:
             return twice
-        return next((found for _, child in _children(kind, pa) if (found := walk(child)) is not None), None)
+        return next((found for _, child in arrow_json.type_children(kind) if (found := walk(child)) is not None), None)
 
     return next(((column.name, found) for column in schema if (found := walk(column.type)) is not None), None)
 
@@ -511,7 +503,7 @@ def _unsigned_paths(schema, pa) -> list[tuple[str, ...]]:
     def walk(kind, steps):
         if kind == pa.uint64():
             found.append(steps)
-        for step, child in _children(kind, pa):
+        for step, child in arrow_json.type_children(kind):
             walk(child, (*steps, step))
 
     for column in schema:
@@ -525,21 +517,25 @@ def _type_at(schema, steps: tuple[str, ...], pa):
         return None
     kind = schema.field(steps[0]).type
     for step in steps[1:]:
-        kind = dict(_children(kind, pa)).get(step)
+        kind = dict(arrow_json.type_children(kind)).get(step)
         if kind is None:
             return None
     return kind
 
 
-def _unsigned_made_signed(unsigned: dict[tuple[str, ...], list[Path]], joined, kind: str, pa) -> str | None:
+def _unsigned_made_signed(unsigned: dict[tuple[str, ...], list[Path]], joined, kind: str, pa,
+                          largest: dict) -> str | None:
     """Where joining made unsigned 64-bit integers signed (another file holds them signed) and a file holds a value
     past 2**63 - 1 there, which no signed integer holds, said; else None. Inside structs and lists too: rows were
-    joined when they were written, after the whole run."""
+    joined when they were written, after the whole run. ``largest``: each (file, path)'s largest value once read (a
+    file is joined with every later one: read again each time, a thousand shards read the first a thousand times)."""
     for steps, paths in unsigned.items():
         now = _type_at(joined, steps, pa)
         if now is not None and pa.types.is_signed_integer(now):
             for path in paths:
-                if _largest_at(path, kind, steps, pa) >= 1 << 63:
+                if (path, steps) not in largest:
+                    largest[path, steps] = _largest_at(path, kind, steps, pa)
+                if largest[path, steps] >= 1 << 63:
                     named = ".".join(steps).replace(".[]", "[]")
                     return (f"'{named}' holds unsigned 64-bit integers past 2**63 - 1 in {path.name} and signed "
                             "integers in another: no one integer type holds both")
@@ -557,7 +553,7 @@ def _largest_at(path: Path, kind: str, steps: tuple[str, ...], pa) -> int:
             values = pa.ipc.open_stream(mapped).read_all().column(steps[0])
     values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
     for step in steps[1:]:
-        values = values.flatten() if step == "[]" else pc.struct_field(values, [values.type.get_field_index(step)])
+        values = values.flatten() if step == arrow_json.ITEMS else pc.struct_field(values, [values.type.get_field_index(step)])
     largest = pc.max(values).as_py() if len(values) else None
     return 0 if largest is None else int(largest)
 

@@ -210,11 +210,8 @@ def map_columns(schema) -> list[str]:
     def visit(name, kind):
         if pa.types.is_map(kind):
             found.append(name)
-        elif pa.types.is_struct(kind):
-            for field in kind:
-                visit(f"{name}.{field.name}", field.type)
-        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-            visit(name, kind.value_type)
+        for step, child in arrow_json.type_children(kind):
+            visit(name if step == arrow_json.ITEMS else f"{name}.{step}", child)
 
     for field in schema:
         visit(field.name, field.type)
@@ -266,7 +263,8 @@ def inferred_columns(source, rows: np.ndarray):
             part: dict = {}
             arrow_json.note_object_keys(piece, part)
             # What this piece holds as JSON text is typed as the text (a value of two kinds there types as none).
-            schemas.append(_piece_schema(arrow_json.encoded(piece, arrow_json.uneven_object_paths(part))))
+            unsigned = {name for name, kinds in own_field_kinds(part).items() if arrow_json.UNSIGNED_INTEGER in kinds}
+            schemas.append(_piece_schema(arrow_json.encoded(piece, arrow_json.uneven_object_paths(part)), unsigned))
             parts.append(part)
         object_keys = arrow_json.merge_object_keys(parts)
         # A path held as JSON text in one piece, or only once the pieces are put together, is so in every piece.
@@ -294,8 +292,8 @@ def finished_schema(source, schema, object_keys: dict, say: bool = True):
                  "held as JSON text (Arrow's JSON type, which datasets reads back as the values), not as one struct of "
                  "every key, which would give each object the keys it lacks as null",
                  ", ".join(named[:5]) + (" ..." if len(named) > 5 else ""))
-    mixed = [path[0] for path, (_, kinds) in object_keys.items()
-             if len(path) == 1 and arrow_json.FRACTION in kinds and kinds & _INTEGER_KINDS]
+    mixed = [name for name, kinds in own_field_kinds(object_keys).items()
+             if arrow_json.FRACTION in kinds and kinds & _INTEGER_KINDS]
     if mixed and say:
         log.warning("Parquet: %s hold%s integers in some records and fractions in others: the column is of doubles, "
                     "so its integers read back as 1.0 where the JSONL had 1 (inside a field such values are held as "
@@ -308,11 +306,16 @@ def finished_schema(source, schema, object_keys: dict, say: bool = True):
 _INTEGER_KINDS = frozenset({arrow_json.INTEGER, arrow_json.NEGATIVE_INTEGER, arrow_json.UNSIGNED_INTEGER})
 
 
+def own_field_kinds(object_keys: dict) -> dict[str, frozenset]:
+    """The kinds ``arrow_json.note_object_keys`` noted at each of the records' own fields (their numbers' shapes)."""
+    return {path[0]: kinds for path, (_, kinds) in object_keys.items() if len(path) == 1}
+
+
 def signed_and_unsigned(object_keys: dict) -> list[str]:
     """The record's own fields holding both an integer past 2**63 - 1 and a negative one: no Parquet integer type
-    holds both (``note_object_keys`` notes them)."""
+    holds both."""
     both = {arrow_json.UNSIGNED_INTEGER, arrow_json.NEGATIVE_INTEGER}
-    return sorted(path[0] for path, (_, kinds) in object_keys.items() if len(path) == 1 and both <= kinds)
+    return sorted(name for name, kinds in own_field_kinds(object_keys).items() if both <= kinds)
 
 
 def refuse_signed_and_unsigned(source, object_keys: dict, find_clash) -> None:
@@ -329,8 +332,7 @@ def integer_columns(schema, object_keys: dict):
     2**63 - 1 and signed otherwise (pieces are typed apart, and unsigned where they needed it)."""
     import pyarrow as pa
 
-    unsigned = {path[0] for path, (_, kinds) in object_keys.items()
-                if len(path) == 1 and arrow_json.UNSIGNED_INTEGER in kinds}
+    unsigned = {name for name, kinds in own_field_kinds(object_keys).items() if arrow_json.UNSIGNED_INTEGER in kinds}
     for i, column in enumerate(schema):
         if column.type in (pa.int64(), pa.uint64()):
             wanted = pa.uint64() if column.name in unsigned else pa.int64()
@@ -357,21 +359,23 @@ def writable_schema(source, schema):
     return schema
 
 
-def _piece_schema(piece: list[dict]):
+def _piece_schema(piece: list[dict], unsigned: set[str]):
     """The columns of records ``piece``: every field any record has (in order of first appearance), each typed
-    from all its values. (``pa.Table.from_pylist`` takes the fields of the first record only and drops the rest.)"""
+    from all its values. (``pa.Table.from_pylist`` takes the fields of the first record only and drops the rest.)
+    ``unsigned``: the fields holding an integer past 2**63 - 1 (noted while the piece was walked)."""
     import pyarrow as pa
 
     fields = dict.fromkeys(name for record in piece for name in record)
-    return pa.Table.from_pydict({name: _column(pa, [record.get(name) for record in piece]) for name in fields}).schema
+    values = {name: [record.get(name) for record in piece] for name in fields}
+    return pa.Table.from_pydict({name: _unsigned_column(pa, column) if name in unsigned else column
+                                 for name, column in values.items()}).schema
 
 
-def _column(pa, values: list):
-    """A column's values as Arrow types them, integers of which one is past 2**63 - 1 as unsigned (Arrow would infer
-    signed 64-bit integers and overflow); where that fails (a negative integer beside it) the values as they are,
-    for Arrow to refuse."""
-    if any(type(value) is int and value >= 1 << 63 for value in values) \
-            and all(value is None or type(value) is int for value in values):
+def _unsigned_column(pa, values: list):
+    """A column holding an integer past 2**63 - 1 as unsigned integers (Arrow would infer signed ones and overflow);
+    where it holds anything else (a negative integer, a fraction) the values as they are, for Arrow to type or
+    refuse."""
+    if all(value is None or type(value) is int for value in values):
         try:
             return pa.array(values, pa.uint64())
         except _conversion_errors():
