@@ -318,7 +318,9 @@ def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title
     seq_lens = sorted({seq_len for _, seq_len in curves})
     names = list(dict.fromkeys(name for name, _ in curves))
     panel = 1.2 + 0.34 * len(names)
-    fig, axes = plt.subplots(len(seq_lens), 1, figsize=(11, panel * len(seq_lens)), squeeze=False)
+    # constrained layout sizes the room above the panels to the title's lines (tight_layout took a guess)
+    fig, axes = plt.subplots(len(seq_lens), 1, figsize=(11, panel * len(seq_lens) + 0.6), squeeze=False,
+                             layout="constrained")
     right = n_clusters * 1.13
     for ax, seq_len in zip(axes[:, 0], seq_lens):
         for row, name in enumerate(names):
@@ -357,7 +359,6 @@ def plot_strategy_distributions(path: Path, curves: dict, n_clusters: int, title
                     if bold else "")
                  + (f"\n{', '.join(several)}: the diamond and figure are the mean over its orders, as in the table; "
                     "the box is the first one's windows" if several else ""))
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.6 + 0.25 * bool(several)) / fig.get_figheight()))  # room for the title
     save_figure(fig, path)
     plt.close(fig)
 
