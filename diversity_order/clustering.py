@@ -213,6 +213,9 @@ def inertia(embeddings: np.ndarray, labels: np.ndarray, n_clusters: int) -> floa
 
 
 def _faiss_centres(x: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
+    # faiss's loader logs each CPU build it tries (a ModuleNotFoundError line apiece) at INFO, which the
+    # run's log would show as if something had failed
+    logging.getLogger("faiss").setLevel(logging.WARNING)
     try:
         import faiss
     except ImportError:
@@ -223,7 +226,10 @@ def _faiss_centres(x: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
     gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
     # Three restarts, like n_init=3; faiss keeps the best. Train on every given row.
     kmeans = faiss.Kmeans(x.shape[1], n_clusters, niter=25, nredo=3, seed=seed, gpu=gpu,
-                          max_points_per_centroid=max(256, -(-x.shape[0] // n_clusters)), verbose=False)
+                          max_points_per_centroid=max(256, -(-x.shape[0] // n_clusters)),
+                          # its own unformatted "please provide at least 39 K points" line on stderr; the other
+                          # backends fit few rows without one
+                          min_points_per_centroid=1, verbose=False)
     kmeans.train(x)
     return kmeans.centroids
 

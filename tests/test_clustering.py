@@ -121,6 +121,18 @@ def test_backends_find_the_blobs_with_similar_inertia(backend, fit_sample):
     assert inertia(x, labels, 6) <= reference * 1.05
 
 
+def test_faiss_fits_few_rows_without_its_own_stderr_line(capfd):
+    """faiss writes "please provide at least 39 K training points" straight to stderr (C++, not logging)
+    below 39 rows a cluster; the other backends fit few rows silently, and so does faiss here."""
+    pytest.importorskip("faiss")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(60, 8)).astype(np.float32)
+    labels = kmeans_labels(x, 6, seed=0, backend="faiss")
+    assert labels.shape == (60,) and set(labels.tolist()) <= set(range(6))
+    err = capfd.readouterr().err
+    assert "please provide" not in err and "WARNING clustering" not in err, err
+
+
 def test_fit_sample_with_sklearn_assigns_to_centres_fitted_on_the_sample():
     from diversity_order.clustering import assign_to_centres, make_kmeans
 
