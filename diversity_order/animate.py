@@ -155,7 +155,7 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
         emb = np.asarray(emb, dtype=np.float32)
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
-            log.warning("%d embedding row(s) are NaN/inf; they become zero vectors for clustering", int(bad.sum()))
+            log.warning("%s embedding row(s) are NaN/inf; they become zero vectors for clustering", f"{int(bad.sum()):,}")
             emb = np.where(bad[:, None], 0, emb)
         log.warning("Re-clustering the embeddings (k=%d, no PCA): the clusters may differ from the curate run's; "
                     "pass --meta B_meta.json (or --labels/--order) to show exactly what was written", k)

@@ -1000,7 +1000,7 @@ def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> 
     _remove_earlier_files_of_another_name(config.output, [path for path, _ in written], earlier, config.inputs.files)
     on_disk, payload = sum(_bytes_on_disk(Path(path)) for path, _ in written), sum(size for _, size in written)
     compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
-    log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
+    log.info("Wrote %s records (%.1f MB on disk%s, %s) to %s", f"{run.n:,}", on_disk / 1e6, compressed,
              config.written_kind, config.output if len(written) == 1 else _files_named([path for path, _ in written]))
 
 
