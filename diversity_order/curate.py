@@ -951,7 +951,7 @@ def write_outputs(run: Run) -> None:
     try:
         if config.stats_only:
             commit()
-        _remove_earlier_plots_and_comparison(run)
+        _remove_earlier_plots_and_comparison(run, earlier_meta)
         if not config.stats_only:
             _write_curated(run, earlier, commit, across_ranks)
             save_stub(written_files)  # the earlier run's other files are gone now
@@ -1058,31 +1058,53 @@ def _warn_of_an_earlier_export(earlier_meta: dict, run: Run) -> str | None:
     return folder
 
 
-def _remove_earlier_plots_and_comparison(run: Run) -> None:
+def _remove_earlier_plots_and_comparison(run: Run, earlier_meta: dict) -> None:
     """An earlier run's plots and strategy comparison for this output describe its records and order: a run that
     writes none of its own (--no-plot, no --compare-strategies) removes them, saying so, rather than leave them
     beside files they no longer match; one that draws plots removes the earlier ones now, as it replaces the
-    files they describe, since it draws its own last. (The 2-D projection cache stays: it is trusted only for
-    its embeddings.)"""
+    files they describe, since it draws its own last. Only files the earlier run's metadata lists
+    (``earlier_meta``) are removed: a file of the user's that is only so named is kept (said, where this run
+    writes none in its place). (The 2-D projection cache stays: it is trusted only for its embeddings.)"""
     config = run.config
+    recorded = _recorded_plots_and_comparison(earlier_meta)
     report = ordering_report.report_paths(_comparison_stem(config))  # a trial's are its own, B_stats-only_*
     plot_files = [run.paths[name] for name in PLOT_PATHS]
     if not config.no_plot:  # redrawn after the metadata: a run stopped before then must not leave the earlier ones
         for path in plot_files:
-            path.unlink(missing_ok=True)
+            if path.resolve() in recorded:
+                path.unlink(missing_ok=True)
     stale = plot_files if config.no_plot else []
     if not config.compare_strategies:
         stale += [report["markdown"], report["json"], report["plot"]]
     elif config.no_plot:
         stale.append(report["plot"])
-    removed = []
+    removed, kept = [], []
     for path in stale:
+        if path.resolve() not in recorded:
+            if path.is_file():
+                kept.append(path.name)
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path.name)
     if removed:
         log.warning("Removed %s: an earlier run wrote %s for its records and order; this run writes none",
                     ", ".join(removed), "them" if len(removed) > 1 else "it")
+    if kept:
+        log.warning("Kept %s: named as this output's plots or strategy comparison, but no earlier run's metadata "
+                    "lists %s, so %s not this run's to remove; this run writes none", ", ".join(kept),
+                    "them" if len(kept) > 1 else "it", "they are" if len(kept) > 1 else "it is")
+
+
+def _recorded_plots_and_comparison(earlier_meta: dict) -> set[Path]:
+    """The plots and strategy-comparison files an earlier run's metadata lists, resolved."""
+    names = earlier_meta.get("plot_files")
+    names = list(names) if isinstance(names, list) else []
+    comparison = earlier_meta.get("strategy_comparison")
+    files = comparison.get("files") if isinstance(comparison, dict) else None
+    if isinstance(files, dict):
+        names += list(files.values())
+    return {Path(name).resolve() for name in names if isinstance(name, str)}
 
 
 def _remove_other_shard_sets(output: Path, shards: int, earlier: set[Path], inputs: list[Path]) -> None:

@@ -237,6 +237,32 @@ def test_a_run_without_plots_or_comparison_removes_the_earlier_runs(tmp_path, ti
     assert "Removed" not in caplog.text
 
 
+def test_a_first_run_keeps_the_users_files_named_like_its_plots_and_comparison(tmp_path, tiny_model_dir,
+                                                                               topical_jsonl, caplog):
+    """Files only named like this output's plots or comparison, that no earlier run's metadata lists (the user's
+    notes, a data file), are not removed by a run that writes none of its own, and a run that draws plots only
+    replaces them: nothing of the user's is deleted before this run has written its own."""
+    common = ["--input", topical_jsonl, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--seq-len", 2000]
+    mine = {"a_strategies.md": b"my notes\n", "a_strategies.json": b'{"mine": 1}\n',
+            "a_cluster_cloud.png": b"not a plot", "a_ordering_comparison.png": b"nor this"}
+    for name, data in mine.items():
+        (tmp_path / name).write_bytes(data)
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--output", tmp_path / "a.jsonl", "--no-plot") == 0
+    assert all((tmp_path / name).read_bytes() == data for name, data in mine.items())
+    assert "Removed" not in caplog.text
+    assert "Kept a_ordering_comparison.png, a_cluster_cloud.png, a_strategies.md, a_strategies.json" in caplog.text
+    # now an earlier run's metadata lists them: the next run without plots or comparison removes them
+    assert curate(*common, "--output", tmp_path / "a.jsonl", "--compare-strategies") == 0
+    assert (tmp_path / "a_cluster_cloud.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((tmp_path / "a_strategies.json").read_text()) != {"mine": 1}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--output", tmp_path / "a.jsonl", "--no-plot") == 0
+    assert not any((tmp_path / name).exists() for name in mine)
+    assert "Removed a_ordering_comparison.png, a_cluster_cloud.png, a_strategies.md, a_strategies.json" in caplog.text
+
+
 def test_a_run_stopped_while_drawing_leaves_metadata_and_none_of_the_earlier_plots(tmp_path, tiny_model_dir,
                                                                                    topical_jsonl, monkeypatch):
     """Plots come last and can take a minute (UMAP): a run stopped while drawing them leaves metadata for the
