@@ -89,11 +89,16 @@ class CacheFiles:
     extras: dict[str, Path] = field(default_factory=dict)
 
 
+# A cache's manifest is NAME.cache.json beside NAME.npy (the input's token counts lie beside the input, so a glob or
+# folder of data files may catch it: the input's reader leaves such files out).
+MANIFEST_SUFFIX = ".cache.json"
+
+
 def files_for(data_path: Path, extras: tuple[str, ...] = ()) -> CacheFiles:
     """The usual names beside ``NAME.npy``: ``NAME.fingerprints.npy``, ``NAME.cache.json``, ``NAME.EXTRA.npy``."""
     data_path = Path(data_path)
     stem = data_path.name[:-4] if data_path.name.endswith(".npy") else data_path.name
-    return CacheFiles(data_path, data_path.with_name(stem + ".fingerprints.npy"), data_path.with_name(stem + ".cache.json"),
+    return CacheFiles(data_path, data_path.with_name(stem + ".fingerprints.npy"), data_path.with_name(stem + MANIFEST_SUFFIX),
                       {name: data_path.with_name(f"{stem}.{name}.npy") for name in extras})
 
 

@@ -34,7 +34,9 @@ def output_stem(output: Path) -> Path:
 
 
 def data_suffix_length(name: str) -> int:
-    """The length of ``name``'s data-file suffix (``.parquet``, ``.jsonl.gz``, ...); 0 without one."""
+    """The length of ``name``'s data-file suffix (``.parquet``, ``.jsonl.gz``, ...; an input's in any case,
+    ``UP.JSONL``: outputs are refused one in upper case); 0 without one."""
+    name = name.lower()
     if name.endswith(PARQUET_SUFFIX):
         return len(PARQUET_SUFFIX)
     for compressed in ("", *COMPRESSED_SUFFIXES):

@@ -55,7 +55,8 @@ _JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .json 
 
 
 def is_compressed(path: Path) -> bool:
-    return path.suffix in COMPRESSED_SUFFIXES
+    """Named as compressed: .gz or .zst, in any case (a.jsonl.GZ)."""
+    return path.suffix.lower() in COMPRESSED_SUFFIXES
 
 
 def looks_like(head: bytes) -> tuple[str, str | None] | None:
@@ -195,7 +196,7 @@ class _Decompressed(io.RawIOBase):
     def __init__(self, source, path: Path) -> None:
         super().__init__()
         self._source, self._path = source, path
-        self._gzip = path.suffix == ".gz"
+        self._gzip = path.suffix.lower() == ".gz"
         self._kind, self._unit = ("gzip", "member") if self._gzip else ("zstd", "frame")
         if self._gzip:
             self._errors = zlib.error

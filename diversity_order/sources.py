@@ -52,13 +52,18 @@ def is_jsonl_name(name: str) -> bool:
 
 
 def _ends_with(name: str, suffixes: tuple[str, ...]) -> bool:
-    """``name`` ends with one of ``suffixes``, compressed or not."""
+    """``name`` ends with one of ``suffixes``, compressed or not, in any case (``UP.JSONL``, ``a.jsonl.GZ``)."""
+    name = name.lower()
     return any(name.endswith(suffix + compressed) for suffix in suffixes for compressed in ("", *records.COMPRESSED_SUFFIXES))
+
+
+def is_parquet_name(name: str) -> bool:
+    return name.lower().endswith(PARQUET_SUFFIX)
 
 
 def kind_of_file(path: Path) -> str:
     """A file's format by its name: Parquet by ``.parquet``, JSONL otherwise (its reader says what it is if not)."""
-    return "parquet" if path.name.endswith(PARQUET_SUFFIX) else "jsonl"
+    return "parquet" if is_parquet_name(path.name) else "jsonl"
 
 
 @dataclass
@@ -109,33 +114,30 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
     from .packed_export import MARKER
 
     exports = {p.parent for p in folder.rglob(MARKER) if p.parent != folder and any(p.parent.glob("packed-*.parquet"))}
-    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.parent not in exports
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.parent not in exports)
+    hidden = [p for p in found if any(part.startswith(".") for part in p.relative_to(folder).parts)]
+    found = [p for p in found if not any(part.startswith(".") for part in p.relative_to(folder).parts)]
     if exports:
         log.info("--input %s: %s left out (packed sequences an --export-packed wrote, not records)", folder,
                  ", ".join(str(p) for p in sorted(exports)))
-    arrow = [p for p in found if p.suffix == ".arrow"]
+    if hidden:
+        log.info("--input %s: %s hidden file(s) left out (%s%s)", folder, f"{len(hidden):,}",
+                 hidden[0].relative_to(folder), " ..." if len(hidden) > 1 else "")
+    arrow = [p for p in found if p.suffix.lower() == ".arrow"]
     inner = sorted({p.parent for p in arrow if is_dataset_folder(p.parent)})
     if inner:
         raise UserError(f"--input {folder}: holds the datasets folder {inner[0]}; give that folder as --input"
                         + (f" (it holds {len(inner)} of them: give each, or a glob such as {folder}/*)"
                            if len(inner) > 1 else ""))
-    if arrow and not any(p.name.endswith(PARQUET_SUFFIX) or is_jsonl_name(p.name) and not _is_plain_json(p.name)
+    if arrow and not any(is_parquet_name(p.name) or is_jsonl_name(p.name) and not _is_plain_json(p.name)
                          for p in found):
         # Its dataset_info.json would otherwise be read as JSONL: "not valid JSON ... must be JSONL"
         raise UserError(f"--input {folder}: holds Arrow files ({arrow[0].name}) but is no datasets folder "
                         f"({arrow[0].parent / 'state.json'} is missing: save_to_disk writes it); copy the folder whole, "
                         "or give Parquet or JSONL")
-    parquet = [p for p in found if p.name.endswith(PARQUET_SUFFIX)]
-    jsonl = [p for p in found if is_jsonl_name(p.name)]
-    # Plain .json files beside other data files are metadata (a curate run's B_meta.json, B_clusters.json,
-    # caches' manifests beside its shards), not records: taken only when the folder holds nothing else.
-    plain_json = [p for p in jsonl if _is_plain_json(p.name)]
-    if plain_json and (parquet or len(plain_json) < len(jsonl)):
-        jsonl = [p for p in jsonl if not _is_plain_json(p.name)]
-        log.info("--input %s: %d .json file(s) left out (%s%s): the folder's data are its %s files", folder,
-                 len(plain_json), plain_json[0].name, " ..." if len(plain_json) > 1 else "",
-                 "Parquet" if parquet else ".jsonl/.ndjson")
+    data = _data_files(f"--input {folder}", found, take_unnamed=False)
+    parquet = [p for p in data if is_parquet_name(p.name)]
+    jsonl = [p for p in data if not is_parquet_name(p.name)]
     if parquet and jsonl:
         raise UserError(f"--input {folder}: holds both Parquet ({parquet[0].name}) and JSONL ({jsonl[0].name}) files; "
                         f"give one format (e.g. a glob such as {parquet[0].parent}/*.parquet or "
@@ -144,6 +146,37 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
         raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl/.json/.ndjson[.gz|.zst] files (nor a "
                         "datasets folder written by save_to_disk)")
     return ("parquet", parquet) if parquet else ("jsonl", jsonl)
+
+
+def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]:
+    """The data files among ``found`` (a folder's files, or a glob's matches): those named .parquet or
+    .jsonl/.json/.ndjson[.gz|.zst], in any case; plain .json files only where nothing else is named as data (beside
+    data files they are metadata: a curate run's B_meta.json, B_clusters.json); never a cache's manifest (the
+    input's token counts are cached beside it). What is left out is said. ``take_unnamed`` (a glob's matches):
+    where no file is named as data, the others are taken (JSONL files named otherwise; their reader says what
+    they are if not)."""
+    from .caches import MANIFEST_SUFFIX
+
+    manifests = [p for p in found if p.name.lower().endswith(MANIFEST_SUFFIX)]
+    if manifests:
+        log.info("%s: %s cache manifest(s) left out (%s%s)", given, f"{len(manifests):,}", manifests[0].name,
+                 " ..." if len(manifests) > 1 else "")
+    candidates = [p for p in found if not p.name.lower().endswith(MANIFEST_SUFFIX)]
+    named = [p for p in candidates if is_parquet_name(p.name) or is_jsonl_name(p.name)]
+    if not named:
+        return candidates if take_unnamed else []
+    plain_json = [p for p in named if _is_plain_json(p.name)]
+    if plain_json and len(plain_json) < len(named):
+        named = [p for p in named if not _is_plain_json(p.name)]
+        log.info("%s: %d .json file(s) left out (%s%s): the data are its %s files", given,
+                 len(plain_json), plain_json[0].name, " ..." if len(plain_json) > 1 else "",
+                 "Parquet" if any(is_parquet_name(p.name) for p in named) else ".jsonl/.ndjson")
+    taken = set(named) | set(plain_json)
+    others = [p for p in candidates if p not in taken]
+    if others:
+        log.info("%s: %s file(s) not named as data left out (%s%s)", given, f"{len(others):,}", others[0].name,
+                 " ..." if len(others) > 1 else "")
+    return named
 
 
 def _is_plain_json(name: str) -> bool:
@@ -158,7 +191,12 @@ def _resolve_one(value: Path | str) -> list[tuple[str, Path, Path | None]]:
         matches = sorted(Path(m) for m in glob.glob(text, recursive=True))
         if not matches:
             raise UserError(f"--input {text}: no file matches this pattern")
-        return [item for match in matches for item in _resolve_one(match)]
+        folders = [match for match in matches if match.is_dir()]
+        files = _data_files(f"--input {text}", [match for match in matches if not match.is_dir()], take_unnamed=True)
+        if not files and not folders:
+            raise UserError(f"--input {text}: matches no data file (only a cache's manifest, "
+                            f"{matches[0].name}{' ...' if len(matches) > 1 else ''})")
+        return [item for match in sorted(folders + files) for item in _resolve_one(match)]
     if path.is_dir():
         if is_dataset_folder(path) or (path / "dataset_dict.json").is_file():
             return [("arrow", f, path) for f in dataset_folder_files(path)]

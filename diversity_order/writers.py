@@ -68,9 +68,12 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
 
 
 def _jsonl_name(name: str) -> bool:
-    from .sources import is_jsonl_name
+    """An output named as JSONL, in lower case (the files beside it and the shards are named so; an input's
+    suffix may be in any case)."""
+    from .sources import JSONL_SUFFIXES
 
-    return is_jsonl_name(name)
+    return any(name.endswith(suffix + compressed) for suffix in JSONL_SUFFIXES
+               for compressed in ("", *records.COMPRESSED_SUFFIXES))
 
 
 def _stem_and_suffix(output: Path) -> tuple[Path, str]:

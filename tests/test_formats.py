@@ -835,6 +835,44 @@ def test_more_shards_than_records_are_written_empty_with_a_warning(tmp_path, dem
     assert sorted((tmp_path / "back.jsonl").read_bytes().splitlines()) == sorted(Path(demo_jsonl).read_bytes().splitlines())
 
 
+def test_folder_and_glob_inputs_take_data_files_named_in_any_case_and_say_what_they_leave_out(
+        tmp_path, demo_jsonl, tiny_model_dir, caplog):
+    """A folder's UP.JSONL and z.jsonl.GZ are data (given alone they were read; in a folder they were dropped
+    without a word, and their records were missing from the output); its hidden files and other files are left
+    out and said. A cache manifest an earlier run left beside one input file is never read as records: a glob
+    over the folder took it and blamed the user's data ("not valid JSON")."""
+    import gzip
+
+    lines = Path(demo_jsonl).read_bytes().splitlines(keepends=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(b"".join(lines[:40]))
+    (data / "UP.JSONL").write_bytes(b"".join(lines[40:45]))
+    (data / "z.jsonl.GZ").write_bytes(gzip.compress(b"".join(lines[45:50])))
+    (data / ".hidden.jsonl").write_bytes(lines[50])
+    (data / "README.md").write_text("about these files\n")
+    want = sorted(lines[:50])
+    few = ("--n-clusters", 3, "--seq-len", 4096)
+    # a run on one file first: its token counts are cached beside it (UP_token_counts.cache.json, ...)
+    assert curate("--input", data / "UP.JSONL", "--output", tmp_path / "one.jsonl", "--model-dir", tiny_model_dir,
+                  *few) == 0
+    assert (data / "UP_token_counts.cache.json").is_file()
+    for value, name in ((data, "folder"), (str(data / "*"), "all"), (str(data / "*.json*"), "json"),
+                        (str(data / "*.JSONL"), "upper")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert curate("--input", value, "--output", tmp_path / f"{name}.jsonl", "--model-dir", tiny_model_dir,
+                          *few) == 0
+        got = sorted((tmp_path / f"{name}.jsonl").read_bytes().splitlines(keepends=True))
+        expected = {"upper": lines[40:45], "json": lines[:40] + lines[45:50]}.get(name, want)  # (globs match case)
+        assert got == sorted(expected), name
+        if name != "upper":
+            assert "cache manifest(s) left out (UP_token_counts.cache.json)" in caplog.text
+        if name in ("folder", "all"):
+            assert "file(s) not named as data left out (README.md ..." in caplog.text
+        assert ("1 hidden file(s) left out (.hidden.jsonl)" in caplog.text) == (name == "folder")
+
+
 def test_a_sharded_runs_output_folder_is_an_input_again(tmp_path, demo_jsonl, tiny_model_dir, caplog):
     """The folder of a run's shards also holds its metadata and cache manifests (.json): not records; and, where
     the run exported its packed sequences into it, their folder (Parquet of token ids): not records either (a
