@@ -125,6 +125,9 @@ class CurateConfig:
              f"--ordering {self.ordering} orders by a per-document score: name its JSON field with --score-field"),
             (not self.extra_seq_lens or self.compare_strategies,
              "--seq-len takes several values only with --compare-strategies (the curated file follows the first)"),
+            (not 0 < self.cluster_fit_sample < self.n_clusters,
+             f"--cluster-fit-sample {self.cluster_fit_sample}: fewer rows than --n-clusters {self.n_clusters} "
+             f"centres to fit; give at least {self.n_clusters} (0: all rows)"),
         ]
         for ok, message in checks:
             if not ok:

@@ -318,6 +318,9 @@ def test_user_errors_are_one_line(tmp_path, tiny_model_dir, topical_jsonl, capsy
     assert f"{bad}:2: not valid JSON" in run_error(capsys, "--input", bad, "--output", out,
                                                    "--model-dir", tiny_model_dir)
     assert "--seq-len 0" in run_error(capsys, *base, "--model-dir", tiny_model_dir, "--seq-len", 0)
+    # a fit sample smaller than k was sklearn's traceback (n_samples=3 should be >= n_clusters=5)
+    assert run_error(capsys, *base, "--model-dir", tiny_model_dir, "--n-clusters", 5, "--cluster-fit-sample", 3) == (
+        "error: --cluster-fit-sample 3: fewer rows than --n-clusters 5 centres to fit; give at least 5 (0: all rows)")
 
 
 def test_single_document_and_single_cluster(tmp_path, tiny_model_dir):
