@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +213,109 @@ def test_resume_after_interrupt_equals_uninterrupted(data, tiny_model_dir, basel
     # A complete output: nothing to do.
     again = deep.extract(_config(data[0], out, tiny_model_dir), forward=_oom_when(lambda *a: True))
     assert again.nothing_to_do
+
+
+def _interrupting_after(calls: int):
+    seen = {"n": 0}
+
+    def forward(model, ids, mask):
+        seen["n"] += 1
+        if seen["n"] > calls:
+            raise KeyboardInterrupt
+        return deep.default_forward(model, ids, mask)
+    return forward
+
+
+def test_a_run_killed_twice_loses_no_checkpointed_row(data, tiny_model_dir, baseline, tmp_path, caplog):
+    """The first rerun takes up the checkpoint's rows into OUTPUT.resumed.npz; killed too, it leaves that file and
+    its own checkpoint, and the third run computes only what neither holds. Nothing is left beside the output."""
+    import logging
+
+    out = tmp_path / "emb.npy"
+    config = dict(batch_size=2, checkpoint_docs=2)
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(4))
+    first = int(np.load(tmp_path / "emb.npy.partial.done.npy").sum())
+    with pytest.raises(KeyboardInterrupt), caplog.at_level(logging.INFO):
+        deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(4))
+    assert f"Resuming: {first} of 37 rows to compute were finished by an interrupted run (emb.npy.partial.json)" \
+        in caplog.text
+    with np.load(tmp_path / "emb.npy.resumed.npz") as held:
+        assert held["rows"].size == first
+    second = int(np.load(tmp_path / "emb.npy.partial.done.npy").sum())
+    assert second > 0 and not out.exists()
+    computed = []
+
+    def counting(model, ids, mask):
+        computed.append(ids.shape[0])
+        return deep.default_forward(model, ids, mask)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        result = deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=counting)
+    assert f"Resuming: {first + second} of 37 rows to compute were finished by an interrupted run " \
+           "(emb.npy.resumed.npz and 1 more)" in caplog.text
+    empty = 1  # the empty record is done without the model, in the first run's first checkpoint
+    assert sum(computed) == result.docs == 37 - (first + second - empty) - empty
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
+
+
+def test_checkpoints_of_another_launch_are_taken_up(data, tiny_model_dir, baseline, tmp_path):
+    """One process killed, the rerun under torchrun (2 ranks, other shares); then the reverse: each rerun computes
+    only the rows the checkpoints lack (a rerun in another launch computed every row again and left the
+    checkpoint files behind)."""
+    out = tmp_path / "emb.npy"
+    config = dict(batch_size=2, checkpoint_docs=2)
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(5))
+    done = int(np.load(tmp_path / "emb.npy.partial.done.npy").sum())
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import logging, os, signal, sys, time
+from pathlib import Path
+from diversity_order import deep
+logging.basicConfig(level=logging.INFO)
+kill_after = int(sys.argv[1])
+calls = [0]
+def forward(model, ids, mask):
+    calls[0] += 1
+    if kill_after and os.environ["RANK"] == "1" and calls[0] > kill_after:
+        deadline = time.monotonic() + 60  # once rank 0 has checkpointed too
+        while not Path({str(tmp_path / "emb.npy.rank0.partial.done.npy")!r}).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return deep.default_forward(model, ids, mask)
+result = deep.extract(deep.DeepConfig(input={str(data[0])!r}, output={str(out)!r}, model_dir={str(tiny_model_dir)!r},
+                      device="cpu", dtype="float32", token_budget=2048, batch_size=2, checkpoint_docs=2,
+                      progress=False), forward=forward)
+if os.environ["RANK"] == "0":
+    print(f"computed {{result.docs}}", flush=True)
+""")
+    ran = _torchrun(2, [script, "0"])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"Resuming: {done} of 37 rows to compute were finished by an interrupted run (emb.npy.partial.json)" \
+        in ran.stderr
+    assert f"computed {37 - done}" in ran.stdout  # (the empty record was among the checkpointed rows)
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
+
+    out.unlink()
+    killed = _torchrun(2, [script, "3"])
+    assert killed.returncode != 0 and not out.exists()
+    masks = sorted(tmp_path.glob("emb.npy.rank*.partial.done.npy"))
+    held = sum(int(np.load(path).sum()) for path in masks)
+    assert masks and held > 0
+    computed = []
+
+    def counting(model, ids, mask):
+        computed.append(ids.shape[0])
+        return deep.default_forward(model, ids, mask)
+
+    result = deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=counting)
+    assert sum(computed) == result.docs == 37 - held
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
 
 
 def test_checkpoint_for_other_data_is_discarded(data, tiny_model_dir, baseline, tmp_path, caplog):
@@ -425,7 +529,8 @@ if os.environ["RANK"] == "0":
     # Every non-empty document not already done is computed once (the empty one is done in group 0's mask).
     n_docs = len(data[1]) - 1
     assert f"computed {n_docs - (sum(int(m.sum()) for m in done_masks) - 1)}" in resumed.stdout
-    assert "Resuming from emb.npy.rank0.partial.npy" in resumed.stderr
+    assert re.search(r"Resuming: \d+ of 37 rows to compute were finished by an interrupted run "
+                     r"\(emb\.npy\.rank0\.partial\.json and 1 more\)", resumed.stderr)
     np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
     assert not list(tmp_path.glob("*.partial*"))
 

@@ -20,8 +20,10 @@ order (the format ``curate_dataset.py --load-embeddings`` reads).
 * Resume: ``OUTPUT.partial.npy`` (rows so far) and ``OUTPUT.partial.done.npy`` (done mask,
   written after the data) are checkpointed atomically every ``checkpoint_docs`` documents or
   ``checkpoint_seconds``; ``OUTPUT.partial.json`` keys them to the data, the model and the
-  settings (a mismatch starts over, with a warning). A rerun computes only the missing rows;
-  skipped rows are retried. An OUTPUT already holding every record, in order, means nothing
+  settings (a mismatch starts over, with a warning), ``OUTPUT.partial.rows.npy`` names the share's
+  rows. A rerun computes only the missing rows, whatever launch checkpointed the others (one
+  process, any number of ranks or groups), keeping those in ``OUTPUT.resumed.npz`` until the output
+  is written; skipped rows are retried. An OUTPUT already holding every record, in order, means nothing
   to do.
 * Incremental: the output is written with ``OUTPUT.fingerprints.npy`` (each row's text
   fingerprint) and ``OUTPUT.cache.json`` (model, tokenizer, dtype, truncation, text field;

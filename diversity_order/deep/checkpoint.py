@@ -1,28 +1,36 @@
 """Checkpoints of deep extraction: each rank's (or tensor-parallel group's) rows so far, saved so a
 killed run resumes where it stopped, plus the list of documents skipped for memory.
 
-Three files per share: ``.partial.json`` (the key: data, model, settings), ``.partial.npy`` (one
-row per document of the share, a plain .npy) and ``.partial.done.npy`` (which rows are valid).
+Four files per share: ``.partial.json`` (the key: data, model, settings), ``.partial.rows.npy`` (the
+input rows of the share), ``.partial.npy`` (one row per document of the share, a plain .npy) and
+``.partial.done.npy`` (which rows are valid).
 The rows file is created at its full size when the run starts (space reserved up front, so a
 full disk is reported before any work, not hours later), and each checkpoint writes into it only
 the rows finished since the previous one, syncs them, then replaces the done mask atomically. A
 row counts only once a mask names it, so a crash at any point leaves a consistent checkpoint; and
 a checkpoint costs the new rows, not the whole share (which grew with every checkpoint before).
+
+A rerun takes up the rows of every checkpoint of this output whose key matches (``adopt``), whatever
+the launch that wrote it (one process, or any number of ranks or groups: the shares differ), and
+keeps them in one file, ``OUTPUT.resumed.npz``, replaced atomically, until the output is written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .. import distributed, matrix
-from ..atomic import remove_stale_temps, save_json, save_npy
+from ..atomic import atomic_open, remove_stale_temps, save_json, save_npy
 from ..errors import UserError
 
 log = logging.getLogger("diversity_order.deep")
@@ -34,8 +42,121 @@ def partial_paths(output: Path, ctx: distributed.DistContext) -> tuple[Path, Pat
     return Path(f"{base}.npy"), Path(f"{base}.done.npy"), Path(f"{base}.json")
 
 
+def rows_path(key_path: Path) -> Path:
+    """``X.partial.rows.npy`` beside ``X.partial.json``: the input rows of the share."""
+    return key_path.with_name(key_path.name.removesuffix(".json") + ".rows.npy")
+
+
+def resumed_path(output: Path) -> Path:
+    return output.parent / f"{output.name}.resumed.npz"
+
+
 def skipped_path(output: Path) -> Path:
     return output.parent / f"{output.name}.skipped.json"
+
+
+def rows_digest(rows: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(rows, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+
+
+# Fields of a checkpoint's key that differ between launches of the same work: the share's rows, and the
+# width (known only once the model is loaded; the model's fingerprint pins it).
+_SHARE_FIELDS = ("rows", "dim")
+
+
+@dataclass
+class Adopted:
+    """Rows an interrupted run finished, from its checkpoints: input rows (ascending) and their vectors."""
+
+    rows: np.ndarray
+    data: np.ndarray
+    sources: list  # the checkpoints' key files they came from (and the resumed file), to remove once kept
+
+
+def _work_of(key: dict) -> dict:
+    return {name: value for name, value in key.items() if name not in _SHARE_FIELDS}
+
+
+def _checkpoint_keys(output: Path) -> list[Path]:
+    """Every checkpoint's key file of ``output``: one process's and any rank's or group's."""
+    pattern = re.compile(rf"{re.escape(output.name)}(\.rank\d+)?\.partial\.json")
+    return sorted(path for path in output.parent.glob("*.partial.json") if pattern.fullmatch(path.name))
+
+
+def _read_share(key_path: Path, work: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """The finished rows and vectors of one checkpoint of this work; None where it is another's, has no rows
+    file (written before rows files were kept: taken up by its own launch only) or is damaged."""
+    try:
+        stored = json.loads(key_path.read_text())
+        if not isinstance(stored, dict) or _work_of(stored) != work:
+            return None
+        rows = np.load(rows_path(key_path))
+        if rows.ndim != 1 or rows_digest(rows) != stored.get("rows"):
+            return None
+        done_path = key_path.with_name(key_path.name.removesuffix(".json") + ".done.npy")
+        data_path = key_path.with_name(key_path.name.removesuffix(".json") + ".npy")
+        done = np.load(done_path)
+        data = np.load(data_path, mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    if done.shape != rows.shape or done.dtype != bool or data.shape != (rows.size, stored.get("dim")) \
+            or data.dtype != np.float32:
+        return None
+    return rows[done].astype(np.int64), np.asarray(data[done], dtype=np.float32)
+
+
+def adopt(output: Path, key: dict) -> Adopted | None:
+    """The rows every checkpoint of this work holds (``key``: the run's checkpoint key, its share fields left
+    aside), from any launch, and those of an earlier adoption; None where there are none. Main rank only."""
+    work = _work_of(key)
+    parts, sources = [], []
+    resumed = resumed_path(output)
+    if resumed.exists():
+        try:
+            with np.load(resumed) as held:
+                if json.loads(str(held["key"])) == work:
+                    parts.append((held["rows"].astype(np.int64), held["data"].astype(np.float32)))
+        except (OSError, ValueError, KeyError):
+            log.warning("%s: damaged; the rows it held are computed again", resumed.name)
+        sources.append(resumed)
+    for key_path in _checkpoint_keys(output):
+        share = _read_share(key_path, work)
+        if share is not None:
+            parts.append(share)
+            sources.append(key_path)
+    parts = [(rows, data) for rows, data in parts if rows.size]
+    if not parts:
+        return None
+    rows = np.concatenate([r for r, _ in parts])
+    data = np.concatenate([d for _, d in parts])
+    rows, first = np.unique(rows, return_index=True)  # (a row in two files: the first's; both are the same work)
+    return Adopted(rows, data[first], sources)
+
+
+def keep_adopted(output: Path, key: dict, adopted: Adopted) -> None:
+    """Put the adopted rows in the resumed file (one atomic replace: the earlier adoption's rows are in the
+    new file), then remove the checkpoints they came from, so a run killed at any point loses none of them."""
+    path = resumed_path(output)
+    if adopted.sources != [path]:
+        try:
+            with atomic_open(path, "wb") as handle:
+                np.savez(handle, key=np.asarray(json.dumps(_work_of(key))), rows=adopted.rows, data=adopted.data)
+        except OSError as exc:
+            raise UserError(f"cannot write {path} ({adopted.data.nbytes / 1e6:,.1f} MB, the rows an interrupted "
+                            f"run finished): {exc.strerror or exc}; free space or fix the folder, then rerun") from None
+    for source in adopted.sources:
+        if source != path:
+            remove_checkpoint(source)
+
+
+def remove_checkpoint(key_path: Path) -> None:
+    """One share's checkpoint files, the done mask first (what is left is then "no rows saved yet")."""
+    stem = key_path.name.removesuffix(".json")
+    for path in (key_path.with_name(stem + ".done.npy"), key_path.with_name(stem + ".npy"), rows_path(key_path),
+                 key_path):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        remove_stale_temps(path)
 
 
 class Partial:
@@ -120,6 +241,7 @@ class Partial:
 
     def start(self) -> None:
         if self.writer:
+            save_npy(rows_path(self.key_path), self.rows)  # before the key: a key names rows that are there
             save_json(self.key_path, self.key)
 
     def checkpoint(self) -> None:
@@ -148,13 +270,8 @@ class Partial:
         self.writes += 1
 
     def remove(self) -> None:
-        if not self.writer:
-            return
-        # The mask first: until the others are gone too, what is left is "no rows saved yet", never damage.
-        for path in (self.done_path, self.data_path, self.key_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            remove_stale_temps(path)  # debris of a checkpoint write a killed run never finished
+        if self.writer:
+            remove_checkpoint(self.key_path)  # debris of a checkpoint write a killed run never finished too
 
 
 def _data_offset(path: Path) -> int:

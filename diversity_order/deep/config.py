@@ -95,12 +95,13 @@ def files_written(output: Path) -> list[Path]:
     """The files a run writing ``output`` writes beside it (a rank's checkpoints besides: ``OUTPUT.rankN.partial.*``):
     an input of one of these names would be overwritten (a reviewer's deep.cache.json was, and the run exited 0)."""
     from ..caches import files_for
-    from .checkpoint import partial_paths, skipped_path
+    from .checkpoint import partial_paths, resumed_path, rows_path, skipped_path
     from .tokens import token_cache_files
 
+    checkpoint = partial_paths(output, distributed.DistContext())
     return [path for files in (files_for(output), token_cache_files(output))
             for path in (files.data, files.fingerprints, files.marker, *files.extras.values())] + \
-        [*partial_paths(output, distributed.DistContext()), skipped_path(output)]
+        [*checkpoint, rows_path(checkpoint[2]), resumed_path(output), skipped_path(output)]
 
 
 def _check_replaceable(output: Path) -> None:

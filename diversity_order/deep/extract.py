@@ -1,7 +1,7 @@
 """``extract(config)``: the stages of deep extraction, in order.
 
-    start -> index and key -> reuse the output's rows -> tokens -> model -> share and checkpoint
-          -> batch loop -> gather and write
+    start -> index and key -> reuse the output's rows -> adopt the checkpoints' rows -> tokens -> model
+          -> share and checkpoint -> batch loop -> gather and write
 
 Each stage is a function below; a ``_Job`` carries their state.
 """
@@ -25,7 +25,7 @@ from ..fields import cache_key
 from ..runtime import start
 from ..sources import open_source
 from .batches import BatchLoop, Embedder, batch_size_for, initial_budget, progress_for
-from .checkpoint import Partial, skipped_path
+from .checkpoint import Adopted, Partial, adopt, keep_adopted, resumed_path, rows_digest, skipped_path
 from .config import DeepConfig, DeepResult, check_config
 from .layout import Layout, TensorParallelGroup
 from .model import ForwardFn, config_max_positions, load_model, model_fingerprint, torch_dtype
@@ -56,6 +56,7 @@ class _Job:
     tokens: Tokens | None = None
     model: object = None
     dim: int = 0
+    adopted: Adopted | None = None  # rows an interrupted run checkpointed (main rank)
 
     @property
     def data_ctx(self) -> distributed.DistContext:
@@ -90,6 +91,11 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
         _log_layout(job)
         index_and_key(job)
         if reuse_output(job):
+            return job.result
+        adopt_checkpoints(job)
+        if job.needed.size == 0:  # the checkpoints held every row left: no model to load
+            write_output(job, [], [], [])
+            _report(job)
             return job.result
         load_tokens(job)
         job.model = load_model(config.model_dir, job.dtype, device, config.tp > 1, config.attn_implementation,
@@ -170,6 +176,39 @@ def reuse_output(job: _Job) -> bool:
     return True
 
 
+def _work_key(job: _Job) -> dict:
+    """What a checkpoint of this work is keyed to, beside its share (``share_and_checkpoint`` adds that)."""
+    return job.output_key | {
+        "records": job.n,
+        "data": hashlib.blake2b(job.fingerprints.tobytes(), digest_size=16).hexdigest(),
+    }
+
+
+def adopt_checkpoints(job: _Job) -> None:
+    """The rows an interrupted run of this work checkpointed, under any launch (one process, any number of
+    ranks or tensor-parallel groups: each splits the rows its own way), are taken as done: rank 0 keeps them in
+    OUTPUT.resumed.npz until the output is written, and no rank computes them again."""
+    ctx = job.ctx
+    rows = None
+    if ctx.is_main:
+        job.adopted = adopt(job.config.output, _work_key(job))
+        if job.adopted is not None:
+            keep_adopted(job.config.output, _work_key(job), job.adopted)
+            rows = job.adopted.rows
+            taken = rows[np.isin(rows, job.needed)]
+            job.adopted = Adopted(taken, job.adopted.data[np.isin(rows, job.needed)], job.adopted.sources)
+            names = [path.name for path in job.adopted.sources]
+            log.info("Resuming: %s of %s rows to compute were finished by an interrupted run (%s%s), taken as "
+                     "they are", f"{taken.size:,}", f"{job.needed.size:,}", names[0],
+                     f" and {len(names) - 1} more" if len(names) > 1 else "")
+            rows = taken
+    if ctx.active:
+        rows = distributed.broadcast_object(ctx, rows is not None)
+        rows = distributed.broadcast_array(ctx, job.adopted.rows if ctx.is_main else None) if rows else None
+    if rows is not None and rows.size:
+        job.needed = np.setdiff1d(job.needed, rows, assume_unique=True)
+
+
 def load_tokens(job: _Job) -> None:
     """Tokens from (or added to) the cache beside the output; rank 0 writes it before the others read it."""
     config, ctx = job.config, job.ctx
@@ -196,12 +235,7 @@ def share_and_checkpoint(job: _Job) -> tuple[Partial, np.ndarray, dict]:
         order = order[::-1].copy()
     share = distributed.my_share(job.data_ctx, order, lengths[order])
     rows = np.sort(share)
-    key = job.output_key | {
-        "records": job.n,
-        "data": hashlib.blake2b(job.fingerprints.tobytes(), digest_size=16).hexdigest(),
-        "rows": hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest(),
-        "dim": job.dim,
-    }
+    key = _work_key(job) | {"rows": rows_digest(rows), "dim": job.dim}
     partial = Partial(config.output, job.data_ctx, rows, job.dim, key, writer=job.layout.leader)
     partial.done = _tp_group(job).broadcast(partial.done)  # --tp: the group leader's checkpoint decides for all
     partial.start()
@@ -240,7 +274,7 @@ def embed_share(job: _Job, partial: Partial, todo: np.ndarray, position: dict) -
 
 def gather_and_write(job: _Job, partial: Partial) -> None:
     """Rank 0 gathers every group's rows, writes OUTPUT with its sidecars and the skipped list."""
-    config, ctx, result = job.config, job.ctx, job.result
+    ctx, result = job.ctx, job.result
     comm_device = job.device if job.device.type == "cuda" else None
 
     def gather(array: np.ndarray):
@@ -252,22 +286,42 @@ def gather_and_write(job: _Job, partial: Partial) -> None:
 
     parts, datas = gather(partial.rows), gather(partial.data)
     skipped_all = gather(np.asarray(result.skipped, dtype=np.int64).reshape(-1, 2))
-    if ctx.is_main:
-        embeddings = np.full((job.n, job.dim), np.nan, dtype=np.float32)
-        if job.found.data is not None and job.found.data.shape[1:] == (job.dim,):
-            embeddings[job.reused] = job.found.data[job.reused]
-        for part_rows, part_data in zip(parts, datas):
-            embeddings[part_rows] = part_data
-        # The output with its fingerprint sidecars (OUTPUT.fingerprints.npy, OUTPUT.cache.json).
-        caches.store(config.output, job.output_key, job.fingerprints, embeddings, required=True)
-        result.skipped = sorted(tuple(int(v) for v in pair) for block in skipped_all for pair in block)
-        _write_skipped(config.output, result.skipped)
-    distributed.barrier(ctx)
+    write_output(job, parts, datas, skipped_all)
     partial.remove()
     if job.data_ctx.active:
         totals = gather(np.asarray([[result.docs, result.tokens]], dtype=np.int64))
         if ctx.is_main:
             result.docs, result.tokens = (int(v) for v in np.concatenate(totals).sum(axis=0))
+    _report(job)
+
+
+def write_output(job: _Job, parts, datas, skipped_all) -> None:
+    """Rank 0 writes OUTPUT (the reused rows, those the checkpoints held and those computed now) with its
+    sidecars and the skipped list; then the adopted rows' file goes."""
+    config, ctx, result = job.config, job.ctx, job.result
+    if ctx.is_main:
+        adopted = job.adopted
+        dim = job.dim or (adopted.data.shape[1] if adopted is not None else 0) or job.found.data.shape[1]
+        embeddings = np.full((job.n, dim), np.nan, dtype=np.float32)
+        if job.found.data is not None and job.found.data.shape[1:] == (dim,):
+            embeddings[job.reused] = job.found.data[job.reused]
+        if adopted is not None:
+            embeddings[adopted.rows] = adopted.data
+        for part_rows, part_data in zip(parts, datas):
+            embeddings[part_rows] = part_data
+        job.dim = dim
+        # The output with its fingerprint sidecars (OUTPUT.fingerprints.npy, OUTPUT.cache.json).
+        caches.store(config.output, job.output_key, job.fingerprints, embeddings, required=True)
+        result.skipped = sorted(tuple(int(v) for v in pair) for block in skipped_all for pair in block)
+        _write_skipped(config.output, result.skipped)
+    distributed.barrier(ctx)
+    if ctx.is_main:
+        with contextlib.suppress(FileNotFoundError):
+            resumed_path(config.output).unlink()
+
+
+def _report(job: _Job) -> None:
+    config, ctx, result = job.config, job.ctx, job.result
     result.seconds = time.perf_counter() - job.started
     if ctx.is_main:
         batches = ""
