@@ -1170,7 +1170,7 @@ def _write_shards_across_ranks(run: Run, before_commit=None) -> list[tuple[Path,
             for (part, lo, hi), target in zip(mine, staged):
                 writers.write_shard(run.index, order[lo:hi], target, config.written_kind, run.parquet_schema,
                                     shown=paths[part])
-        except UserError as exc:
+        except (UserError, OSError) as exc:  # (a full disk too: raised below as one line, once all ranks know)
             failure = exc
         if failure is None and before_commit is not None:
             before_commit()  # rank 0's: done before any rank renames its shards (they wait for all to agree)

@@ -188,6 +188,28 @@ def broadcast_object(ctx: DistContext, obj=None):
     return box[0]
 
 
+def from_main(ctx: DistContext, compute, what: str):
+    """Rank 0's ``compute()`` on every rank. Where it fails there, rank 0 raises its error (one line, as in one
+    process) and the others a UserError saying so, instead of waiting on a broadcast that never comes and
+    ending in a collective's traceback when rank 0 exits."""
+    if not ctx.active:
+        return compute()
+    value, error = None, None
+    if ctx.is_main:
+        try:
+            value = compute()
+        except Exception as exc:  # (Ctrl-C and SIGTERM are the interrupt handling's: they stop every rank)
+            error = exc
+    failed, value = broadcast_object(ctx, (error is not None, value))
+    if error is not None:
+        raise error
+    if failed:
+        from .errors import UserError
+
+        raise UserError(f"{what}: rank 0 could not (its error line says why)")
+    return value
+
+
 def exchange_objects(ctx: DistContext, outgoing: dict[int, object], incoming: list[int]) -> dict[int, object]:
     """Point to point: this rank sends ``outgoing[rank]`` to each of those ranks and receives one
     object from each rank in ``incoming``. Every rank must call it, and a send from rank r to d

@@ -99,8 +99,8 @@ def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: matrix.RowWriter
 
 def _shared_file(ctx: DistContext, target: Path, n: int, dim: int) -> tuple[Path, int]:
     """Rank 0 creates the file every rank writes into; every rank must see it."""
-    created = _create_rows_file(target, n, dim) if ctx.is_main else None
-    name, offset = distributed.broadcast_object(ctx, created)
+    name, offset = distributed.from_main(ctx, lambda: _create_rows_file(target, n, dim),
+                                         f"creating the embeddings file beside {target}")
     if not distributed.all_agree(ctx, name.exists()):
         raise UserError(f"torchrun: the ranks do not share the folder {target.parent} (rank 0 created {name.name} "
                         "there and another rank cannot see it): put --output on a filesystem every node mounts")
@@ -257,7 +257,8 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
             kept_rows.say(ctx.rank, target, work)
             new_counts = _gather(ctx, mine)
             digest = _digest_together(ctx, name)
-        shared = distributed.broadcast_object(ctx, _adopt(target, emb_key, fps, name, digest) if ctx.is_main else None)
+        shared = distributed.from_main(ctx, lambda: _adopt(target, emb_key, fps, name, digest),
+                                       f"keeping the embeddings as {target}")
         if ctx.is_main:
             kept_rows.discard(target)
             counts[missing] = new_counts
@@ -349,16 +350,19 @@ def labels_from_sample(ctx: DistContext, vectors: MatrixFile, n_clusters: int, s
     mine = sample[(sample >= lo) & (sample < hi)] - lo
     # Rank order = row order: rank 0 gets the sample in ascending rows, as one process reads it.
     rows = _gather(ctx, matrix.read_rows(_rows_of(vectors, lo, hi), mine))
-    fitted = None
-    if ctx.is_main:
+
+    def fit():
+        nonlocal rows
         pca, info = _fit_pca(rows, pca_components, seed)
         if pca is not None:
             rows = _project(pca, rows)
         log.info("k-means fitted on %s sampled rows of %s; every rank assigns its own rows", f"{rows.shape[0]:,}",
                  f"{n:,}")
         fitted = (pca, info, clustering.fit_centres(rows, n_clusters, seed, backend, device))
-        del rows
-    pca, info, centres = distributed.broadcast_object(ctx, fitted)
+        rows = None
+        return fitted
+
+    pca, info, centres = distributed.from_main(ctx, fit, "fitting k-means on the sample")
     labels = np.empty(hi - lo, dtype=np.int64)
     for start, stop, block in matrix.blocks(_rows_of(vectors, lo, hi)):
         labels[start:stop] = clustering.assign_to_centres(block if pca is None else _project(pca, block), centres,

@@ -791,6 +791,46 @@ with open(os.path.join({str(tmp_path)!r}, "left-" + os.environ["RANK"]), "w") as
     assert left == {"left-0": "0", "left-1": "0"}, (left, proc.stdout + proc.stderr[-2000:])
 
 
+@pytest.mark.parametrize("where", ["shards", "embeddings"])
+def test_a_full_disk_on_rank_0_is_one_line_on_every_rank(tmp_path, tiny_model_dir, where):
+    """Rank 0's disk full while writing its shards, or creating the shared embeddings file: it says so in one line
+    and the other rank stops with its own line, not with gloo's "Connection closed by peer" traceback as rank 0
+    left the collective it never reached."""
+    src = write_jsonl(tmp_path / "in.jsonl", topical_records(per_topic=8))
+    script = tmp_path / "full.py"
+    script.write_text(f"""
+import errno, os, sys
+import curate_dataset
+from diversity_order import scale_out, writers
+from diversity_order.cli import run_main
+
+def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+if os.environ["RANK"] == "0":
+    if {where!r} == "shards":
+        writers.write_shard = full
+    else:
+        scale_out._create_rows_file = full
+sys.exit(run_main(curate_dataset.main, ["--input", {str(src)!r}, "--output", {str(tmp_path / "out.jsonl")!r},
+         "--model-dir", {str(tiny_model_dir)!r}, "--n-clusters", "4", "--seq-len", "512", "--no-plot",
+         "--output-shards", "4", "--no-progress"]))
+""")
+    env = {**os.environ, "DIVERSITY_ORDER_CACHE_DIR": "", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+                                              "CUDA_VISIBLE_DEVICES": ""},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "no room left on the disk" in err, err[-3000:]
+    said = ("another rank could not write its shards" if where == "shards"
+            else "creating the embeddings file beside")
+    assert said in err, err[-3000:]
+    assert "Connection closed by peer" not in err and "RuntimeError" not in err, err[-3000:]
+    assert not list(tmp_path.glob("out*.jsonl"))
+
+
 def _torchrun_script(script: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
