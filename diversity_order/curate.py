@@ -1252,7 +1252,7 @@ def write_metadata(run: Run, plots_drawn: bool = True) -> dict:
         "load_embeddings_path": _recorded_path(config.load_embeddings) if config.load_embeddings else None,
         "model_dir": _recorded_path(config.model_dir) if config.model_dir else None,
         "text_field": config.text_field,
-        "token_counts_file": _recorded_path(paths["token_counts"]),
+        "token_counts_file": _recorded_path(features.token_counts_file(paths, run.index.fingerprints)),
         "chat_template": run.chat_template,
         "input_format": config.inputs.kind,
         "input_files": [_recorded_path(path) for path in config.inputs.files],

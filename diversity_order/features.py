@@ -322,6 +322,17 @@ def token_count_places(paths: dict) -> list[Path]:
     return [primary] if fallback.absolute() == primary.absolute() else [primary, fallback]
 
 
+def token_counts_file(paths: dict, fingerprints: np.ndarray) -> Path:
+    """The cache file holding this run's token counts: the first place whose fingerprints are the records' (beside
+    the output where the input's folder could not be written), else the usual place beside the input."""
+    places = token_count_places(paths)
+    for place in places:
+        with contextlib.suppress(OSError, ValueError):
+            if np.array_equal(np.load(caches.files_for(place).fingerprints, mmap_mode="r"), fingerprints):
+                return place
+    return places[0]
+
+
 def store_token_counts(places: list[Path], key: dict, fps: np.ndarray, counts: np.ndarray,
                        filled: np.ndarray | None = None) -> None:
     """``filled``: only those records' counts are known (see ``caches.store``)."""

@@ -561,6 +561,39 @@ def test_metadata_paths_are_normalised_and_its_keys_name_no_paths(tmp_path, tiny
     assert not any(str(tmp_path) in key for key in meta["timings_seconds"])
 
 
+def test_metadata_names_the_token_counts_where_they_were_cached(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """Where the input's folder cannot be written (read-only data), the token counts go beside the output, and the
+    metadata names that file (it named the one beside the input, which does not exist)."""
+    import logging
+
+    from diversity_order import caches
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    src = write_jsonl(data / "d.jsonl", topical_records(per_topic=5))
+    real = caches.try_store
+
+    def read_only_input_folder(target, *args, **kwargs):
+        place = target if isinstance(target, Path) else target.data
+        if Path(place).parent == data:
+            return "Read-only file system"
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(caches, "try_store", read_only_input_folder)
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", src, "--output", out / "x.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+                      "--no-plot") == 0
+    assert "cannot be cached beside the input (Read-only file system)" in caplog.text
+    meta = json.loads((out / "x_meta.json").read_text())
+    assert meta["token_counts_file"] == str(out / "d_token_counts.npy")
+    assert Path(meta["token_counts_file"]).is_file() and not (data / "d_token_counts.npy").exists()
+    # a rerun finds them there (nothing new to cache beside the input): the metadata names that file again
+    monkeypatch.setattr(caches, "try_store", real)
+    assert curate("--input", src, "--output", out / "y.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 3,
+                  "--no-plot") == 0
+    assert Path(json.loads((out / "y_meta.json").read_text())["token_counts_file"]).is_file()
+
+
 def test_the_size_written_counts_a_datasets_folder_s_files(tmp_path):
     from diversity_order.curate import _bytes_on_disk
 
