@@ -277,7 +277,8 @@ def inferred_columns(source, rows: np.ndarray):
         if both:
             raise ValueError(f"no Parquet integer holds the values of {', '.join(both)}")
     except _conversion_errors() as exc:
-        raise _not_one_table(source, exc, _first_clash(source, rows)) from None
+        detail = _first_unencodable(source, rows) if isinstance(exc, UnicodeEncodeError) else _first_clash(source, rows)
+        raise _not_one_table(source, exc, detail) from None
     return schema, object_keys
 
 
@@ -422,6 +423,49 @@ def _conversion_errors() -> tuple:
     return pa.ArrowException, TypeError, ValueError, OverflowError
 
 
+def _first_unencodable(source, rows: np.ndarray) -> str | None:
+    """Where records ``rows`` first hold text UTF-8 cannot encode (a lone surrogate, ``"\\udc00"``, which JSON
+    escapes can spell and Parquet's strings cannot hold): the field and the record's place."""
+    at = 0
+    for piece in _jsonl_pieces(source, rows):
+        for record in piece:
+            row = int(rows[at])
+            at += 1
+            path = _unencodable_path(record, "")
+            if path is not None:
+                return (f"{'a key' if path.endswith(' (a key)') else 'field'} {path.removesuffix(' (a key)')!r} at "
+                        f"{source.where(row)} holds a lone surrogate (a \\ud800-\\udfff escape alone), which UTF-8, "
+                        "and so Parquet's text, cannot hold")
+    return None
+
+
+def _unencodable_path(value, path: str) -> str | None:
+    if isinstance(value, str):
+        return None if _encodes(value) else path
+    if isinstance(value, list):
+        for item in value:
+            found = _unencodable_path(item, f"{path}[]")
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            inner = f"{path}.{name}" if path else name
+            if not _encodes(name):
+                return f"{inner} (a key)"
+            found = _unencodable_path(item, inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _first_clash(source, rows: np.ndarray) -> str | None:
     """Where records ``rows`` first disagree on a field's JSON type (a number in one, a string in another), said
     with both records' places; read again only when a conversion has failed, to say which record to mend."""
@@ -546,5 +590,6 @@ def _jsonl_to_parquet(source, rows: np.ndarray, path: Path, schema=None) -> int:
                 table = pa.Table.from_pylist(arrow_json.encoded(piece, as_text), schema=storage)
                 writer.write_table(table.cast(schema) if as_text else table)
     except _conversion_errors() as exc:  # e.g. a field holding {} only: no Parquet type
-        raise _not_one_table(source, exc) from None
+        raise _not_one_table(source, exc, _first_unencodable(source, rows) if isinstance(exc, UnicodeEncodeError)
+                             else None) from None
     return path.stat().st_size

@@ -1354,6 +1354,16 @@ def test_records_parquet_cannot_hold_fail_before_embedding(tmp_path, demo_record
         if name == "clash":  # the second record has "x", the first 1
             assert f"field 'e' is a string at {tmp_path / name}.jsonl:2 but a number at {tmp_path / name}.jsonl:1" in err
         assert not (tmp_path / name).exists() or not list((tmp_path / name).glob("*.parquet*"))
+    # A lone surrogate (JSON can escape one; UTF-8 cannot hold it): said with its field and line, in a value or a key
+    for name, raw in (("surrogate", '{"text": "t", "meta": {"s": ["ok", "\\udc00"]}}'),
+                      ("key", '{"text": "t", "meta": {"\\ud800": 1}}')):
+        lines = [json.dumps({"text": r["text"]}) for r in demo_records]
+        lines[7] = raw
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+        err = run_error(capsys, "--input", tmp_path / f"{name}.jsonl", "--output", tmp_path / name / "c.parquet",
+                        "--model-dir", tiny_model_dir, *COMMON)
+        where = "field 'meta.s[]'" if name == "surrogate" else "a key 'meta.\\ud800'"
+        assert f"({where} at {tmp_path / name}.jsonl:8 holds a lone surrogate" in err, err
 
 
 def test_jsonl_converted_to_parquet_has_its_columns_in_input_order_whatever_the_order_written(tmp_path):
