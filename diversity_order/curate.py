@@ -978,9 +978,20 @@ def _export_packed(run: Run):
     from . import packed_export
 
     with run.timer.stage(f"Exporting packed sequences to {config.export_packed}"):
-        return packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
-                                    config.seq_len, config.count_special_tokens, config.export_packed, run.labels,
-                                    config.progress)
+        staged = packed_export.export(run.index, run.order, run.counts, run.model.tokenizer("--export-packed"),
+                                      config.seq_len, config.count_special_tokens, config.export_packed, run.labels,
+                                      config.progress)
+    said = staged.summary
+    dropped = (f"; the last {said['tokens_dropped']:,} tokens ({said['documents_dropped']:,} document(s) beginning "
+               "there) fill no sequence and are left out") if said["tokens_dropped"] else ""
+    if said["sequences"]:
+        log.info("Packed export: %s sequences of %s tokens in %s shard(s)%s", f"{said['sequences']:,}",
+                 f"{config.seq_len:,}", f"{said['shards']:,}", dropped)
+    else:
+        log.warning("--export-packed %s: no sequence of %s tokens could be filled (the data hold %s): the folder "
+                    "holds no packed files; give a smaller --seq-len", config.export_packed, f"{config.seq_len:,}",
+                    f"{said['tokens_dropped']:,} tokens")
+    return staged
 
 
 def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> None:

@@ -305,3 +305,30 @@ def test_an_unchanged_export_is_kept_and_any_change_makes_it_again(tmp_path, cor
     edited[3]["text"] += " edited"
     write_jsonl(src, edited)
     assert made_again()
+
+
+def test_the_export_says_what_it_wrote_and_warns_when_it_is_empty(tmp_path, corpus, tiny_model_dir, caplog):
+    """The log gives the sequences written and the tokens left out (it said only "Exporting ... done"); an export of
+    no full sequence (a --seq-len above the data's tokens) is warned of: the folder holds no packed files, and the
+    README's loader then fails on an empty file list."""
+    import logging
+
+    src, _ = corpus
+    common = ["--input", src, "--model-dir", tiny_model_dir, "--n-clusters", 6, "--no-plot"]
+    with caplog.at_level(logging.INFO):
+        assert curate(*common, "--output", tmp_path / "a" / "c.jsonl", "--seq-len", SEQ_LEN,
+                      "--export-packed", tmp_path / "a" / "packed") == 0
+    said = json.loads((tmp_path / "a" / "packed" / "packed.json").read_text())
+    assert said["sequences"] > 0
+    assert (f"Packed export: {said['sequences']:,} sequences of {SEQ_LEN} tokens in {said['shards']} shard(s); the last "
+            f"{said['tokens_dropped']:,} tokens") in caplog.text
+    total = int(np.load(tmp_path / "a" / "c_order.npy").size)  # (a count of records, for the next run's length)
+    caplog.clear()
+    huge = 10_000_000
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--output", tmp_path / "b" / "c.jsonl", "--seq-len", huge,
+                      "--export-packed", tmp_path / "b" / "packed") == 0
+    said = json.loads((tmp_path / "b" / "packed" / "packed.json").read_text())
+    assert said["sequences"] == 0 and said["documents_dropped"] == total
+    assert (f"--export-packed {tmp_path / 'b' / 'packed'}: no sequence of {huge:,} tokens could be filled (the data "
+            f"hold {said['tokens_dropped']:,} tokens)") in caplog.text
