@@ -263,7 +263,10 @@ class ArrowTableSource:
                 self._verify(table, wanted[at])
                 parts.append(table)
                 positions.append(at)
-            gathered = _conformed(pa.concat_tables(parts, promote_options="permissive"), self._schema())
+            # each file's part in the joined schema first (a dictionary-encoded column beside a plain one: no
+            # promotion joins those)
+            schema = self._schema()
+            gathered = pa.concat_tables([_conformed(part, schema) for part in parts])
             yield gathered.take(np.argsort(np.concatenate(positions), kind="stable"))
 
     def _verify(self, table, rows: np.ndarray) -> None:
@@ -412,10 +415,7 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
             # Files that differ only where one schema holds the other (a column or a message key some files
             # lack, a narrower number type) are read as one: rows are written with the joined schema, nulls where
             # their file had nothing. Others (a string where the first has a number) cannot be one table.
-            try:
-                joined = pa.unify_schemas([schema, file_schema], promote_options="permissive")
-            except (pa.ArrowException, TypeError, ValueError):
-                joined = None
+            joined = _joined(schema, file_schema, pa)
             lossy = None if joined is None else (_lossy_widening(schema, joined, pa)
                                                  or _lossy_widening(file_schema, joined, pa)
                                                  or _unsigned_made_signed(unsigned, joined, kind, pa, largest))
@@ -558,6 +558,17 @@ def _largest_at(path: Path, kind: str, steps: tuple[str, ...], pa) -> int:
     return 0 if largest is None else int(largest)
 
 
+def _joined(schema, file_schema, pa):
+    """One schema for two files' (Arrow's permissive unification; None where there is none). Where one file's
+    column is dictionary-encoded and the other's plain, the values' type: the same values, read alike."""
+    for pair in ((schema, file_schema), (_decoded_schema(schema, pa), _decoded_schema(file_schema, pa))):
+        try:
+            return pa.unify_schemas(list(pair), promote_options="permissive")
+        except (pa.ArrowException, TypeError, ValueError):
+            continue
+    return None
+
+
 def _conversation_hint(schema, pa) -> str:
     """Where a column holds conversations (a list of structs with a role), how to read it; else ""."""
     for column in schema:
@@ -604,20 +615,39 @@ def _viewless_schema(schema, pa):
             return pa.large_string()
         if pa.types.is_binary_view(kind):
             return pa.large_binary()
-        if pa.types.is_struct(kind):
-            return pa.struct([kind.field(i).with_type(plain(kind.field(i).type)) for i in range(kind.num_fields)])
-        if pa.types.is_map(kind):
-            return pa.map_(kind.key_field.with_type(plain(kind.key_type)), kind.item_field.with_type(plain(kind.item_type)),
-                           kind.keys_sorted)
-        if pa.types.is_large_list(kind):
-            return pa.large_list(kind.value_field.with_type(plain(kind.value_type)))
-        if pa.types.is_fixed_size_list(kind):
-            return pa.list_(kind.value_field.with_type(plain(kind.value_type)), kind.list_size)
-        if pa.types.is_list(kind):
-            return pa.list_(kind.value_field.with_type(plain(kind.value_type)))
         return kind
 
-    fields = [field.with_type(plain(field.type)) for field in schema]
+    return _with_leaves(schema, pa, plain)
+
+
+def _decoded_schema(schema, pa):
+    """``schema`` with every dictionary-encoded type, nested ones too, as its values' type (how the values read, a
+    file written from pandas categoricals beside one of plain strings)."""
+    def decoded(kind):
+        return _with_leaves(pa.schema([pa.field("_", kind.value_type)]), pa, decoded)[0].type \
+            if pa.types.is_dictionary(kind) else kind
+
+    return _with_leaves(schema, pa, decoded)
+
+
+def _with_leaves(schema, pa, leaf):
+    """``schema`` (itself where nothing changes) with ``leaf`` applied to every type that holds no other (inside
+    structs, maps and lists too)."""
+    def mapped(kind):
+        if pa.types.is_struct(kind):
+            return pa.struct([kind.field(i).with_type(mapped(kind.field(i).type)) for i in range(kind.num_fields)])
+        if pa.types.is_map(kind):
+            return pa.map_(kind.key_field.with_type(mapped(kind.key_type)), kind.item_field.with_type(mapped(kind.item_type)),
+                           kind.keys_sorted)
+        if pa.types.is_large_list(kind):
+            return pa.large_list(kind.value_field.with_type(mapped(kind.value_type)))
+        if pa.types.is_fixed_size_list(kind):
+            return pa.list_(kind.value_field.with_type(mapped(kind.value_type)), kind.list_size)
+        if pa.types.is_list(kind):
+            return pa.list_(kind.value_field.with_type(mapped(kind.value_type)))
+        return leaf(kind)
+
+    fields = [field.with_type(mapped(field.type)) for field in schema]
     if all(new.type.equals(old.type) for new, old in zip(fields, schema)):
         return schema
     return pa.schema(fields, metadata=schema.metadata)

@@ -1537,6 +1537,32 @@ def test_parquet_string_and_binary_views_are_read_and_written(tmp_path, demo_rec
     assert sorted(r["text"] for r in lines) == sorted(texts)
 
 
+def test_parquet_files_with_a_column_dictionary_encoded_in_one_only_are_read_as_one(tmp_path, demo_records,
+                                                                                    tiny_model_dir):
+    """One shard written from pandas categoricals (dictionary-encoded text and source) beside one of plain strings:
+    the same values, read alike; they were refused as of different schemas. A single file keeps its encoding."""
+    texts = [r["text"] for r in demo_records[:60]]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": pa.array(texts[:30]).dictionary_encode(),
+                             "meta": pa.array([{"src": "a"}] * 30, pa.struct([("src", pa.dictionary(pa.int8(), pa.string()))]))}),
+                   folder / "a.parquet")
+    pq.write_table(pa.table({"text": pa.array(texts[30:]), "meta": pa.array([{"src": "b"}] * 30)}), folder / "b.parquet")
+    few = ("--n-clusters", 4, "--seq-len", 4096)
+    for name in ("o.parquet", "o.jsonl"):
+        assert curate("--input", folder, "--output", tmp_path / name.split(".")[1] / name, "--model-dir",
+                      tiny_model_dir, *few) == 0
+    back = pq.read_table(tmp_path / "parquet" / "o.parquet")
+    assert back.schema.field("text").type == pa.string()
+    assert sorted(zip(back.column("text").to_pylist(), back.column("meta").to_pylist())) == \
+        sorted(zip(texts, [{"src": "a"}] * 30 + [{"src": "b"}] * 30))
+    lines = [json.loads(line) for line in (tmp_path / "jsonl" / "o.jsonl").read_text().splitlines()]
+    assert sorted((r["text"], r["meta"]["src"]) for r in lines) == sorted(zip(texts, ["a"] * 30 + ["b"] * 30))
+    assert curate("--input", folder / "a.parquet", "--output", tmp_path / "one" / "o.parquet", "--model-dir",
+                  tiny_model_dir, *few) == 0
+    assert pa.types.is_dictionary(pq.read_table(tmp_path / "one" / "o.parquet").schema.field("text").type)
+
+
 def test_parquet_inputs_no_table_can_hold_are_one_line(tmp_path, demo_records, tiny_model_dir, capsys):
     """A tester's tracebacks: a column name twice in one file, unsigned 64-bit integers past 2**63 - 1 in one file
     and signed ones in another (after the whole run, as it was written), an empty datasets folder."""
