@@ -231,6 +231,9 @@ class Run:
     embeddings: np.ndarray | None = None
     method: str = ""
     pca_info: clustering.PCAInfo | None = None
+    # rows -> reduced rows, where the embeddings are kept unreduced but the labels were found reduced (torchrun,
+    # k-means fitted on a sample, with PCA); None elsewhere
+    reduced: object = None
     labels: np.ndarray | None = None
     order: np.ndarray | None = None
     windows: dict = field(default_factory=dict)  # per order ("original", "curated", "random_shuffle"): window_counts
@@ -455,9 +458,9 @@ def _embed_and_cluster_across_ranks(run: Run) -> bool:
         return ctx.is_main
     with run.timer.stage(f"Clustering (k={config.n_clusters}, {config.cluster_backend}, fitted on {sample:,} sampled "
                          f"rows; {ctx.world_size} ranks assign their own)"):
-        run.labels, run.pca_info = scale_out.labels_from_sample(ctx, vectors, config.n_clusters, config.seed,
-                                                                config.cluster_backend, sample,
-                                                                config.pca_components, run.device)
+        run.labels, run.pca_info, run.reduced = scale_out.labels_from_sample(
+            ctx, vectors, config.n_clusters, config.seed, config.cluster_backend, sample, config.pca_components,
+            run.device)
     run.embeddings = vectors  # the statistics and cluster descriptions read it a block at a time
     return ctx.is_main
 
@@ -800,9 +803,10 @@ def measure(run: Run) -> None:
 
 
 def similarity(run: Run) -> None:
-    """Pairwise cosine similarity of a seeded sample of the (reduced) embeddings."""
+    """Pairwise cosine similarity of a seeded sample of the (reduced) embeddings: where the embeddings are kept
+    unreduced (torchrun, k-means fitted on a sample), the sample's rows are reduced as the labels' were."""
     with run.timer.stage("Similarity statistics"):
-        run.similarity = diversity.similarity_stats(run.embeddings, run.config.seed)
+        run.similarity = diversity.similarity_stats(run.embeddings, run.config.seed, reduce=run.reduced)
 
 
 def report_measures(run: Run) -> None:

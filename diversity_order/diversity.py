@@ -158,7 +158,8 @@ def sequence_fill(token_counts: np.ndarray, n_sequences: int, seq_len: int) -> f
     return float(np.asarray(token_counts, dtype=np.int64).sum() / slots) if slots else 0.0
 
 
-def similarity_stats(embeddings: Matrix, seed: int = DEFAULT_SEED, max_samples: int = 5000, block_rows: int = 512) -> dict:
+def similarity_stats(embeddings: Matrix, seed: int = DEFAULT_SEED, max_samples: int = 5000, block_rows: int = 512,
+                     reduce=None) -> dict:
     """Pairwise cosine similarity over a seeded sample of at most ``max_samples`` unit rows.
 
     Upper triangle without the diagonal; mean, std and median to 4 decimals, the number of
@@ -178,6 +179,8 @@ def similarity_stats(embeddings: Matrix, seed: int = DEFAULT_SEED, max_samples: 
     size = min(max_samples, n)
     rows = np.random.RandomState(seed).choice(n, size, replace=False)
     sample = matrix.read_rows(embeddings, rows)
+    if reduce is not None:  # (rows -> their reduced, unit rows: the space the labels were found in)
+        sample = reduce(sample)
     n_pairs = size * (size - 1) // 2
     if n_pairs == 0:
         return {"sample_size": int(size), "mean": None, "std": None, "median": None,

@@ -32,6 +32,7 @@ where the single process fits PCA on every row and the ranks on the sample.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -341,9 +342,11 @@ def gather_all_rows(ctx: DistContext, vectors: MatrixFile) -> np.ndarray | None:
 
 def labels_from_sample(ctx: DistContext, vectors: MatrixFile, n_clusters: int, seed: int, backend: str,
                        sample_size: int, pca_components: int, device=None
-                       ) -> tuple[np.ndarray | None, PCAInfo | None]:
+                       ) -> tuple[np.ndarray | None, PCAInfo | None, object]:
     """Labels of every row (rank 0; None elsewhere): PCA and centres fitted on rank 0 from the
-    seeded sample the ranks send, each rank assigning its own rows (see the module doc)."""
+    seeded sample the ranks send, each rank assigning its own rows (see the module doc). Also the
+    projection into the space the labels were found in (rows -> reduced rows; None without PCA), for
+    statistics measured there as one process measures them."""
     n = vectors.shape[0]
     lo, hi = distributed.even_range(ctx, n)
     sample = clustering.sample_rows(n, sample_size, seed)
@@ -367,7 +370,7 @@ def labels_from_sample(ctx: DistContext, vectors: MatrixFile, n_clusters: int, s
     for start, stop, block in matrix.blocks(_rows_of(vectors, lo, hi)):
         labels[start:stop] = clustering.assign_to_centres(block if pca is None else _project(pca, block), centres,
                                                           device)
-    return _gather(ctx, labels), info
+    return _gather(ctx, labels), info, (None if pca is None else functools.partial(_project, pca))
 
 
 def _fit_pca(rows: np.ndarray, n_components: int, seed: int):

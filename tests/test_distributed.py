@@ -517,21 +517,27 @@ def test_labels_from_sample_equal_a_plain_fit_on_the_sample(tmp_path):
     emb[::7] += 3.0
     np.save(tmp_path / "e.npy", emb)
     vectors = MatrixFile.open(tmp_path / "e.npy")
-    labels, info = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 0)
-    assert info is None
+    labels, info, reduced = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 0)
+    assert info is None and reduced is None
     assert np.array_equal(labels, clustering.kmeans_labels(emb, 5, 0, fit_sample=150))  # as one process does it
     sample = emb[clustering.sample_rows(400, 150, 0)]
     assert np.array_equal(labels, _nearest(emb, clustering.make_kmeans(5, 0).fit(sample).cluster_centers_))
 
     from sklearn.decomposition import PCA
 
-    labels, info = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 4)
+    labels, info, reduced = scale_out.labels_from_sample(DistContext(), vectors, 5, 0, "sklearn", 150, 4)
     pca = PCA(n_components=4, random_state=0).fit(sample)
     unit = pca.transform(emb)
     unit = unit / np.linalg.norm(unit, axis=1, keepdims=True)
     centres = clustering.make_kmeans(5, 0).fit(unit[clustering.sample_rows(400, 150, 0)]).cluster_centers_
     assert info.n_components == 4 and info.fit_rows == 150
     assert np.mean(labels == _nearest(unit, centres)) >= 0.99  # float32 vs float64 projection: ties only
+    # the projection it returns is the labels' space: the similarity statistics are measured there, as one process
+    # measures them on its reduced rows (torchrun measured the raw rows: mean 0.84 against 0.00)
+    np.testing.assert_allclose(reduced(emb), unit, atol=1e-5)
+    from diversity_order import diversity
+
+    assert diversity.similarity_stats(vectors, 0, reduce=reduced) == diversity.similarity_stats(reduced(emb), 0)
 
 
 def _free_port() -> int:
