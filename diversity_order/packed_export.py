@@ -114,7 +114,8 @@ class _Packer:
 
     def add(self, row: int, ids: np.ndarray) -> None:
         if not ids.size:  # a zero-token document belongs to the window of the token before it
-            self.starts[-1].append(self.fill)
+            # its start: the next piece's, or, the window full, the piece before it's (seq_len is no position)
+            self.starts[-1].append(self.fill if self.fill < self.seq_len else self.starts[-1][-1])
             self.rows[-1].append(row)
             return
         position = 0

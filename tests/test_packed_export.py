@@ -5,6 +5,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import curate_dataset
 from conftest import topical_records, write_jsonl
@@ -332,3 +334,31 @@ def test_the_export_says_what_it_wrote_and_warns_when_it_is_empty(tmp_path, corp
     assert said["sequences"] == 0 and said["documents_dropped"] == total
     assert (f"--export-packed {tmp_path / 'b' / 'packed'}: no sequence of {huge:,} tokens could be filled (the data "
             f"hold {said['tokens_dropped']:,} tokens)") in caplog.text
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=40), st.integers(1, 8), st.integers(1, 3))
+@settings(max_examples=300, deadline=None)
+def test_packed_starts_are_positions_and_a_zero_token_document_repeats_a_neighbours(lengths, seq_len, group):
+    """Every start lies in the sequence (a zero-token document after a full sequence's last token was given start
+    seq_len, which a loader would take for a piece of no tokens at the end); the starts of one sequence never go
+    down; a zero-token document's start is the next piece's, or where none follows in its sequence the previous
+    one's; the ids are the documents' tokens, cut every seq_len."""
+    from diversity_order.packed_export import _Packer
+
+    emitted = []
+    packer = _Packer(seq_len, group, lambda ids, starts, rows: emitted.extend(
+        (list(i), list(s), list(r)) for i, s, r in zip(ids.tolist(), starts, rows)))
+    stream = []
+    for row, length in enumerate(lengths):
+        ids = np.arange(len(stream), len(stream) + length, dtype=np.int32)
+        stream += ids.tolist()
+        packer.add(row, ids)
+    packer.finish()
+    assert [t for ids, _, _ in emitted for t in ids] == stream[: len(emitted) * seq_len]
+    for _, starts, rows in emitted:
+        assert all(0 <= start < seq_len for start in starts) and starts == sorted(starts)
+        for i, row in enumerate(rows):
+            if lengths[row] == 0:
+                following = [starts[j] for j in range(i + 1, len(rows)) if lengths[rows[j]] > 0]
+                before = [starts[j] for j in range(i) if lengths[rows[j]] > 0]
+                assert starts[i] == (following[0] if following else before[-1])
