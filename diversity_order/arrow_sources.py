@@ -125,8 +125,8 @@ class ArrowTableSource:
     def _top_columns(self) -> list[str]:
         """The columns a document is read from: its fields', and those a conversation's template is called with."""
         names = set(self._schema().names)
-        return sorted(({f.split(".")[0] for f in self.text_fields} | set(fields_mod.TEMPLATE_ARGUMENTS)) & names) or \
-            [f.split(".")[0] for f in self.text_fields]
+        return sorted(({_column_of(f, names) for f in self.text_fields} | set(fields_mod.TEMPLATE_ARGUMENTS)) & names) \
+            or [_column_of(f, names) for f in self.text_fields]
 
     def _schema(self):
         if self._schema_cache is None:
@@ -189,7 +189,7 @@ class ArrowTableSource:
 
     def field_values(self, name: str) -> list:
         """The value at dotted path ``name`` of every row (a sentinel where absent), in row order."""
-        top = name.split(".")[0]
+        top = _column_of(name, set(self._schema().names))
         if top not in self._schema().names:
             return [fields_mod.MISSING] * len(self)
         values: list = []
@@ -556,6 +556,12 @@ def _largest_at(path: Path, kind: str, steps: tuple[str, ...], pa) -> int:
         values = values.flatten() if step == arrow_json.ITEMS else pc.struct_field(values, [values.type.get_field_index(step)])
     largest = pc.max(values).as_py() if len(values) else None
     return 0 if largest is None else int(largest)
+
+
+def _column_of(field: str, names: set[str]) -> str:
+    """The column a dotted field path is read from: a column named with the dot itself (``meta.body``, as a JSON key
+    holding the dot wins), else the path's first part (a struct)."""
+    return field if field in names else field.split(".")[0]
 
 
 def _joined(schema, file_schema, pa):

@@ -72,6 +72,24 @@ def test_dotted_joined_and_conversation_fields(parquet_file):
     assert chats.kinds.conversations == len(records) and chats.kinds.unknown_roles == {}
 
 
+def test_a_column_named_with_a_dot_is_read_as_a_jsonl_key_holding_the_dot(tmp_path):
+    """A column "meta.body" (alone, or beside a struct "meta" with a field "body"): the field meta.body reads it, as a
+    JSON key that itself holds the dot wins; it was a KeyError traceback (the struct "meta" was looked for, or read
+    in its place), and --balance-field a.b said the field was in no record while naming it among the keys."""
+    rows = [{"meta.body": f"text {i}", "a.b": f"s{i % 3}", "meta": {"body": "the struct's"}} for i in range(30)]
+    for columns in (("meta.body", "a.b"), ("meta.body", "a.b", "meta")):
+        table = pa.Table.from_pylist([{name: row[name] for name in columns} for row in rows])
+        path = tmp_path / f"{len(columns)}.parquet"
+        pq.write_table(table, path, row_group_size=7)
+        source = open_arrow_source([path], "parquet", ("meta.body",))
+        assert [d for _, batch in source.iter_documents() for d in batch] == [row["meta.body"] for row in rows]
+        jsonl = scan_jsonl(write_jsonl(tmp_path / f"{len(columns)}.jsonl", [{name: row[name] for name in columns}
+                                                                            for row in rows]), "meta.body",
+                           progress=False)
+        np.testing.assert_array_equal(source.fingerprints, jsonl.fingerprints)
+        assert source.field_values("a.b") == [row["a.b"] for row in rows]
+
+
 def test_roles_a_template_may_not_know_are_counted_in_every_file(tmp_path):
     """ShareGPT roles in the second file only: counted there, the first row given in the whole input."""
     import pyarrow as pa
