@@ -97,7 +97,7 @@ def _conversation(parts: list[tuple[str, list]], where: str, record: dict) -> Co
             if messages[-1]["role"] not in KNOWN_ROLES:
                 unknown.append(messages[-1]["role"])
     return Conversation(_as_read(messages), where, frozenset(unknown) if unknown else NO_ROLES,
-                        _template_arguments(record, where))
+                        _template_arguments(record, where, prompt_and_completion=len(parts) > 1))
 
 
 def _as_read(value) -> str:
@@ -133,8 +133,10 @@ def _checked_message(message, where: str, name: str) -> dict:
     return message
 
 
-def _template_arguments(record: dict, where: str) -> str:
-    """The record's ``TEMPLATE_ARGUMENTS`` (null ones left out), as JSON; "" where it has none."""
+def _template_arguments(record: dict, where: str, prompt_and_completion: bool = False) -> str:
+    """The record's ``TEMPLATE_ARGUMENTS`` (null ones left out), as JSON; "" where it has none. Its
+    chat_template_kwargs are merged into the call as a chat trainer merges them (over ``tools``); those that
+    trainer's call gives itself, and those that change only a tokenizing call's ids, are refused."""
     arguments = {}
     tools = record.get("tools")
     if isinstance(tools, str):  # TRL decodes a tools column stored as JSON text
@@ -149,19 +151,31 @@ def _template_arguments(record: dict, where: str) -> str:
     if options is not None and not isinstance(options, dict):
         raise UserError(f"{where}: field 'chat_template_kwargs' is {kind_of(options)}, expected an object "
                         "(the chat template's keyword arguments)")
-    clashing = sorted(set(options or {}) & _OWN_ARGUMENTS)
+    given = set(options or {})
+    clashing = sorted(given & (_TRAINER_SETS | (_TRAINER_SETS_FOR_A_PROMPT if prompt_and_completion else set())))
     if clashing:
-        raise UserError(f"{where}: field 'chat_template_kwargs' sets {', '.join(map(repr, clashing))}, which the chat "
-                        "template's call sets itself (a trainer's call fails on it too); leave it out of the record")
+        raise UserError(f"{where}: field 'chat_template_kwargs' sets {', '.join(map(repr, clashing))}, which a chat "
+                        "trainer's call sets itself (TRL's SFTTrainer fails on it: an argument given twice"
+                        + ("; for a prompt and completion it renders the prompt with add_generation_prompt=True"
+                           if "add_generation_prompt" in clashing else "") + "); leave it out of the record")
+    tokenizing = sorted(given & _TOKENIZING_ONLY)
+    if tokenizing:
+        raise UserError(f"{where}: field 'chat_template_kwargs' sets {', '.join(map(repr, tokenizing))}, which "
+                        "changes the ids of a call that tokenizes (a trainer's), not the text this tool renders and "
+                        "counts: the counts would not be the trainer's; leave it out of the record")
     if options:
         arguments["chat_template_kwargs"] = options
     return _as_read(arguments) if arguments else ""
 
 
-# apply_chat_template's own arguments, which a record's chat_template_kwargs cannot set.
-_OWN_ARGUMENTS = frozenset({"conversation", "tools", "tokenize", "chat_template", "add_generation_prompt",
-                            "continue_final_message", "return_dict", "return_tensors", "padding", "truncation",
-                            "max_length", "documents", "tokenizer_kwargs", "return_assistant_tokens_mask"})
+# A record's chat_template_kwargs reach the template as TRL's SFTTrainer passes them: merged over the chat template
+# and the tools (so they may set those), into a call that gives these itself (a keyword twice: a TypeError there),
+# and, for a prompt and completion, also renders the prompt alone with add_generation_prompt=True.
+_TRAINER_SETS = frozenset({"conversation", "tokenize", "return_dict", "return_assistant_tokens_mask"})
+_TRAINER_SETS_FOR_A_PROMPT = frozenset({"add_generation_prompt"})
+# apply_chat_template's arguments that change the ids of a tokenizing call only (truncated, padded), which the
+# rendered text and its counted tokens would not show.
+_TOKENIZING_ONLY = frozenset({"padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs"})
 
 
 def _decoded_message(message):

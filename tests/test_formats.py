@@ -288,7 +288,7 @@ def test_conversations_written_as_json_strings_are_warned_of(tmp_path, demo_reco
     assert "written as a JSON string" not in caplog.text
 
 
-def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, tiny_model_dir, caplog):
+def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, tiny_model_dir, caplog, capsys):
     """TRL's SFT trainer calls the chat template with the record's ``tools`` (a list, or its JSON text) and its
     ``chat_template_kwargs``, renames ShareGPT's from/value to role/content, and renders a conversational
     prompt + completion as one conversation. The counts were of the messages alone (a reviewer's tool-calling set:
@@ -300,7 +300,7 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
     (model / "chat_template.jinja").write_text(
         "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
         "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-        "{% if enable_thinking %}<think>{% endif %}")
+        "{% if enable_thinking %}<think>{% endif %}{% if add_generation_prompt %}<s>assistant\n{% endif %}")
     tool = {"name": "get_weather", "parameters": {"city": {"type": "string"}}}
     turns = [{"role": "user", "content": "weather in Paris?"}, {"role": "assistant", "content": "sunny"}]
     # Printed through tojson: in the record's key order, its nulls too (as TRL passes what datasets decodes); they
@@ -356,11 +356,25 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
                   "--model-dir", model, "--n-clusters", 2) == 0
     assert np.load(tmp_path / "mixed_token_counts.messages.npy").tolist() == [tokens([{"role": "user", "content": "hi"}]),
                                                                              expected[4]]
-    # A chat_template_kwargs key the template's call sets itself: the record is named, not the template.
-    (tmp_path / "own.jsonl").write_text(json.dumps({"messages": turns, "chat_template_kwargs": {"tokenize": True}})
-                                        + "\n")
-    assert curate("--input", tmp_path / "own.jsonl", "--text-field", "messages", "--output", tmp_path / "own_c.jsonl",
-                  "--model-dir", model, "--n-clusters", 1) == 2
+    # A chat_template_kwargs key the trainer's call gives itself, or one that changes only a tokenizing call's ids:
+    # the record is named, not the template. Others reach the template as TRL passes them (merged over the tools):
+    # add_generation_prompt was refused though TRL passes it for messages.
+    for kwargs, refused in (({"tokenize": True}, "which a chat trainer's call sets itself"),
+                            ({"truncation": True, "max_length": 3}, "changes the ids of a call that tokenizes")):
+        (tmp_path / "own.jsonl").write_text(json.dumps({"messages": turns, "chat_template_kwargs": kwargs}) + "\n")
+        capsys.readouterr()
+        assert curate("--input", tmp_path / "own.jsonl", "--text-field", "messages", "--output",
+                      tmp_path / "own_c.jsonl", "--model-dir", model, "--n-clusters", 1) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'own.jsonl'}:1: field 'chat_template_kwargs' sets" in err and refused in err, err
+    passed = [{"messages": turns, "chat_template_kwargs": {"add_generation_prompt": True}},
+              {"messages": turns, "tools": [unsorted], "chat_template_kwargs": {"tools": [tool]}}]
+    (tmp_path / "passed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in passed))
+    assert curate("--input", tmp_path / "passed.jsonl", "--text-field", "messages", "--output",
+                  tmp_path / "passed_c.jsonl", "--model-dir", model, "--n-clusters", 1) == 0
+    assert np.load(tmp_path / "passed_token_counts.messages.npy").tolist() == [
+        tokens(turns, add_generation_prompt=True), tokens(turns, tools=[tool])]
+    assert tokens(turns, add_generation_prompt=True) != tokens(turns)
     # A conversational prompt + completion is the one conversation prompt + completion.
     pc = tmp_path / "pc.jsonl"
     pc.write_text("".join(json.dumps({"prompt": turns[:1], "completion": turns[1:], "tools": [tool]}) + "\n"
@@ -368,6 +382,13 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
     assert curate("--input", pc, "--text-field", "prompt", "--text-field", "completion", "--output",
                   tmp_path / "pc_c.jsonl", "--model-dir", model, "--n-clusters", 2) == 0
     assert np.load(tmp_path / "pc_token_counts.prompt+completion.npy").tolist() == [expected[1]] * 8
+    # TRL renders a prompt alone with add_generation_prompt=True: a prompt and completion record setting it fails there
+    pc.write_text(json.dumps({"prompt": turns[:1], "completion": turns[1:],
+                              "chat_template_kwargs": {"add_generation_prompt": False}}) + "\n")
+    capsys.readouterr()
+    assert curate("--input", pc, "--text-field", "prompt", "--text-field", "completion", "--output",
+                  tmp_path / "pc_c.jsonl", "--model-dir", model, "--n-clusters", 1) == 2
+    assert "renders the prompt with add_generation_prompt=True" in capsys.readouterr().err
 
 
 def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
