@@ -567,12 +567,19 @@ def test_the_table_says_when_the_bound_puts_u_out_of_reach():
 
 
 def test_the_table_does_not_call_an_ordering_most_uniform_where_stratified_is_more():
-    # random: U <= 0.32; paced meets D and B at 0.34, stratified (the baseline, not a candidate) is at 0.335.
-    rows = [_row("stratified", 10, 5.0, 0.335, 0.2), _row("random", 10, 4.0, 0.4, 0.3), _row("paced", 10, 5.0, 0.34, 0.1)]
+    # random: U <= 0.32, B <= 0.15; paced meets D and B at 0.34, stratified (the baseline, not a candidate) is at
+    # 0.335 and meets B (0.1): it is the pick, and nothing is named.
+    rows = [_row("stratified", 10, 5.0, 0.335, 0.1), _row("random", 10, 4.0, 0.4, 0.3), _row("paced", 10, 5.0, 0.34, 0.1)]
     table = strategies.markdown_table(rows, 3, "t")
     assert ("Meets all three criteria (D, U, B): none. None of those meeting D and B is more uniform than stratified "
-            "(0.3350).") in table.splitlines()
+            "(0.3350), which meets them too.") in table.splitlines()
     assert "stratified and random, the two they measure against, show -" in table
+    # stratified's boundary shift misses B (0.2 > 0.15): the most uniform of those meeting D and B is named, as the
+    # README says (a new user was given no pick), with stratified's figure beside it
+    rows[0] = _row("stratified", 10, 5.0, 0.335, 0.2)
+    assert ("Meets all three criteria (D, U, B): none. Of those meeting D and B, the most uniform: paced (0.3400); "
+            "stratified's is 0.3350, but its boundary shift (0.2000) misses B (0.5 x the shuffle's 0.3000).") in \
+        strategies.markdown_table(rows, 3, "t").splitlines()
 
 
 # --- Edge cases ----------------------------------------------------------------------------------------------------
