@@ -165,7 +165,6 @@ def embed_and_count(
     else:
         vectors = np.zeros((rows.size, table.shape[1]), dtype=np.float32)
     stats = TokenizeStats(empty_rows=[])
-    started = time.perf_counter()
     done = 0
     complete = [0]  # rows whose counts and vectors are written (``finish`` runs batches in submission order)
     threads = pooling_threads()
@@ -190,7 +189,8 @@ def embed_and_count(
     behind = Behind("embedding", depth=2)
     kinds = getattr(index, "kinds", None)
     if kinds is not None and kinds.conversations and rows.size:
-        tokenizer.prepare_chat()
+        tokenizer.prepare_chat()  # (loads transformers: seconds, which the rates below leave out, as the bar does)
+    started = time.perf_counter()
     sizes = _record_sizes(index, rows)
     with Progress(int(rows.size), "Embedding" if table is not None else "Counting tokens", bar=progress,
                   total_size=int(sizes.sum()) if sizes is not None else None) as bar:
