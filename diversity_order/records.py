@@ -34,6 +34,7 @@ from .runtime import MB, Progress, usable_cores
 
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
+PARQUET_MAGIC = b"PAR1"  # a Parquet file's first (and last) four bytes
 # What a file's first bytes say it is, for files that cannot be JSONL (a JSONL file starts with
 # whitespace, "{" or a UTF-8 byte order mark, which none of these do).
 _SIGNATURES = (
@@ -42,7 +43,7 @@ _SIGNATURES = (
     (b"\xfd7zXZ\x00", "xz data", None),
     (b"BZh", "bzip2 data", None),
     (b"PK\x03\x04", "a zip archive", None),
-    (b"PAR1", "a Parquet file", None),
+    (PARQUET_MAGIC, "a Parquet file", None),
     (b"ARROW1", "an Arrow file", None),
     (b"\x93NUMPY", "a .npy array", None),
     (b"SQLite format 3\x00", "an SQLite database", None),

@@ -62,8 +62,15 @@ def is_parquet_name(name: str) -> bool:
 
 
 def kind_of_file(path: Path) -> str:
-    """A file's format by its name: Parquet by ``.parquet``, JSONL otherwise (its reader says what it is if not)."""
-    return "parquet" if is_parquet_name(path.name) else "jsonl"
+    """A file's format by its name: Parquet by ``.parquet``; a name of neither format (``--output x
+    --output-format parquet`` writes one) by its first bytes; JSONL otherwise (its reader says what it is if not)."""
+    if is_parquet_name(path.name):
+        return "parquet"
+    if not is_jsonl_name(path.name):
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            if handle.read(4) == records.PARQUET_MAGIC:
+                return "parquet"
+    return "jsonl"
 
 
 @dataclass

@@ -1727,3 +1727,15 @@ def test_an_integer_a_double_cannot_hold_beside_fractions_names_the_field(tmp_pa
     assert curate("--input", integers, "--output", tmp_path / "i.parquet", "--model-dir", tiny_model_dir,
                   "--n-clusters", 1) == 0
     assert pq.read_table(tmp_path / "i.parquet").column("v").to_pylist() == [2**60, 3]
+
+
+def test_a_parquet_output_named_without_a_suffix_reads_back(tmp_path, demo_jsonl, tiny_model_dir):
+    """--output x --output-format parquet writes Parquet named x; given as --input it was refused as JSONL ("looks
+    like a Parquet file"): a name of neither format is read by its first bytes."""
+    assert curate("--input", demo_jsonl, "--output", tmp_path / "o" / "x", "--output-format", "parquet",
+                  "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert (tmp_path / "o" / "x").read_bytes()[:4] == b"PAR1"
+    assert curate("--input", tmp_path / "o" / "x", "--output", tmp_path / "back.jsonl", "--model-dir", tiny_model_dir,
+                  *COMMON) == 0
+    assert sorted((tmp_path / "back.jsonl").read_bytes().splitlines()) == \
+        sorted(Path(demo_jsonl).read_bytes().splitlines())
