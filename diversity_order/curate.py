@@ -1368,7 +1368,10 @@ def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
     shuffle's in some tenth: a mean can hide a stretch of the epoch less diverse than the rest. ``documents``: the
     curated order's documents per window, to say why."""
     parts = {key: q["diversity_by_tenth"] for key, q in quality.items()}
-    log.info("Unique clusters per window by tenth of the epoch: %s", "; ".join(
+    # (fewer than ten windows: a part is a window, and the line says so)
+    tenths = len(parts["curated"]) >= diversity.EPOCH_PARTS
+    log.info("Unique clusters per window by %s: %s", "tenth of the epoch" if tenths else "window of the epoch (fewer "
+             "than ten)", "; ".join(
         f"{diversity.measured_order_name(key, quality[key])} {' '.join(f'{v:.1f}' for v in values)}"
         for key, values in parts.items()))
     curated, shuffled = parts["curated"], parts["random_shuffle"]

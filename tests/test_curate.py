@@ -622,6 +622,16 @@ def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
                                                                            10.8, 16.1]), "random_shuffle": shuffled},
                       gathered)
     assert "by tenth of the epoch: input 6.0 6.0" in caplog.text and "random shuffle (mean of 5) 8.0" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # 4 windows: four values, said to be per window (a new user read "tenth")
+        _log_by_tenth({"original": quality([8.0, 8.0, 8.0, 9.0]), "curated": quality([9.0] * 4),
+                       "random_shuffle": quality([8.5] * 4, shuffles=5)}, np.full(4, 12))
+    assert "Unique clusters per window by window of the epoch (fewer than ten): input 8.0 8.0 8.0 9.0;" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([16.0, 11.5, 8.5, 8.3, 6.5, 5.7, 7.7, 9.7,
+                                                                           10.8, 16.1]), "random_shuffle": shuffled},
+                      gathered)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("In tenth 6 of the epoch the curated order's windows hold 5.7 "
                                                      "clusters on average, fewer than a random shuffle's 8.0 there")
