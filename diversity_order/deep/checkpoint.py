@@ -223,7 +223,7 @@ class Partial:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self.data_path.unlink()
-            raise UserError(f"cannot create the checkpoint {self.data_path} ({nbytes / 1e9:.2f} GB): "
+            raise UserError(f"cannot create the checkpoint {self.data_path} ({matrix.size_text(nbytes)}): "
                             f"{exc.strerror or exc}; free space or choose another --output folder") from None
         self._warn_if_output_will_not_fit()
 
@@ -235,9 +235,9 @@ class Partial:
         needed = records * self.data.shape[1] * 4
         free = shutil.disk_usage(self.data_path.parent).free
         if free < needed:
-            log.warning("%s: %.2f GB free, but writing the output at the end needs %.2f GB; free space before "
+            log.warning("%s: %s free, but writing the output at the end needs %s; free space before "
                         "then (the checkpoint keeps the rows: a rerun after a failed write only writes)",
-                        self.data_path.parent, free / 1e9, needed / 1e9)
+                        self.data_path.parent, matrix.size_text(free), matrix.size_text(needed))
 
     def start(self) -> None:
         if self.writer:
