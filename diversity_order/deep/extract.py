@@ -188,23 +188,21 @@ def adopt_checkpoints(job: _Job) -> None:
     """The rows an interrupted run of this work checkpointed, under any launch (one process, any number of
     ranks or tensor-parallel groups: each splits the rows its own way), are taken as done: rank 0 keeps them in
     OUTPUT.resumed.npz until the output is written, and no rank computes them again."""
-    ctx = job.ctx
-    rows = None
-    if ctx.is_main:
-        job.adopted = adopt(job.config.output, _work_key(job))
-        if job.adopted is not None:
-            keep_adopted(job.config.output, _work_key(job), job.adopted)
-            rows = job.adopted.rows
-            taken = rows[np.isin(rows, job.needed)]
-            job.adopted = Adopted(taken, job.adopted.data[np.isin(rows, job.needed)], job.adopted.sources)
-            names = [path.name for path in job.adopted.sources]
-            log.info("Resuming: %s of %s rows to compute were finished by an interrupted run (%s%s), taken as "
-                     "they are", f"{taken.size:,}", f"{job.needed.size:,}", names[0],
-                     f" and {len(names) - 1} more" if len(names) > 1 else "")
-            rows = taken
-    if ctx.active:
-        rows = distributed.broadcast_object(ctx, rows is not None)
-        rows = distributed.broadcast_array(ctx, job.adopted.rows if ctx.is_main else None) if rows else None
+
+    def on_main() -> np.ndarray | None:
+        adopted = adopt(job.config.output, _work_key(job))
+        if adopted is None:
+            return None
+        keep_adopted(job.config.output, _work_key(job), adopted)
+        wanted = np.isin(adopted.rows, job.needed)
+        job.adopted = Adopted(adopted.rows[wanted], adopted.data[wanted], adopted.sources)
+        names = [path.name for path in adopted.sources]
+        log.info("Resuming: %s of %s rows to compute were finished by an interrupted run (%s%s), taken as they are",
+                 f"{int(wanted.sum()):,}", f"{job.needed.size:,}", names[0],
+                 f" and {len(names) - 1} more" if len(names) > 1 else "")
+        return job.adopted.rows
+
+    rows = distributed.from_main(job.ctx, on_main, "taking up an interrupted run's checkpoints")
     if rows is not None and rows.size:
         job.needed = np.setdiff1d(job.needed, rows, assume_unique=True)
 
