@@ -38,13 +38,20 @@ log = logging.getLogger("diversity_order.deep")
 
 def partial_paths(output: Path, ctx: distributed.DistContext) -> tuple[Path, Path, Path]:
     stem = f"{output.name}.rank{ctx.rank}.partial" if ctx.active else f"{output.name}.partial"
-    base = output.parent / stem
-    return Path(f"{base}.npy"), Path(f"{base}.done.npy"), Path(f"{base}.json")
+    data, done, _ = _share_files(output.parent / f"{stem}.json")
+    return data, done, output.parent / f"{stem}.json"
+
+
+def _share_files(key_path: Path) -> tuple[Path, Path, Path]:
+    """(rows so far, done mask, input rows of the share) beside a share's key ``X.partial.json``."""
+    stem = key_path.name.removesuffix(".json")
+    return (key_path.with_name(stem + ".npy"), key_path.with_name(stem + ".done.npy"),
+            key_path.with_name(stem + ".rows.npy"))
 
 
 def rows_path(key_path: Path) -> Path:
     """``X.partial.rows.npy`` beside ``X.partial.json``: the input rows of the share."""
-    return key_path.with_name(key_path.name.removesuffix(".json") + ".rows.npy")
+    return _share_files(key_path)[2]
 
 
 def resumed_path(output: Path) -> Path:
@@ -93,8 +100,7 @@ def _read_share(key_path: Path, work: dict) -> tuple[np.ndarray, np.ndarray] | N
         rows = np.load(rows_path(key_path))
         if rows.ndim != 1 or rows_digest(rows) != stored.get("rows"):
             return None
-        done_path = key_path.with_name(key_path.name.removesuffix(".json") + ".done.npy")
-        data_path = key_path.with_name(key_path.name.removesuffix(".json") + ".npy")
+        data_path, done_path, _ = _share_files(key_path)
         done = np.load(done_path)
         data = np.load(data_path, mmap_mode="r")
     except (OSError, ValueError):
@@ -151,9 +157,8 @@ def keep_adopted(output: Path, key: dict, adopted: Adopted) -> None:
 
 def remove_checkpoint(key_path: Path) -> None:
     """One share's checkpoint files, the done mask first (what is left is then "no rows saved yet")."""
-    stem = key_path.name.removesuffix(".json")
-    for path in (key_path.with_name(stem + ".done.npy"), key_path.with_name(stem + ".npy"), rows_path(key_path),
-                 key_path):
+    data, done, rows = _share_files(key_path)
+    for path in (done, data, rows, key_path):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         remove_stale_temps(path)
