@@ -261,6 +261,59 @@ def test_a_run_killed_twice_loses_no_checkpointed_row(data, tiny_model_dir, base
     assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_resumed_file_is_removed_with_a_warning(data, tiny_model_dir, baseline_bs2, tmp_path, caplog,
+                                                           damage):
+    """A truncated or empty OUTPUT.resumed.npz (a full disk, a copy cut short) was a zipfile or EOF traceback on
+    every later run. Now it is named, removed, and its rows computed again."""
+    out = tmp_path / "emb.npy"
+    config = dict(batch_size=2, checkpoint_docs=2)
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(4))
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(1))
+    resumed = tmp_path / "emb.npy.resumed.npz"
+    body = resumed.read_bytes()
+    resumed.write_bytes(body[: len(body) // 2] if damage == "truncated" else b"")
+    deep.extract(_config(data[0], out, tiny_model_dir, **config))
+    assert "emb.npy.resumed.npz: damaged; removed, and the rows it held are computed again" in caplog.text
+    np.testing.assert_allclose(np.load(out), np.load(baseline_bs2), atol=1e-5)
+    assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
+
+
+def test_leftovers_of_other_work_or_a_finished_output_are_removed(data, tiny_model_dir, baseline, tmp_path, caplog):
+    """Checkpoints of other data written by another launch (rank files, under one process) were neither taken up
+    nor removed, without a word; and a run killed after writing the output left its checkpoints and resumed file,
+    which a later recompute (the output deleted) took up. Both are removed now, and said."""
+    import logging
+
+    out = tmp_path / "emb.npy"
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir, batch_size=2, checkpoint_docs=2),
+                     forward=_interrupting_after(3))
+    for name in [p.name for p in tmp_path.glob("emb.npy.partial*")]:  # as another launch's, of other data
+        (tmp_path / name).rename(tmp_path / name.replace("emb.npy.partial", "emb.npy.rank1.partial"))
+    key = tmp_path / "emb.npy.rank1.partial.json"
+    key.write_text(json.dumps(json.loads(key.read_text()) | {"data": "other"}))
+    with caplog.at_level(logging.INFO):
+        deep.extract(_config(data[0], out, tiny_model_dir))
+    assert "emb.npy.rank1.partial.json: checkpoint for other data, model or settings; removed, starting over" \
+        in caplog.text
+    assert "Resuming" not in caplog.text
+    assert not list(tmp_path.glob("*.partial*"))
+    np.testing.assert_allclose(np.load(out), np.load(baseline), atol=1e-5)
+
+    # Killed between writing the output and removing its leftovers: the next run, with nothing to do, removes them.
+    (tmp_path / "emb.npy.partial.json").write_text("{}")
+    np.savez(tmp_path / "emb.npy.resumed.npz", key=np.asarray("{}"), rows=np.arange(2), data=np.zeros((2, 4)))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert deep.extract(_config(data[0], out, tiny_model_dir)).nothing_to_do
+    assert "Removed what an interrupted run left beside emb.npy (emb.npy.partial.json, emb.npy.resumed.npz)" \
+        in caplog.text
+    assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
+
+
 def test_checkpoints_of_another_launch_are_taken_up(data, tiny_model_dir, baseline, tmp_path):
     """One process killed, the rerun under torchrun (2 ranks, other shares); then the reverse: each rerun computes
     only the rows the checkpoints lack (a rerun in another launch computed every row again and left the
@@ -1011,7 +1064,7 @@ def test_restart_before_any_checkpoint_is_quiet_and_a_damaged_checkpoint_warns(d
         rows = []
         deep.extract(_config(data[0], out, tiny_model_dir), forward=_counting_forward(rows))
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.getMessage()]
-        assert len(warnings) == 1 and "emb.npy.partial.npy: checkpoint damaged" in warnings[0]
+        assert len(warnings) == 1 and "emb.npy.partial.json: checkpoint damaged; removed, starting over" in warnings[0]
         assert len(rows) == len(data[1]) - 1  # every row computed again
         assert out.read_bytes() == baseline.read_bytes()
 

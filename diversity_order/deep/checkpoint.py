@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,43 +91,66 @@ def _checkpoint_keys(output: Path) -> list[Path]:
     return sorted(path for path in output.parent.glob("*.partial.json") if pattern.fullmatch(path.name))
 
 
+class _NotThisWork(Exception):
+    """A checkpoint (or resumed file) of other data, model or settings, or one that cannot be read."""
+
+
+# What a damaged .npy/.npz raises on loading: truncated (ValueError, EOFError, BadZipFile), unreadable (OSError).
+_DAMAGED = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
 def _read_share(key_path: Path, work: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    """The finished rows and vectors of one checkpoint of this work; None where it is another's, has no rows
-    file (written before rows files were kept: taken up by its own launch only) or is damaged."""
+    """The finished rows and vectors of one checkpoint of this work; None where no rows are saved yet or it has
+    no rows file (written before rows files were kept: taken up by its own launch only). _NotThisWork where it is
+    another work's or damaged."""
     try:
         stored = json.loads(key_path.read_text())
-        if not isinstance(stored, dict) or _work_of(stored) != work:
-            return None
-        rows = np.load(rows_path(key_path))
-        if rows.ndim != 1 or rows_digest(rows) != stored.get("rows"):
-            return None
-        data_path, done_path, _ = _share_files(key_path)
+    except (OSError, ValueError):
+        raise _NotThisWork("its key cannot be read") from None
+    if not isinstance(stored, dict) or _work_of(stored) != work:
+        raise _NotThisWork("for other data, model or settings")
+    data_path, done_path, rows_file = _share_files(key_path)
+    if not rows_file.exists() or not done_path.exists():  # (no mask: no rows saved yet)
+        return None
+    try:
+        rows = np.load(rows_file)
         done = np.load(done_path)
         data = np.load(data_path, mmap_mode="r")
-    except (OSError, ValueError):
-        return None
-    if done.shape != rows.shape or done.dtype != bool or data.shape != (rows.size, stored.get("dim")) \
-            or data.dtype != np.float32:
-        return None
+    except _DAMAGED:
+        raise _NotThisWork("damaged") from None
+    if rows.ndim != 1 or rows_digest(rows) != stored.get("rows") or done.shape != rows.shape or done.dtype != bool \
+            or data.shape != (rows.size, stored.get("dim")) or data.dtype != np.float32:
+        raise _NotThisWork("damaged")
     return rows[done].astype(np.int64), np.asarray(data[done], dtype=np.float32)
 
 
 def adopt(output: Path, key: dict) -> Adopted | None:
     """The rows every checkpoint of this work holds (``key``: the run's checkpoint key, its share fields left
-    aside), from any launch, and those of an earlier adoption; None where there are none. Main rank only."""
+    aside), from any launch, and those of an earlier adoption; None where there are none. Checkpoints of other
+    work, and damaged ones, are removed with a warning: no run could take them up. Main rank only."""
     work = _work_of(key)
     parts, sources = [], []
     resumed = resumed_path(output)
     if resumed.exists():
         try:
-            with np.load(resumed) as held:
-                if json.loads(str(held["key"])) == work:
+            try:
+                with np.load(resumed) as held:
+                    if json.loads(str(held["key"])) != work:
+                        raise _NotThisWork("for other data, model or settings")
                     parts.append((held["rows"].astype(np.int64), held["data"].astype(np.float32)))
-        except (OSError, ValueError, KeyError):
-            log.warning("%s: damaged; the rows it held are computed again", resumed.name)
-        sources.append(resumed)
+            except _DAMAGED:
+                raise _NotThisWork("damaged") from None
+            sources.append(resumed)
+        except _NotThisWork as why:
+            log.warning("%s: %s; removed, and the rows it held are computed again", resumed.name, why)
+            _remove(resumed)
     for key_path in _checkpoint_keys(output):
-        share = _read_share(key_path, work)
+        try:
+            share = _read_share(key_path, work)
+        except _NotThisWork as why:
+            log.warning("%s: checkpoint %s; removed, starting over", key_path.name, why)
+            remove_checkpoint(key_path)
+            continue
         if share is not None:
             parts.append(share)
             sources.append(key_path)
@@ -137,6 +161,26 @@ def adopt(output: Path, key: dict) -> Adopted | None:
     data = np.concatenate([d for _, d in parts])
     rows, first = np.unique(rows, return_index=True)  # (a row in two files: the first's; both are the same work)
     return Adopted(rows, data[first], sources)
+
+
+def remove_leftovers(output: Path) -> None:
+    """Every checkpoint and resumed file of ``output``, once it holds every row (a run killed after writing it
+    leaves them; a later recompute must not take them up). Main rank only."""
+    leftovers = [*_checkpoint_keys(output), *[p for p in [resumed_path(output)] if p.exists()]]
+    for path in leftovers:
+        if path.name.endswith(".partial.json"):
+            remove_checkpoint(path)
+        else:
+            _remove(path)
+    if leftovers:
+        log.info("Removed what an interrupted run left beside %s (%s): the output holds every row", output.name,
+                 ", ".join(path.name for path in leftovers))
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    remove_stale_temps(path)
 
 
 def keep_adopted(output: Path, key: dict, adopted: Adopted) -> None:
@@ -159,9 +203,7 @@ def remove_checkpoint(key_path: Path) -> None:
     """One share's checkpoint files, the done mask first (what is left is then "no rows saved yet")."""
     data, done, rows = _share_files(key_path)
     for path in (done, data, rows, key_path):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        remove_stale_temps(path)
+        _remove(path)
 
 
 class Partial:

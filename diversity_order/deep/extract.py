@@ -25,7 +25,7 @@ from ..fields import cache_key
 from ..runtime import start
 from ..sources import open_source
 from .batches import BatchLoop, Embedder, batch_size_for, initial_budget, progress_for
-from .checkpoint import Adopted, Partial, adopt, keep_adopted, resumed_path, rows_digest, skipped_path
+from .checkpoint import Adopted, Partial, adopt, keep_adopted, remove_leftovers, resumed_path, rows_digest, skipped_path
 from .config import DeepConfig, DeepResult, check_config
 from .layout import Layout, TensorParallelGroup
 from .model import ForwardFn, config_max_positions, load_model, model_fingerprint, torch_dtype
@@ -171,6 +171,8 @@ def reuse_output(job: _Job) -> bool:
     elif ctx.is_main:
         caches.store(config.output, job.output_key, job.fingerprints, found.data, required=True)
         log.info("%s: all %d rows reused, rewritten in the new input order", config.output, n)
+    if ctx.is_main:
+        remove_leftovers(config.output)
     distributed.barrier(ctx)
     job.result.seconds = time.perf_counter() - job.started
     return True
