@@ -72,6 +72,7 @@ class ArrowTableSource:
     stats: list = field(default_factory=list)  # (size, mtime_ns, inode) per file when indexed
     _opened: dict = field(default_factory=dict, repr=False)  # file -> (memory map, record batches): Arrow streams
     _schema_cache: object = field(default=None, repr=False)
+    _columns_of: dict = field(default_factory=dict, repr=False)  # file -> its own column names
 
     @property
     def name(self) -> Path:
@@ -122,11 +123,17 @@ class ArrowTableSource:
     def _unit(self, piece: _Piece) -> str:
         return f"row group {piece.index}" if self.kind == "parquet" else f"record batch {piece.index}"
 
-    def _top_columns(self) -> list[str]:
-        """The columns a document is read from: its fields', and those a conversation's template is called with."""
-        names = set(self._schema().names)
-        return sorted(({_column_of(f, names) for f in self.text_fields} | set(fields_mod.TEMPLATE_ARGUMENTS)) & names) \
-            or [_column_of(f, names) for f in self.text_fields]
+    def _top_columns(self, names: list[str]) -> list[str]:
+        """The columns (of ``names``, a file's or table's) a document is read from: its fields', and those a
+        conversation's template is called with. Per file: where schemas were joined, ``meta.body`` may be a column
+        of one file and a member of another's struct ``meta``."""
+        names = set(names)
+        return sorted(({_column_of(f, names) for f in self.text_fields} | set(fields_mod.TEMPLATE_ARGUMENTS)) & names)
+
+    def _file_columns(self, file: int) -> list[str]:
+        if file not in self._columns_of:
+            self._columns_of[file] = _file_schema(self.files[file], self.kind, _pyarrow()).names
+        return self._columns_of[file]
 
     def _schema(self):
         if self._schema_cache is None:
@@ -135,16 +142,17 @@ class ArrowTableSource:
 
     def _text_table(self, piece: _Piece):
         """``piece`` with only the columns its documents are read from."""
-        columns = [c for c in self._top_columns() if c in self._schema().names]
-        return self._read_piece(piece, columns or None)
+        return self._read_piece(piece, self._top_columns(self._file_columns(piece.file)) or None)
 
     def _documents(self, piece: _Piece, local_rows: np.ndarray | None = None) -> list:
         table = self._text_table(piece)
         if local_rows is not None:
             table = table.take(local_rows)
         plain = self._plain_text_column()
-        if plain is not None and table.column(plain).null_count == 0:
-            return table.column(plain).to_pylist()  # one string column: no per-row dict (6x faster)
+        # One string column: no per-row dict (6x faster). (A file whose schema was joined to another's may hold
+        # the field as a struct's member instead, ``meta`` -> ``body`` for ``meta.body``: read as a record.)
+        if plain is not None and plain in table.column_names and table.column(plain).null_count == 0:
+            return table.column(plain).to_pylist()
         records = arrow_json.rows(table)
         first = piece.first
         picked = range(len(records)) if local_rows is None else local_rows.tolist()
@@ -272,7 +280,7 @@ class ArrowTableSource:
     def _verify(self, table, rows: np.ndarray) -> None:
         from .records import text_fingerprint
 
-        for record, row in zip(arrow_json.rows(table.select(self._top_columns())), rows.tolist()):
+        for record, row in zip(arrow_json.rows(table.select(self._top_columns(table.column_names))), rows.tolist()):
             value = fields_mod.extract(record, self.text_fields, lambda row=row: self.where(row), self._columns_text)
             if text_fingerprint(fields_mod.fingerprint_text(value)) != int(self.fingerprints[row]):
                 raise UserError(f"{self.where(row)} changed while this run was going; nothing was written: run "

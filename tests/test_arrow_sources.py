@@ -90,6 +90,25 @@ def test_a_column_named_with_a_dot_is_read_as_a_jsonl_key_holding_the_dot(tmp_pa
         assert source.field_values("a.b") == [row["a.b"] for row in rows]
 
 
+def test_a_dotted_column_in_one_file_and_a_struct_in_another_are_read_alike(tmp_path):
+    """Files joined into one schema, ``meta.body`` a column of one and a member of the struct ``meta`` in the other
+    (either first): each row's document is what its JSONL record's ``meta.body`` reads, and the rows are written
+    out (a KeyError traceback: the dotted column was looked for in every file)."""
+    dotted = [{"meta.body": f"dotted {i}", "id": i} for i in range(9)]
+    nested = [{"meta": {"body": f"nested {i}"}, "id": 100 + i} for i in range(11)]
+    for name, rows in (("d", dotted), ("n", nested)):
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet", row_group_size=4)
+    for files, records in (("dn", dotted + nested), ("nd", nested + dotted)):
+        source = open_arrow_source([tmp_path / f"{f}.parquet" for f in files], "parquet", ("meta.body",))
+        expected = [r["meta.body"] if "meta.body" in r else r["meta"]["body"] for r in records]
+        assert [d for _, batch in source.iter_documents() for d in batch] == expected
+        jsonl = scan_jsonl(write_jsonl(tmp_path / f"{files}.jsonl", records), "meta.body", progress=False)
+        np.testing.assert_array_equal(source.fingerprints, jsonl.fingerprints)
+        order = np.random.default_rng(0).permutation(len(records))
+        written = pa.concat_tables(list(source.ordered_tables(order)))
+        assert written.column("id").to_pylist() == [records[i]["id"] for i in order.tolist()]
+
+
 def test_roles_a_template_may_not_know_are_counted_in_every_file(tmp_path):
     """ShareGPT roles in the second file only: counted there, the first row given in the whole input."""
     import pyarrow as pa
