@@ -156,8 +156,9 @@ def _template_arguments(record: dict, where: str, prompt_and_completion: bool = 
     if clashing:
         raise UserError(f"{where}: field 'chat_template_kwargs' sets {', '.join(map(repr, clashing))}, which a chat "
                         "trainer's call sets itself (TRL's SFTTrainer fails on it: an argument given twice"
-                        + ("; for a prompt and completion it renders the prompt with add_generation_prompt=True"
-                           if "add_generation_prompt" in clashing else "") + "); leave it out of the record")
+                        + ("; for a prompt and completion it renders the prompt with add_generation_prompt=True, "
+                           "which continue_final_message cannot go with"
+                           if clashing[0] in _TRAINER_SETS_FOR_A_PROMPT else "") + "); leave it out of the record")
     tokenizing = sorted(given & _TOKENIZING_ONLY)
     if tokenizing:
         raise UserError(f"{where}: field 'chat_template_kwargs' sets {', '.join(map(repr, tokenizing))}, which "
@@ -172,7 +173,9 @@ def _template_arguments(record: dict, where: str, prompt_and_completion: bool = 
 # and the tools (so they may set those), into a call that gives these itself (a keyword twice: a TypeError there),
 # and, for a prompt and completion, also renders the prompt alone with add_generation_prompt=True.
 _TRAINER_SETS = frozenset({"conversation", "tokenize", "return_dict", "return_assistant_tokens_mask"})
-_TRAINER_SETS_FOR_A_PROMPT = frozenset({"add_generation_prompt"})
+# For a prompt and completion TRL renders the prompt alone with add_generation_prompt=True (SFTTrainer), or sets
+# both itself from the prompt's last role (its apply_chat_template): continue_final_message clashes either way.
+_TRAINER_SETS_FOR_A_PROMPT = frozenset({"add_generation_prompt", "continue_final_message"})
 # apply_chat_template's arguments that change the ids of a tokenizing call only (truncated, padded), which the
 # rendered text and its counted tokens would not show.
 _TOKENIZING_ONLY = frozenset({"padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs"})

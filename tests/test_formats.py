@@ -383,12 +383,15 @@ def test_conversations_are_rendered_with_what_trl_passes_the_template(tmp_path, 
                   tmp_path / "pc_c.jsonl", "--model-dir", model, "--n-clusters", 2) == 0
     assert np.load(tmp_path / "pc_token_counts.prompt+completion.npy").tolist() == [expected[1]] * 8
     # TRL renders a prompt alone with add_generation_prompt=True: a prompt and completion record setting it fails there
-    pc.write_text(json.dumps({"prompt": turns[:1], "completion": turns[1:],
-                              "chat_template_kwargs": {"add_generation_prompt": False}}) + "\n")
-    capsys.readouterr()
-    assert curate("--input", pc, "--text-field", "prompt", "--text-field", "completion", "--output",
-                  tmp_path / "pc_c.jsonl", "--model-dir", model, "--n-clusters", 1) == 2
-    assert "renders the prompt with add_generation_prompt=True" in capsys.readouterr().err
+    # (and continue_final_message cannot go with it: transformers refuses both at once)
+    for option in ("add_generation_prompt", "continue_final_message"):
+        pc.write_text(json.dumps({"prompt": turns[:1], "completion": turns[1:],
+                                  "chat_template_kwargs": {option: False}}) + "\n")
+        capsys.readouterr()
+        assert curate("--input", pc, "--text-field", "prompt", "--text-field", "completion", "--output",
+                      tmp_path / "pc_c.jsonl", "--model-dir", model, "--n-clusters", 1) == 2
+        assert f"sets '{option}', which a chat trainer's call sets itself" in (err := capsys.readouterr().err)
+        assert "renders the prompt with add_generation_prompt=True" in err
 
 
 def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
