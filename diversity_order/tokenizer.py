@@ -130,8 +130,10 @@ class DocumentTokenizer:
             return hf.apply_chat_template(messages, tokenize=False, **(arguments or {}))
         except Exception as exc:  # noqa: BLE001 - a template raises what its Jinja code raises
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TemplateRefused(f"{where + ': ' if where else ''}the chat template of --model-dir {self.model_dir} "
-                                  f"cannot render this conversation ({reason})") from None
+            whose = "the record's own chat template (its chat_template_kwargs' chat_template)" \
+                if "chat_template" in (arguments or {}) else f"the chat template of --model-dir {self.model_dir}"
+            raise TemplateRefused(f"{where + ': ' if where else ''}{whose} cannot render this conversation "
+                                  f"({reason})") from None
 
     def special_tokens_per_document(self, mode: str) -> tuple[list[int], list[int]]:
         """The ids the trainer adds before and after each document (see ``SPECIAL_TOKEN_MODES``)."""

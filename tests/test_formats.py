@@ -1060,6 +1060,13 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
                      *base[2:]) == (f"error: {chat}:2: the chat template of --model-dir {strict} cannot render this "
                                     f"conversation (Unknown role: robot); it refuses 3 conversations in all, of the 6 left "
                                     f"to render when it first did (the last: {chat}:6)")
+    # A record's own template (chat_template_kwargs' chat_template) that refuses it: that template is blamed, not
+    # the model folder's.
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                "chat_template_kwargs": {"chat_template": "{{ raise_exception('mine') }}"}}) + "\n")
+    assert run_error(capsys, "--input", chat, "--text-field", "messages", "--model-dir", strict,
+                     *base[2:]) == (f"error: {chat}:1: the record's own chat template (its chat_template_kwargs' "
+                                    "chat_template) cannot render this conversation (mine)")
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
     assert run_error(capsys, "--input", parquet, "--text-field", "messages", *base).endswith(
         "row 0: field 'messages[0]' has a content that is a JSON null, expected a string (a turn that only calls "
