@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 
 # Integer flags are bounded so that arithmetic on them (token offsets, window fills, sizes of
@@ -10,6 +11,11 @@ MAX_COUNT = 2**40
 # Upper bounds that only keep numbers sane (counts, sizes), not a range to choose from: a value below the low end is
 # told the low end alone ("--n-clusters 0: must be at least 1", not "within 1..2,147,483,648").
 SANITY_BOUNDS = frozenset({2**31, MAX_COUNT})
+
+
+# What a write that found no room raises: a full disk, a spent quota, a file larger than the file system (FAT's
+# 4 GiB) or ``ulimit -f`` allows.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class UserError(Exception):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import NO_ROOM, UserError
 
 BLOCK_ROWS = 65536
 # A block holding fewer than 1/this of its rows wanted is read row by row (only those rows' pages).
@@ -322,8 +322,6 @@ def _libc_fallocate():
 
 
 _FALLOCATE = _libc_fallocate()
-# What a full disk (or quota) says: raised by ``reserve``; any other refusal leaves the file sparse.
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def reserve(fd: int, offset: int, nbytes: int) -> None:

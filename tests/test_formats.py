@@ -647,6 +647,18 @@ def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl,
     monkeypatch.setattr(curate_module, "save_npy", short)
     assert run_error(capsys, *base, "--ordering", "random").startswith(
         f"error: no room left on the disk writing in {tmp_path} (100000 requested and 33264 written)")
+    monkeypatch.undo()
+
+    def too_large(*args, **kwargs):  # a FAT file system's 4 GiB, or ulimit -f (it was a traceback)
+        raise OSError(errno.EFBIG, "File too large", str(tmp_path / ".c.jsonl.h.1.staged.jsonl"))
+
+    before = out.read_bytes()
+    monkeypatch.setattr(writers, "write_shard", too_large)
+    assert run_error(capsys, *base, "--ordering", "random") == (
+        f"error: a file too large for its file system (FAT's 4 GiB) or for ulimit -f, writing in {tmp_path} (File "
+        "too large); the earlier files are as they were: choose an --output folder on another file system, and run "
+        "again")
+    assert out.read_bytes() == before
 
 
 def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, demo_jsonl, tiny_model_dir,

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import EveryRankError, UserError
+from ..errors import NO_ROOM, EveryRankError, UserError
 from ..interrupts import Terminated, finishing_what, request_interrupt
 
 log = logging.getLogger("diversity_order")
@@ -295,14 +295,19 @@ def _disk_full_line(exc: OSError) -> str | None:
     import errno
 
     text = str(exc)
-    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left on device" not in text and \
+    too_large = exc.errno == errno.EFBIG or "File too large" in text
+    if exc.errno not in NO_ROOM and not too_large and "No space left on device" not in text and \
             "Disk quota exceeded" not in text and not re.search(r"\d+ requested and \d+ written", text):
         return None
     from ..atomic import last_target
 
     target = exc.filename or last_target()  # pyarrow's, PIL's and numpy's errors name no file
     where = f"writing in {os.path.dirname(os.path.abspath(target))}" if target else "writing a file"
-    return (f"no room left on the disk {where} ({exc.strerror or text.splitlines()[0]}); the earlier files are "
+    reason = exc.strerror or text.splitlines()[0]
+    if too_large:
+        return (f"a file too large for its file system (FAT's 4 GiB) or for ulimit -f, {where} ({reason}); the "
+                "earlier files are as they were: choose an --output folder on another file system, and run again")
+    return (f"no room left on the disk {where} ({reason}); the earlier files are "
             "as they were: free space or choose another --output folder, and run again")
 
 
