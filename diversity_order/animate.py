@@ -155,9 +155,9 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
         emb = np.asarray(emb, dtype=np.float32)
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
-            log.warning("%s embedding row(s) are NaN/inf; they become zero vectors for clustering", f"{int(bad.sum()):,}")
+            log.warning("%d embedding row(s) are NaN/inf; they become zero vectors for clustering", int(bad.sum()))
             emb = np.where(bad[:, None], 0, emb)
-        log.warning("Re-clustering the embeddings (k=%d, no PCA): the clusters may differ from the curate run's; "
+        log.warning("Re-clustering the embeddings (k=%i, no PCA): the clusters may differ from the curate run's; "
                     "pass --meta B_meta.json (or --labels/--order) to show exactly what was written", k)
         lab = kmeans_labels(emb, k, seed)
         source = f"k-means (k={k}) on {embeddings}"

@@ -218,10 +218,10 @@ def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = DEFAULT_N_C
         raise UserError(f"--n-clusters {n_clusters} is larger than the number of usable rows ({n}"
                         + (f", after leaving out {nan_info['dropped']} NaN rows" if nan_info["dropped"] else "") + ")")
     deep_pca = pca_components if pca_deep_only is None else pca_deep_only
-    log.info("Clustering the shallow embeddings (%d x %d), k=%d%s", n, shallow.shape[1], n_clusters,
+    log.info("Clustering the shallow embeddings (%d x %d), k=%i%s", n, shallow.shape[1], n_clusters,
              f", PCA {pca_components}" if pca_components else "")
     shallow_labels, shallow_pca = cluster(shallow, n_clusters, pca_components, seed)
-    log.info("Clustering the deep embeddings (%d x %d), k=%d%s", n, deep.shape[1], n_clusters,
+    log.info("Clustering the deep embeddings (%d x %d), k=%i%s", n, deep.shape[1], n_clusters,
              f", PCA {deep_pca}" if deep_pca else "")
     deep_labels, deep_pca_info = cluster(deep, n_clusters, deep_pca, seed)
 

@@ -504,7 +504,7 @@ def calibrate_k(embeddings: Matrix, sample_size: int = 10000, seed: int = DEFAUL
 
 def _calibration_row(k: int, score: float | None, sizes: np.ndarray, done: int, total: int) -> CalibrationRow:
     # One line per k as it completes: a sweep takes minutes, and it should not look stalled.
-    log.info("k = %d: silhouette %s, cluster sizes %d / %g / %d (%d of %d)", k,
+    log.info("k = %i: silhouette %s, cluster sizes %d / %g / %d (%d of %d)", k,
              "n/a" if score is None else f"{score:.4f}", sizes.min(), np.median(sizes), sizes.max(), done, total)
     return CalibrationRow(k, score, int(sizes.min()), float(np.median(sizes)), int(sizes.max()))
 

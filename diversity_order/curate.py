@@ -1003,7 +1003,7 @@ def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> 
     files this set makes stale are removed, and what was written is said."""
     config = run.config
     if config.output_shards > run.n:
-        log.warning("--output-shards %d for %d records: %d of the shards will be empty", config.output_shards,
+        log.warning("--output-shards %i for %d records: %d of the shards will be empty", config.output_shards,
                     run.n, config.output_shards - run.n)
     shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
     with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
@@ -1018,7 +1018,7 @@ def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> 
     _remove_earlier_files_of_another_name(config.output, [path for path, _ in written], earlier, config.inputs.files)
     on_disk, payload = sum(_bytes_on_disk(Path(path)) for path, _ in written), sum(size for _, size in written)
     compressed = f", {payload / 1e6:.1f} MB uncompressed" if on_disk != payload and config.written_kind == "jsonl" else ""
-    log.info("Wrote %s records (%.1f MB on disk%s, %s) to %s", f"{run.n:,}", on_disk / 1e6, compressed,
+    log.info("Wrote %d records (%.1f MB on disk%s, %s) to %s", run.n, on_disk / 1e6, compressed,
              config.written_kind, config.output if len(written) == 1 else _files_named([path for path, _ in written]))
 
 
@@ -1193,7 +1193,7 @@ def _write_shards_across_ranks(run: Run, before_commit=None) -> list[tuple[Path,
             raise failure or UserError(f"{config.output}: another rank could not write its shards (see its log)")
     if mine:
         names = paths[mine[0][0]].name + ("" if len(mine) == 1 else f" to {paths[mine[-1][0]].name}")
-        log.info("Rank %d wrote %s; the other ranks wrote the rest", ctx.rank, names)
+        log.info("Rank %i wrote %s; the other ranks wrote the rest", ctx.rank, names)
     distributed.barrier(ctx)  # every rank's shards renamed into place before rank 0 measures them
     return [(path, path.stat().st_size) for path in paths]
 
@@ -1347,7 +1347,7 @@ def _recommendation(recommended, rows, n_documents: int | None = None) -> str:
 def _log_improvement(before: dict, after: dict, config: CurateConfig, mean_before: float, mean_after: float) -> None:
     # From the unrounded means: 1.6448 -> 3.1059 is +89%, where the summaries' 1.64 -> 3.11 gave +90%.
     gain = (mean_after / mean_before - 1) * 100 if mean_before else float("nan")
-    log.info("Unique clusters per %s-token window (of K=%d): input order mean %.2f (min %d, std %.2f, %d windows) "
+    log.info("Unique clusters per %s-token window (of K=%i): input order mean %.2f (min %d, std %.2f, %d windows) "
              "-> curated mean %.2f (min %d, std %.2f, %d windows): %+.0f%%",
              f"{config.seq_len:,}", config.n_clusters, before["mean"], before["min"], before["std"],
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
@@ -1387,7 +1387,7 @@ def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
                "documents gather there" if there < FEW_DOCUMENTS_THERE * overall or there < overall and there <= 2
                else f"its windows hold {there:.1f} documents on average ({overall:.1f} over the epoch), enough for more "
                "clusters: this order puts documents of few clusters together there")
-        log.warning("In tenth %d of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
+        log.warning("In tenth %i of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
                     "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s; "
                     "--compare-strategies gives each ordering's lowest tenth", worst + 1, curated[worst],
                     shuffled[worst], quality["curated"]["diversity"]["mean"], why)
@@ -1403,7 +1403,7 @@ def _warn_if_degenerate(run: Run) -> None:
                     present, config.n_clusters)
     if present == 1:
         log.warning("Every document is in one cluster: no order can change the clusters per window "
-                    "(--n-clusters %d)", config.n_clusters)
+                    "(--n-clusters %i)", config.n_clusters)
     elif unique.size == 1:
         total = int(run.counts.sum())
         shorter = [length for length in (2 ** int(np.log2(max(total, 2) / 8)), 2 ** int(np.log2(max(total, 2) / 2)))

@@ -123,7 +123,7 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
                      f"{stats.tokens:,}", stats.seconds, f"{stats.tokens / max(stats.seconds, 1e-9):,.0f}")
         return vectors, counts
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
-    log.info("Rank %d of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
+    log.info("Rank %i of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)
     target, count_key, fingerprints = kept
     counts = kept_rows.counted_by_ranks(
         ctx, target, count_key, fingerprints, share,

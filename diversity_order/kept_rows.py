@@ -108,7 +108,7 @@ def say(rank: int, target: Path, work: RankWork) -> bool:
                      copied_all=np.array(work.copied_all))
         return True
     except OSError as exc:
-        log.warning("Rank %d: what it did cannot be kept for a rerun should the run be stopped (%s)", rank,
+        log.warning("Rank %i: what it did cannot be kept for a rerun should the run be stopped (%s)", rank,
                     exc.strerror or exc)
         return False
 
@@ -134,12 +134,12 @@ def keep(rank: int, target: Path, shared: Path | None, work: RankWork, stop: Bas
                             exc.strerror or exc)
                 return
         if shared is not None:
-            log.warning("%s: the rows the ranks embedded so far are kept in %s (rank 0's %s; each rank says its own "
+            log.warning("%s: the rows the ranks embedded so far are kept in %s (rank 0's %d; each rank says its own "
                         "beside it); a rerun embeds only the others", _stop_name(stop), paths["data"],
-                        f"{work.copied.size + work.computed.rows.size:,}")
+                        work.copied.size + work.computed.rows.size)
         else:
-            log.warning("%s: the token counts the ranks finished so far are kept beside %s (rank 0's %s); a rerun "
-                        "counts only the others", _stop_name(stop), paths["manifest"], f"{work.computed.rows.size:,}")
+            log.warning("%s: the token counts the ranks finished so far are kept beside %s (rank 0's %d); a rerun "
+                        "counts only the others", _stop_name(stop), paths["manifest"], work.computed.rows.size)
 
 
 def _stop_name(stop: BaseException) -> str:
@@ -197,23 +197,23 @@ def recover(target: Path, key: dict | None, count_places: list[Path], count_key:
         _add_counts(count_places, count_key, fingerprints, computed, counts)
         unsaid = f" (rank(s) {', '.join(map(str, missing))} said nothing: their rows are done again)" if missing else ""
         if data is None:
-            log.info("Token counts: %s of %s rows kept by an interrupted torchrun run are now in %s%s",
-                     f"{computed.size:,}", f"{filled.size:,}", count_places[0].name, unsaid)
+            log.info("Token counts: %d of %d rows kept by an interrupted torchrun run are now in %s%s",
+                     computed.size, filled.size, count_places[0].name, unsaid)
             return
         if not embeds:
             leave = True
-            log.info("Token counts: %s of %s rows kept by an interrupted torchrun run are now in %s; the embeddings "
-                     "it kept (%s) are left for a run that embeds", f"{computed.size:,}", f"{filled.size:,}",
-                     count_places[0].name, paths["data"].name)
+            log.info("Token counts: %d of %d rows kept by an interrupted torchrun run are now in %s; the embeddings "
+                     "it kept (%s) are left for a run that embeds", computed.size, filled.size, count_places[0].name,
+                     paths["data"].name)
             return
         differs = _differs(manifest["key"], key)
         if differs:
             log.warning("The rows an interrupted torchrun run embedded are not reused (computed with another %s); "
-                        "removed; their %s token counts are", differs, f"{computed.size:,}")
+                        "removed; their %d token counts are", differs, computed.size)
             return
         caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
-        log.info("Embeddings: %s of %s rows kept by an interrupted torchrun run are now %s, their token counts in "
-                 "%s%s", f"{int(filled.sum()):,}", f"{filled.size:,}", target.name, count_places[0].name, unsaid)
+        log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s, their token counts in "
+                 "%s%s", int(filled.sum()), filled.size, target.name, count_places[0].name, unsaid)
     except (OSError, ValueError, KeyError) as exc:
         log.warning("The rows an interrupted torchrun run kept are not reused (%s); removed",
                     getattr(exc, "strerror", None) or exc)

@@ -180,7 +180,7 @@ def _embed_rows(ctx: DistContext, index, rows: np.ndarray, tokenizer, table, bat
     """Tokenize (and embed into ``out``) ``rows``, this rank's own; their token counts (in row order).
     ``finished``: see ``embed.embed_and_count``."""
     if rows.size:
-        log.info("Rank %d of %d: %s record(s)", ctx.rank, ctx.world_size, f"{rows.size:,}")
+        log.info("Rank %i of %d: %d record(s)", ctx.rank, ctx.world_size, rows.size)
     _, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, out=out, finished=finished)
     if table is not None and rows.size:
@@ -228,7 +228,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
         decided = (n, found.in_order, [files.data for files, _ in found.sets])
         if not found.in_order:
             if missing.size:
-                log.info("Embedding %s record(s) of %s on %d ranks, into %s", f"{missing.size:,}", f"{n:,}",
+                log.info("Embedding %d record(s) of %d on %d ranks, into %s", missing.size, n,
                          ctx.world_size, target.name)
             else:
                 log.info("Writing %s in input order from the cached rows (nothing to embed)", target.name)
@@ -266,7 +266,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     count_rows = distributed.broadcast_array(ctx, count_rows if ctx.is_main else None)
     if count_rows.size:
         if ctx.is_main:
-            log.info("Counting tokens of %s record(s) of %s", f"{count_rows.size:,}", f"{n:,}")
+            log.info("Counting tokens of %d record(s) of %d", count_rows.size, n)
         new_counts = kept_rows.counted_by_ranks(
             ctx, kept_rows.counts_target(paths), count_key, fps, count_rows[(count_rows >= lo) & (count_rows < hi)],
             lambda mine, finished: _embed_rows(ctx, index, mine, tokenizer, None, batch_docs, progress,

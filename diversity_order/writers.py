@@ -190,12 +190,12 @@ def _arrow_to_jsonl(source, rows: np.ndarray, path: Path, shown: Path) -> int:
             sink.write(data)
             written += len(data)
     if said.non_finite:
-        log.warning("%s: %s record(s) hold NaN or Infinity, which JSON has no word for: written as Python's json writes "
+        log.warning("%s: %d record(s) hold NaN or Infinity, which JSON has no word for: written as Python's json writes "
                     "them (NaN, Infinity), which it and this tool read back, but strict JSON readers (pyarrow.json, "
-                    "datasets' json loader) refuse", shown, f"{said.non_finite:,}")
+                    "datasets' json loader) refuse", shown, said.non_finite)
     if said.binary:
-        log.warning("%s: %s record(s) hold binary values, which JSON has no type for: written as text, bytes that are "
-                    "not UTF-8 escaped (\\xff), so they read back as strings, not as the bytes", shown, f"{said.binary:,}")
+        log.warning("%s: %d record(s) hold binary values, which JSON has no type for: written as text, bytes that are "
+                    "not UTF-8 escaped (\\xff), so they read back as strings, not as the bytes", shown, said.binary)
     if maps:
         log.warning("%s: %s %s Arrow map%s, which JSON has no type for: written as lists of [key, value] pairs (keys "
                     "may repeat and need not be text), so they read back as lists, not as maps", shown,

@@ -1037,6 +1037,7 @@ _LOG_PARTS = st.one_of(
     st.tuples(st.just("%d"), st.integers(-10**12, 10**12)),
     st.tuples(st.just("%d"), st.integers(-10**12, 10**12).map(np.int64)),
     st.tuples(st.just("%5d"), st.integers(0, 10**7)),
+    st.tuples(st.just("%i"), st.integers(-10**12, 10**12)),  # an identifier: a record's index, a flag's value
     st.tuples(st.just("%s"), st.text(alphabet="ab 1,", max_size=6)),
     st.tuples(st.just("%.1f"), st.floats(0, 1e6)),
     st.tuples(st.just("%%"), st.none()),
@@ -1049,7 +1050,8 @@ _LOG_PARTS = st.one_of(
 def test_log_lines_write_counts_with_thousands_separators(parts):
     """The log formatter writes an integer given to a plain %d with thousands separators (a new user read 'Embedding
     40 record(s) of 2595' beside '2,555 of 2,595 rows reused'), and leaves every other conversion as Python's %
-    writes it: without the separators, the line is the plain one."""
+    writes it, %i (an identifier: 'record 12345', '--n-clusters 1000') too: without the separators, the line is the
+    plain one."""
     from diversity_order.cli import _ThousandsFormatter
 
     msg = "".join(spec for spec, _ in parts)

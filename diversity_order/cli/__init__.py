@@ -144,8 +144,9 @@ _CONVERSION = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[
 
 
 class _ThousandsFormatter(logging.Formatter):
-    """Integers given to a plain ``%d`` are written with thousands separators (2,595 records, as the messages that
-    format their counts themselves write them: a log read 2595 beside 2,555)."""
+    """Integers given to a plain ``%d`` (a count) are written with thousands separators (2,595 records, as the
+    messages that format their counts themselves write them: a log read 2595 beside 2,555). An identifier (a record's
+    index, a flag's value, a size in pixels) is given to ``%i``, written as typed: "record 12345", "--n-clusters 1000"."""
 
     def format(self, record: logging.LogRecord) -> str:
         args = record.args

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("Encoder: %s", ffmpeg)
     inputs = animate.load_inputs(args.token_counts, args.embeddings, args.meta, args.labels, args.order,
                                  args.n_clusters, args.seq_len, args.seed, args.ordering)
-    log.info("%d documents, K=%d, seq_len=%d; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
+    log.info("%d documents, K=%i, seq_len=%i; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
     names = animate.output_names(args.output)
     check_writable_folder(names["bar"].parent, "--output")
     cloud = None
@@ -101,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     bars = animate.BarFrames(inputs, width, height)
     frames = animate.write_video(names["bar"], bars.frames(args.n_frames), args.n_frames, width, height, args.fps,
                                  ffmpeg, args.preset, names["bar_preview"])
-    log.info("Bar video: %s (%d frames at %d fps: %.1f s long, %dx%d; made in %.1f s), preview %s", names["bar"],
+    log.info("Bar video: %s (%d frames at %d fps: %.1f s long, %ix%i; made in %.1f s), preview %s", names["bar"],
              frames, args.fps, frames / args.fps, width, height, time.perf_counter() - started, names["bar_preview"])
     if cloud is not None:
         started = time.perf_counter()
         frames = animate.write_video(names["umap"], cloud.frames(args.n_frames), args.n_frames, uw, uh, args.fps,
                                      ffmpeg, args.preset, names["umap_preview"])
-        log.info("UMAP video: %s (%d frames at %d fps: %.1f s long, %dx%d; made in %.1f s), preview %s",
+        log.info("UMAP video: %s (%d frames at %d fps: %.1f s long, %ix%i; made in %.1f s), preview %s",
                  names["umap"], frames, args.fps, frames / args.fps, uw, uh, time.perf_counter() - started,
                  names["umap_preview"])
     return 0

@@ -172,7 +172,7 @@ class BatchLoop:
                 self.embedder.shrink_after_oom(batch.size, longest)
                 return 0
             row = int(batch[0])
-            log.warning("record %d (%d tokens) does not fit in memory even alone: skipped (NaN row)",
+            log.warning("record %i (%d tokens) does not fit in memory even alone: skipped (NaN row)",
                         row, int(self.tokens.lengths[row]))
             self.partial.data[self.position[row]] = np.nan  # not marked done, so a rerun retries it
             result.skipped.append((row, int(self.tokens.lengths[row])))

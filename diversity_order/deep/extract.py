@@ -112,10 +112,10 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
 def _log_layout(job: _Job) -> None:
     ctx, layout = job.ctx, job.layout
     if ctx.is_main and job.config.tp > 1 and layout.dp > 1:
-        log.info("%d processes: %d data-parallel groups x tensor parallel %d", ctx.world_size, layout.dp, layout.tp)
+        log.info("%d processes: %d data-parallel groups x tensor parallel %i", ctx.world_size, layout.dp, layout.tp)
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
         if per_node % layout.tp:
-            log.warning("--nproc_per_node=%d is not a multiple of --tp %d: some tensor-parallel groups span two nodes",
+            log.warning("--nproc_per_node=%i is not a multiple of --tp %i: some tensor-parallel groups span two nodes",
                         per_node, layout.tp)
 
 
@@ -242,7 +242,7 @@ def share_and_checkpoint(job: _Job) -> tuple[Partial, np.ndarray, dict]:
     position = {int(r): i for i, r in enumerate(rows.tolist())}
     todo = np.asarray([r for r in share.tolist() if not partial.done[position[r]]], dtype=np.int64)
     for row in todo[lengths[todo] == 0].tolist():
-        log.warning("record %d (%s) has no tokens: its vector is all zeros", row, job.index.where(row))
+        log.warning("record %i (%s) has no tokens: its vector is all zeros", row, job.index.where(row))
         partial.data[position[row]] = 0.0
         partial.done[position[row]] = True
     return partial, todo[lengths[todo] > 0], position
