@@ -1089,7 +1089,7 @@ def _remove_earlier_plots_and_comparison(run: Run, earlier_meta: dict) -> None:
     plot_files = [run.paths[name] for name in PLOT_PATHS]
     if not config.no_plot:  # redrawn after the metadata: a run stopped before then must not leave the earlier ones
         for path in plot_files:
-            if path.resolve() in recorded:
+            if path.name in recorded:
                 path.unlink(missing_ok=True)
     stale = plot_files if config.no_plot else []
     if not config.compare_strategies:
@@ -1098,7 +1098,7 @@ def _remove_earlier_plots_and_comparison(run: Run, earlier_meta: dict) -> None:
         stale.append(report["plot"])
     removed, kept = [], []
     for path in stale:
-        if path.resolve() not in recorded:
+        if path.name not in recorded:
             if path.is_file():
                 kept.append(path.name)
             continue
@@ -1114,15 +1114,17 @@ def _remove_earlier_plots_and_comparison(run: Run, earlier_meta: dict) -> None:
                     "them" if len(kept) > 1 else "it", "they are" if len(kept) > 1 else "it is")
 
 
-def _recorded_plots_and_comparison(earlier_meta: dict) -> set[Path]:
-    """The plots and strategy-comparison files an earlier run's metadata lists, resolved."""
+def _recorded_plots_and_comparison(earlier_meta: dict) -> set[str]:
+    """The names of the plots and strategy-comparison files an earlier run's metadata lists. Names, not paths:
+    they are always beside the output, and a folder moved with its files (or reached by another path) still
+    holds the earlier run's."""
     names = earlier_meta.get("plot_files")
     names = list(names) if isinstance(names, list) else []
     comparison = earlier_meta.get("strategy_comparison")
     files = comparison.get("files") if isinstance(comparison, dict) else None
     if isinstance(files, dict):
         names += list(files.values())
-    return {Path(name).resolve() for name in names if isinstance(name, str)}
+    return {Path(name).name for name in names if isinstance(name, str)}
 
 
 def _remove_other_shard_sets(output: Path, shards: int, earlier: set[Path], inputs: list[Path]) -> None:

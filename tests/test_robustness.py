@@ -256,10 +256,15 @@ def test_a_first_run_keeps_the_users_files_named_like_its_plots_and_comparison(t
     assert curate(*common, "--output", tmp_path / "a.jsonl", "--compare-strategies") == 0
     assert (tmp_path / "a_cluster_cloud.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads((tmp_path / "a_strategies.json").read_text()) != {"mine": 1}
+    # (the folder moved since, its files with it: still the earlier run's, though the metadata names the old place)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in tmp_path.glob("a[._]*"):
+        path.rename(moved / path.name)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        assert curate(*common, "--output", tmp_path / "a.jsonl", "--no-plot") == 0
-    assert not any((tmp_path / name).exists() for name in mine)
+        assert curate(*common, "--output", moved / "a.jsonl", "--no-plot") == 0
+    assert not any((moved / name).exists() for name in mine)
     assert "Removed a_ordering_comparison.png, a_cluster_cloud.png, a_strategies.md, a_strategies.json" in caplog.text
 
 
