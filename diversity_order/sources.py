@@ -150,8 +150,14 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
                         f"give one format (e.g. a glob such as {parquet[0].parent}/*.parquet or "
                         f"{jsonl[0].parent}/*{''.join(jsonl[0].suffixes)})")
     if not parquet and not jsonl:
+        from .caches import MANIFEST_SUFFIX
+
+        unnamed = [p for p in found if not p.name.lower().endswith(MANIFEST_SUFFIX)]
+        holds = (f"; it holds {len(unnamed):,} file(s) named otherwise ({unnamed[0].relative_to(folder)}"
+                 f"{' ...' if len(unnamed) > 1 else ''}): a folder's files are taken by their names, a file given "
+                 f"alone or by a glob (such as {folder}/*) by what it holds") if unnamed else ""
         raise UserError(f"--input {folder}: a folder with no .parquet or .jsonl/.json/.ndjson[.gz|.zst] files (nor a "
-                        "datasets folder written by save_to_disk)")
+                        f"datasets folder written by save_to_disk){holds}")
     return ("parquet", parquet) if parquet else ("jsonl", jsonl)
 
 

@@ -909,6 +909,22 @@ def test_folder_and_glob_inputs_take_data_files_named_in_any_case_and_say_what_t
         assert ("1 hidden file(s) left out (.hidden.jsonl)" in caplog.text) == (name == "folder")
 
 
+def test_a_folder_of_only_unnamed_data_files_is_refused_naming_them(tmp_path, demo_records, tiny_model_dir, capsys):
+    """A folder holding only a Parquet file named without a suffix (as `--output x --output-format parquet` writes
+    it) was refused as holding no data, without naming what it held; the line names the file and the glob that
+    reads it, and that glob does."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"text": r["text"]} for r in demo_records[:30]]), folder / "part")
+    base = ["--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 2]
+    assert run_error(capsys, "--input", folder, *base) == (
+        f"error: --input {folder}: a folder with no .parquet or .jsonl/.json/.ndjson[.gz|.zst] files (nor a datasets "
+        f"folder written by save_to_disk); it holds 1 file(s) named otherwise (part): a folder's files are taken by "
+        f"their names, a file given alone or by a glob (such as {folder}/*) by what it holds")
+    assert curate("--input", str(folder / "*"), *base) == 0
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 30
+
+
 def test_a_sharded_runs_output_folder_is_an_input_again(tmp_path, demo_jsonl, tiny_model_dir, caplog):
     """The folder of a run's shards also holds its metadata and cache manifests (.json): not records; and, where
     the run exported its packed sequences into it, their folder (Parquet of token ids): not records either (a
