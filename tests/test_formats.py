@@ -1121,6 +1121,7 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
         assert not (tmp_path / name).exists()
     # Suffixes in capitals (the shards and the files beside it are named from it) and nameless outputs: one line.
     for name, said in (("x.JSONL", "write its suffix in lower case (x.jsonl)"),
+                       ("Curated.V2.JSONL.Zst", "write its suffix in lower case (Curated.V2.jsonl.zst)"),
                        ("x.Parquet", "write its suffix in lower case (x.parquet)"),
                        ("x.jsonl.GZ", "write its suffix in lower case (x.jsonl.gz)"),
                        ("x.parquet.gz", "Parquet compresses inside the file; name it .parquet"),
