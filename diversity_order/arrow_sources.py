@@ -636,12 +636,9 @@ def _viewless_schema(schema, pa):
 
 def _decoded_schema(schema, pa):
     """``schema`` with every dictionary-encoded type, nested ones too, as its values' type (how the values read, a
-    file written from pandas categoricals beside one of plain strings)."""
-    def decoded(kind):
-        return _with_leaves(pa.schema([pa.field("_", kind.value_type)]), pa, decoded)[0].type \
-            if pa.types.is_dictionary(kind) else kind
-
-    return _with_leaves(schema, pa, decoded)
+    file written from pandas categoricals beside one of plain strings). A dictionary's values are a plain type in
+    what Parquet and pandas write, so a decoded leaf is one."""
+    return _with_leaves(schema, pa, lambda kind: kind.value_type if pa.types.is_dictionary(kind) else kind)
 
 
 def _with_leaves(schema, pa, leaf):
