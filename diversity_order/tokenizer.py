@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,8 +115,14 @@ class DocumentTokenizer:
 
     def prepare_chat(self) -> None:
         """Load what rendering conversations takes (transformers' tokenizer: seconds, its import most of them)
-        now, so that the first batch's progress line does not count it into the rate and the ETA."""
+        now, so that the first batch's progress line does not count it into the rate and the ETA; said, where it
+        is loaded now, so the pause is not a silent one."""
+        if self._transformers_tokenizer is not None:
+            return
+        log.info("Loading the tokenizer that renders the chat template (transformers) ...")
+        started = time.perf_counter()
         self._hf  # noqa: B018 (loaded on first use)
+        log.info("Chat template ready in %.1f s", time.perf_counter() - started)
 
     def render_chat(self, messages: list[dict], where: str = "", arguments: dict | None = None) -> str:
         """A conversation as the trainer's text: the tokenizer's own chat template, not tokenized, called with the

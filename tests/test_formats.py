@@ -408,6 +408,10 @@ def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records
                   "--model-dir", chat_model_dir, "--n-clusters", 4) == 0
     said = [r.getMessage() for r in caplog.records if "has roles other than" in r.getMessage()]
     assert len(said) == 1
+    # Loading the tokenizer that renders the template takes seconds (transformers' import): said once, not a pause.
+    loading = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("Loading the tokenizer that "
+                                                                                     "renders", "Chat template ready"))]
+    assert len(loading) == 2 and re.fullmatch(r"Chat template ready in \d+\.\d s", loading[1]), loading
     assert (f"'human' in 20 of the 61 conversations (the first: {src}:42), 'gpt' in 15 of the 61 conversations "
             f"(the first: {src}:42)") in said[0]
     assert "'tool'" not in said[0] and "'developer'" not in said[0]
