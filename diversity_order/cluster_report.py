@@ -209,8 +209,8 @@ def describe_clusters(index: object, labels: np.ndarray, token_counts: np.ndarra
     top = distinguishing_tokens(*token_counts_per_cluster(index, labels, n_clusters, tokenizer, seed))
     cohesion, nearest = centre_examples(embeddings, labels, n_clusters, seed=seed)
     if labels.size > CENTRE_ROWS:
-        log.info("Cluster cohesion and nearest documents from a seeded sample of %s of the %s rows", f"{CENTRE_ROWS:,}",
-                 f"{labels.size:,}")
+        log.info("Cluster cohesion and nearest documents from a seeded sample of %d of the %d rows", CENTRE_ROWS,
+                 labels.size)
     openings = _openings(index, np.concatenate(nearest) if nearest else np.zeros(0, np.int64))
     total_tokens = max(tokens.sum(), 1.0)
     clusters = []

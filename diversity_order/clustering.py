@@ -61,7 +61,7 @@ def kmeans_labels(embeddings: Matrix, n_clusters: int, seed: int = DEFAULT_SEED,
     fit_rows = matrix.load(embeddings) if sample is None else matrix.read_rows(embeddings, sample)
     centres = fit_centres(fit_rows, n_clusters, seed, backend, device)
     fitted = time.perf_counter()
-    log.info("k-means centres fitted on %s rows in %.1f s", f"{fit_rows.shape[0]:,}", fitted - started)
+    log.info("k-means centres fitted on %d rows in %.1f s", fit_rows.shape[0], fitted - started)
     del fit_rows  # the sample is not needed to assign the rows: not held beside the blocks read for that
     labels = assign_to_centres(embeddings, centres, device)
     log.info("Every row assigned to its nearest centre in %.1f s", time.perf_counter() - fitted)

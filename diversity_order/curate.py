@@ -489,7 +489,7 @@ def index_input(run: Run, fail_fast: bool) -> None:
             run.index = sources.open_source(config.inputs, config.text_fields, progress=config.progress, ctx=run.ctx)
     # The records' own bytes (no line ends, no file framing): the output line gives the files' size instead. Of
     # Parquet and datasets folders only their documents' text is measured (the columns are not read whole).
-    log.info("%s: %s record(s), %.1f MB of %s", config.inputs.describe(), f"{run.n:,}", run.index.total_bytes / 1e6,
+    log.info("%s: %d record(s), %.1f MB of %s", config.inputs.describe(), run.n, run.index.total_bytes / 1e6,
              "records" if config.inputs.kind == "jsonl" else "documents' text")
     if run.ctx.is_main:
         run.chat_template = _chat_template_used(run)
@@ -989,12 +989,12 @@ def _export_packed(run: Run):
     dropped = (f"; the last {said['tokens_dropped']:,} tokens ({said['documents_dropped']:,} document(s) beginning "
                "there) fill no sequence and are left out") if said["tokens_dropped"] else ""
     if said["sequences"]:
-        log.info("Packed export: %s sequences of %s tokens in %s shard(s)%s", f"{said['sequences']:,}",
-                 f"{config.seq_len:,}", f"{said['shards']:,}", dropped)
+        log.info("Packed export: %d sequences of %d tokens in %d shard(s)%s", said["sequences"], config.seq_len,
+                 said["shards"], dropped)
     else:
-        log.warning("--export-packed %s: no sequence of %s tokens could be filled (the data hold %s): the folder "
-                    "holds no packed files; give a smaller --seq-len", config.export_packed, f"{config.seq_len:,}",
-                    f"{said['tokens_dropped']:,} tokens")
+        log.warning("--export-packed %s: no sequence of %d tokens could be filled (the data hold %d tokens): the "
+                    "folder holds no packed files; give a smaller --seq-len", config.export_packed, config.seq_len,
+                    said["tokens_dropped"])
     return staged
 
 
@@ -1410,18 +1410,18 @@ def _warn_if_degenerate(run: Run) -> None:
         total = int(run.counts.sum())
         shorter = [length for length in (2 ** int(np.log2(max(total, 2) / 8)), 2 ** int(np.log2(max(total, 2) / 2)))
                    if length >= 16]
-        log.warning("All %s tokens fit in one %s-token window: no order can change its diversity; compare orders at "
-                    "a shorter --seq-len%s", f"{total:,}", f"{config.seq_len:,}",
+        log.warning("All %d tokens fit in one %d-token window: no order can change its diversity; compare orders at "
+                    "a shorter --seq-len%s", total, config.seq_len,
                     f" (e.g. --compare-strategies --seq-len {' '.join(map(str, shorter))})" if shorter else "")
     elif np.median(documents) <= 1:
         why = ("the documents are about as long as --seq-len" if np.median(run.counts) * 4 >= config.seq_len else
                "most documents are short, but the few longer than --seq-len fill most windows")
-        log.warning("Most %s-token windows hold a single document (%s): each such window holds one cluster whatever "
-                    "the order", f"{config.seq_len:,}", why)
+        log.warning("Most %d-token windows hold a single document (%s): each such window holds one cluster whatever "
+                    "the order", config.seq_len, why)
     elif unique.size < diversity.FEW_WINDOWS:
-        log.warning("Only %d windows of %s tokens: the figures per window (and the boundary shift) rest on so few "
+        log.warning("Only %d windows of %d tokens: the figures per window (and the boundary shift) rest on so few "
                     "that one document moved changes them; a shorter --seq-len shows more of the order",
-                    unique.size, f"{config.seq_len:,}")
+                    unique.size, config.seq_len)
     _say_records_longer_than_a_window(run.counts, config.seq_len, config.ordering_options.packing)
     log.info("Curated order: %.1f%% of the most clusters these windows could hold (a window holds at most as many "
              "clusters as documents); input order %.1f%%", 100 * run.quality["curated"]["efficiency"],
@@ -1437,9 +1437,9 @@ def _say_records_longer_than_a_window(counts: np.ndarray, seq_len: int, packing:
     what = ("packed whole, each fills windows by itself" if packing == "whole"
             else "packed split, each fills windows by itself but for its ends")
     log.log(logging.WARNING if share >= LONG_RECORDS_WARN_SHARE else logging.INFO,
-            "%d record(s) longer than --seq-len %s (the longest %s tokens; %.1f%% of all tokens): %s, whatever the "
-            "order; a trainer that truncates to the window keeps only their first %s tokens",
-            int(longer.sum()), f"{seq_len:,}", f"{int(counts.max()):,}", 100 * share, what, f"{seq_len:,}")
+            "%d record(s) longer than --seq-len %i (the longest %d tokens; %.1f%% of all tokens): %s, whatever the "
+            "order; a trainer that truncates to the window keeps only their first %d tokens",
+            int(longer.sum()), seq_len, int(counts.max()), 100 * share, what, seq_len)
 
 
 def _warn_unused_flags(config: CurateConfig) -> None:
@@ -1466,8 +1466,8 @@ def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> Order
     if options.score_field is not None and wants_scores:
         scores, lacking = records.read_scores(index, options.score_field, options.score_default)
         if lacking:
-            log.warning("--score-field %s: %s of the %s records hold no finite number; they score %g (--score-default)",
-                        options.score_field, f"{lacking:,}", f"{scores.size:,}", options.score_default)
+            log.warning("--score-field %s: %d of the %d records hold no finite number; they score %g (--score-default)",
+                        options.score_field, lacking, scores.size, options.score_default)
         log.info("Scores from '%s': min %g, median %g, max %g", options.score_field, scores.min(), np.median(scores),
                  scores.max())
     groups = None

@@ -119,8 +119,8 @@ def _tokenize_rows(ctx: distributed.DistContext, index: RecordIndex, rows: np.nd
         vectors, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
                                                        progress=progress, out=out, finished=finished)
         if table is not None:
-            log.info("Embedded %s documents, %s tokens, in %.1f s (%s tokens/s)", f"{stats.documents:,}",
-                     f"{stats.tokens:,}", stats.seconds, f"{stats.tokens / max(stats.seconds, 1e-9):,.0f}")
+            log.info("Embedded %d documents, %d tokens, in %.1f s (%s tokens/s)", stats.documents, stats.tokens,
+                     stats.seconds, f"{stats.tokens / max(stats.seconds, 1e-9):,.0f}")
         return vectors, counts
     share = distributed.my_share(ctx, rows, index.row_sizes[rows])
     log.info("Rank %i of %d: %d of the %d records", ctx.rank, ctx.world_size, share.size, rows.size)

@@ -59,15 +59,15 @@ def compare_strategies(labels: np.ndarray, token_counts: np.ndarray, n_clusters:
                 quality = diversity.random_baseline(labels.size, options.seed, measured, first=quality)
             rows.append({"seq_len": seq_len, "ordering": name, "seconds": round(seconds, 3), **quality,
                          "uniformity_bound": bound})
-        log.info("Compared %d orderings at seq-len %s", len(names), f"{seq_len:,}")
+        log.info("Compared %d orderings at seq-len %d", len(names), seq_len)
         most = max(int(r["diversity"]["n_sequences"]) for r in rows if r["seq_len"] == seq_len)
         if most < diversity.FEW_WINDOWS:
-            log.warning("At seq-len %s no order makes more than %d window%s: the figures there rest on so few that "
-                        "one document moved changes them", f"{seq_len:,}", most, "" if most == 1 else "s")
+            log.warning("At seq-len %d no order makes more than %d window%s: the figures there rest on so few that "
+                        "one document moved changes them", seq_len, most, "" if most == 1 else "s")
         random_row = next((r for r in rows if r["seq_len"] == seq_len and r["ordering"] == "random"), None)
         if random_row and uniformity_out_of_reach(bound, random_row["uniformity_mean"]):
-            log.warning("At seq-len %s no order of these documents meets U (mean uniformity <= %g x a random "
-                        "shuffle's %.4f): their lengths and clusters force at least %.4f", f"{seq_len:,}",
+            log.warning("At seq-len %d no order of these documents meets U (mean uniformity <= %g x a random "
+                        "shuffle's %.4f): their lengths and clusters force at least %.4f", seq_len,
                         UNIFORMITY_RATIO, random_row["uniformity_mean"], bound)
     return rows, curves
 

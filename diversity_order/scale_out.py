@@ -184,8 +184,8 @@ def _embed_rows(ctx: DistContext, index, rows: np.ndarray, tokenizer, table, bat
     _, counts, stats = embed.embed_and_count(index, rows, tokenizer, table, batch_docs=batch_docs,
                                              progress=progress and ctx.is_main, out=out, finished=finished)
     if table is not None and rows.size:
-        log.info("Embedded %s documents, %s tokens, in %.1f s (%s tokens/s on this rank)", f"{stats.documents:,}",
-                 f"{stats.tokens:,}", stats.seconds, f"{stats.tokens / max(stats.seconds, 1e-9):,.0f}")
+        log.info("Embedded %d documents, %d tokens, in %.1f s (%s tokens/s on this rank)", stats.documents,
+                 stats.tokens, stats.seconds, f"{stats.tokens / max(stats.seconds, 1e-9):,.0f}")
     return counts
 
 
@@ -359,8 +359,7 @@ def labels_from_sample(ctx: DistContext, vectors: MatrixFile, n_clusters: int, s
         pca, info = _fit_pca(rows, pca_components, seed)
         if pca is not None:
             rows = _project(pca, rows)
-        log.info("k-means fitted on %s sampled rows of %s; every rank assigns its own rows", f"{rows.shape[0]:,}",
-                 f"{n:,}")
+        log.info("k-means fitted on %d sampled rows of %d; every rank assigns its own rows", rows.shape[0], n)
         fitted = (pca, info, clustering.fit_centres(rows, n_clusters, seed, backend, device))
         rows = None
         return fitted

@@ -128,7 +128,7 @@ def _folder_files(folder: Path) -> tuple[str, list[Path]]:
         log.info("--input %s: %s left out (packed sequences an --export-packed wrote, not records)", folder,
                  ", ".join(str(p) for p in sorted(exports)))
     if hidden:
-        log.info("--input %s: %s hidden file(s) left out (%s%s)", folder, f"{len(hidden):,}",
+        log.info("--input %s: %d hidden file(s) left out (%s%s)", folder, len(hidden),
                  hidden[0].relative_to(folder), " ..." if len(hidden) > 1 else "")
     arrow = [p for p in found if p.suffix.lower() == ".arrow"]
     inner = sorted({p.parent for p in arrow if is_dataset_folder(p.parent)})
@@ -172,7 +172,7 @@ def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]
 
     manifests = [p for p in found if p.name.lower().endswith(MANIFEST_SUFFIX)]
     if manifests:
-        log.info("%s: %s cache manifest(s) left out (%s%s)", given, f"{len(manifests):,}", manifests[0].name,
+        log.info("%s: %d cache manifest(s) left out (%s%s)", given, len(manifests), manifests[0].name,
                  " ..." if len(manifests) > 1 else "")
     candidates = [p for p in found if not p.name.lower().endswith(MANIFEST_SUFFIX)]
     named = [p for p in candidates if is_parquet_name(p.name) or is_jsonl_name(p.name)]
@@ -187,7 +187,7 @@ def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]
     taken = set(named) | set(plain_json)
     others = [p for p in candidates if p not in taken]
     if others:
-        log.info("%s: %s file(s) not named as data left out (%s%s)", given, f"{len(others):,}", others[0].name,
+        log.info("%s: %d file(s) not named as data left out (%s%s)", given, len(others), others[0].name,
                  " ..." if len(others) > 1 else "")
     return named
 

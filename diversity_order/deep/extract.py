@@ -199,8 +199,8 @@ def adopt_checkpoints(job: _Job) -> None:
         wanted = np.isin(adopted.rows, job.needed)
         job.adopted = Adopted(adopted.rows[wanted], adopted.data[wanted], adopted.sources)
         names = [path.name for path in adopted.sources]
-        log.info("Resuming: %s of %s rows to compute were finished by an interrupted run (%s%s), taken as they are",
-                 f"{int(wanted.sum()):,}", f"{job.needed.size:,}", names[0],
+        log.info("Resuming: %d of %d rows to compute were finished by an interrupted run (%s%s), taken as they are",
+                 int(wanted.sum()), job.needed.size, names[0],
                  f" and {len(names) - 1} more" if len(names) > 1 else "")
         return job.adopted.rows
 
@@ -328,8 +328,8 @@ def _report(job: _Job) -> None:
         if result.batch_seconds > 0:
             own = f"rank 0's share, {result.batch_seconds:.1f} s" if job.data_ctx.active else f"{result.batch_seconds:.1f} s"
             batches = f"; the batches alone: {own}, {result.batch_tokens / result.batch_seconds:,.0f} tokens/s"
-        log.info("Deep embeddings: %s docs, %s tokens in %.1f s (%s tokens/s from the start%s), %d skipped -> %s "
-                 "(%d x %d)", f"{result.docs:,}", f"{result.tokens:,}", result.seconds,
+        log.info("Deep embeddings: %d docs, %d tokens in %.1f s (%s tokens/s from the start%s), %d skipped -> %s "
+                 "(%d x %d)", result.docs, result.tokens, result.seconds,
                  f"{result.tokens / max(result.seconds, 1e-9):,.0f}", batches, len(result.skipped), config.output,
                  job.n, job.dim)
 

@@ -170,10 +170,10 @@ def token_balanced_order(
     pool_of_doc = pool_of_doc.reshape(-1)
     n_pools = int(pool_of_doc.max()) + 1 if pool_of_doc.size else 0
     if labels.size * n_pools > SLOW_POOL_STEPS:
-        log.warning("token-balanced: %s documents in %s pools (one per combination of cluster, length bin and "
+        log.warning("token-balanced: %d documents in %d pools (one per combination of cluster, length bin and "
                     "--balance-field category that occurs); every step compares every pool, so this takes minutes "
                     "(400,000 documents in 64,000 pools: 2 on two cores); fewer categories or --length-bins 1 "
-                    "make fewer pools", f"{labels.size:,}", f"{n_pools:,}")
+                    "make fewer pools", labels.size, n_pools)
     shuffled = np.random.default_rng(options.seed).permutation(labels.size)
     pool_starts = np.zeros(n_pools + 1, dtype=np.int64)
     np.cumsum(np.bincount(pool_of_doc, minlength=n_pools), out=pool_starts[1:])
