@@ -314,6 +314,71 @@ def test_leftovers_of_other_work_or_a_finished_output_are_removed(data, tiny_mod
     assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.resumed*"))
 
 
+def test_a_resumed_file_of_the_wrong_shape_or_unremovable_leftovers_are_no_traceback(data, tiny_model_dir,
+                                                                                       baseline_bs2, tmp_path, caplog):
+    """A resumed file whose vectors are of another width, or fewer than its rows, was taken up: an IndexError
+    traceback, or an output of the wrong width written as finished. It is damaged now: removed, its rows computed
+    again. A leftover that cannot be removed (a folder under its name) is warned of, where it was a traceback."""
+    out = tmp_path / "emb.npy"
+    config = dict(batch_size=2, checkpoint_docs=2)
+    resumed = tmp_path / "emb.npy.resumed.npz"
+    for damage in ("width", "fewer"):
+        with pytest.raises(KeyboardInterrupt):
+            deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(4))
+        with pytest.raises(KeyboardInterrupt):
+            deep.extract(_config(data[0], out, tiny_model_dir, **config), forward=_interrupting_after(1))
+        with np.load(resumed) as held:
+            kept = dict(held)
+        kept["data"] = kept["data"][:, :10] if damage == "width" else kept["data"][:1]
+        np.savez(resumed, **kept)
+        for path in tmp_path.glob("emb.npy.partial*"):  # the resumed file alone holds the rows
+            path.unlink()
+        caplog.clear()
+        deep.extract(_config(data[0], out, tiny_model_dir, **config))
+        assert "emb.npy.resumed.npz: damaged; removed, and the rows it held are computed again" in caplog.text
+        np.testing.assert_allclose(np.load(out), np.load(baseline_bs2), atol=1e-5)
+        assert not list(tmp_path.glob("*.partial*")) and not resumed.exists()
+        out.unlink()
+    resumed.mkdir()
+    caplog.clear()
+    deep.extract(_config(data[0], out, tiny_model_dir, **config))
+    assert f"{resumed}: cannot remove it" in caplog.text
+    np.testing.assert_allclose(np.load(out), np.load(baseline_bs2), atol=1e-5)
+
+
+def test_another_launchs_checkpoint_without_rows_is_removed_once_the_output_is_written(data, tiny_model_dir, baseline,
+                                                                                        tmp_path, caplog):
+    """A torchrun run killed before its first checkpoint leaves its ranks' keys and reserved rows files (gigabytes
+    on a real run), which no other launch takes up; a run in one process that finished the work left them."""
+    import logging
+
+    out = tmp_path / "emb.npy"
+    with pytest.raises(KeyboardInterrupt):
+        deep.extract(_config(data[0], out, tiny_model_dir), forward=_interrupt_after(0))
+    assert not (tmp_path / "emb.npy.partial.done.npy").exists()
+    for path in list(tmp_path.glob("emb.npy.partial*")):  # as a rank's of another launch
+        path.rename(tmp_path / path.name.replace("emb.npy.partial", "emb.npy.rank1.partial"))
+    with caplog.at_level(logging.INFO):
+        deep.extract(_config(data[0], out, tiny_model_dir))
+    assert "Removed the checkpoints another launch left beside emb.npy (emb.npy.rank1.partial.json)" in caplog.text
+    assert not list(tmp_path.glob("*.partial*"))
+    assert out.read_bytes() == baseline.read_bytes()
+
+
+@pytest.mark.parametrize("held", [b"", "npz"])
+def test_an_empty_output_or_an_npz_under_its_name_is_computed_again(data, tiny_model_dir, baseline, tmp_path, held):
+    """A 0-byte OUTPUT (a copy cut short) or an .npz saved under its .npy name: an EOFError or AttributeError
+    traceback. Nothing there to keep: the rows are computed."""
+    out = tmp_path / "emb.npy"
+    if held == "npz":
+        with open(out, "wb") as handle:
+            np.savez(handle, a=np.zeros(3))
+    else:
+        out.write_bytes(held)
+    deep.extract(_config(data[0], out, tiny_model_dir))
+    assert out.read_bytes() == baseline.read_bytes()
+
+
 def test_checkpoints_of_another_launch_are_taken_up(data, tiny_model_dir, baseline, tmp_path):
     """One process killed, the rerun under torchrun (2 ranks, other shares); then the reverse: each rerun computes
     only the rows the checkpoints lack (a rerun in another launch computed every row again and left the

@@ -99,14 +99,23 @@ class _NotThisWork(Exception):
 _DAMAGED = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
-def _read_share(key_path: Path, work: dict) -> tuple[np.ndarray, np.ndarray] | None:
+def _rows_fit(rows: np.ndarray, data: np.ndarray, work: dict, dim: int | None) -> bool:
+    """Rows (input positions of this work) and their vectors, one per row, of the model's width (``dim``; None:
+    the model's config does not say it)."""
+    records = work.get("records")
+    return rows.ndim == 1 and rows.dtype.kind in "iu" and data.dtype == np.float32 and data.ndim == 2 \
+        and data.shape[0] == rows.size and data.shape[1] == (dim or data.shape[1]) \
+        and (rows.size == 0 or (isinstance(records, int) and 0 <= int(rows.min()) and int(rows.max()) < records))
+
+
+def _read_share(key_path: Path, work: dict, dim: int | None) -> tuple[np.ndarray, np.ndarray] | None:
     """The finished rows and vectors of one checkpoint of this work; None where no rows are saved yet or it has
     no rows file (written before rows files were kept: taken up by its own launch only). _NotThisWork where it is
     another work's or damaged."""
     try:
         stored = json.loads(key_path.read_text())
     except (OSError, ValueError):
-        raise _NotThisWork("its key cannot be read") from None
+        raise _NotThisWork("damaged (its key cannot be read)") from None
     if not isinstance(stored, dict) or _work_of(stored) != work:
         raise _NotThisWork("for other data, model or settings")
     data_path, done_path, rows_file = _share_files(key_path)
@@ -118,35 +127,45 @@ def _read_share(key_path: Path, work: dict) -> tuple[np.ndarray, np.ndarray] | N
         data = np.load(data_path, mmap_mode="r")
     except _DAMAGED:
         raise _NotThisWork("damaged") from None
-    if rows.ndim != 1 or rows_digest(rows) != stored.get("rows") or done.shape != rows.shape or done.dtype != bool \
-            or data.shape != (rows.size, stored.get("dim")) or data.dtype != np.float32:
+    if not isinstance(rows, np.ndarray) or not isinstance(done, np.ndarray) or not isinstance(data, np.ndarray) \
+            or not _rows_fit(rows, data, work, dim or stored.get("dim")) or rows_digest(rows) != stored.get("rows") \
+            or done.shape != rows.shape or done.dtype != bool:
         raise _NotThisWork("damaged")
     return rows[done].astype(np.int64), np.asarray(data[done], dtype=np.float32)
 
 
-def adopt(output: Path, key: dict) -> Adopted | None:
+def _read_resumed(path: Path, work: dict, dim: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and vectors an earlier adoption kept; _NotThisWork where they are another work's or damaged."""
+    try:
+        with np.load(path) as held:
+            if json.loads(str(held["key"])) != work:
+                raise _NotThisWork("for other data, model or settings")
+            rows, data = held["rows"], held["data"]
+    except (*_DAMAGED, AttributeError):  # (AttributeError: a .npy, not an .npz, under its name)
+        raise _NotThisWork("damaged") from None
+    if not _rows_fit(rows, data, work, dim):
+        raise _NotThisWork("damaged")
+    return rows.astype(np.int64), data
+
+
+def adopt(output: Path, key: dict, dim: int | None) -> Adopted | None:
     """The rows every checkpoint of this work holds (``key``: the run's checkpoint key, its share fields left
-    aside), from any launch, and those of an earlier adoption; None where there are none. Checkpoints of other
-    work, and damaged ones, are removed with a warning: no run could take them up. Main rank only."""
+    aside; ``dim``: the model's width), from any launch, and those of an earlier adoption; None where there are
+    none. Checkpoints of other work, and damaged ones, are removed with a warning: no run could take them up. Main
+    rank only."""
     work = _work_of(key)
     parts, sources = [], []
     resumed = resumed_path(output)
     if resumed.exists():
         try:
-            try:
-                with np.load(resumed) as held:
-                    if json.loads(str(held["key"])) != work:
-                        raise _NotThisWork("for other data, model or settings")
-                    parts.append((held["rows"].astype(np.int64), held["data"].astype(np.float32)))
-            except _DAMAGED:
-                raise _NotThisWork("damaged") from None
+            parts.append(_read_resumed(resumed, work, dim))
             sources.append(resumed)
         except _NotThisWork as why:
             log.warning("%s: %s; removed, and the rows it held are computed again", resumed.name, why)
             _remove(resumed)
     for key_path in _checkpoint_keys(output):
         try:
-            share = _read_share(key_path, work)
+            share = _read_share(key_path, work, dim)
         except _NotThisWork as why:
             log.warning("%s: checkpoint %s; removed, starting over", key_path.name, why)
             remove_checkpoint(key_path)
@@ -155,6 +174,9 @@ def adopt(output: Path, key: dict) -> Adopted | None:
             parts.append(share)
             sources.append(key_path)
     parts = [(rows, data) for rows, data in parts if rows.size]
+    if len({data.shape[1] for _, data in parts}) > 1:  # (only where the model's config states no width)
+        log.warning("%s: the checkpoints' rows differ in width; they are computed again", output.name)
+        return None
     if not parts:
         return None
     rows = np.concatenate([r for r, _ in parts])
@@ -163,9 +185,10 @@ def adopt(output: Path, key: dict) -> Adopted | None:
     return Adopted(rows, data[first], sources)
 
 
-def remove_leftovers(output: Path) -> None:
-    """Every checkpoint and resumed file of ``output``, once it holds every row (a run killed after writing it
-    leaves them; a later recompute must not take them up). Main rank only."""
+def remove_leftovers(output: Path, said: str = "Removed what an interrupted run left beside") -> None:
+    """Every checkpoint and resumed file of ``output``, once it holds every row (a run killed after writing it,
+    or one of another launch killed before its first checkpoint, leaves them; a later recompute must not take them
+    up). Main rank only."""
     leftovers = [*_checkpoint_keys(output), *[p for p in [resumed_path(output)] if p.exists()]]
     for path in leftovers:
         if path.name.endswith(".partial.json"):
@@ -173,13 +196,23 @@ def remove_leftovers(output: Path) -> None:
         else:
             _remove(path)
     if leftovers:
-        log.info("Removed what an interrupted run left beside %s (%s): the output holds every row", output.name,
-                 ", ".join(path.name for path in leftovers))
+        log.info("%s %s (%s): the output holds every row", said, output.name, ", ".join(path.name for path in leftovers))
+
+
+def remove_resumed(output: Path) -> None:
+    """The adopted rows' file, once the output holds them."""
+    _remove(resumed_path(output))
 
 
 def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    """``path`` and its temp files gone; one that cannot be removed (another user's, a folder) is warned of."""
+    try:
         path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("%s: cannot remove it (%s); remove it yourself, or the next run says this again", path,
+                    exc.strerror or exc)
     remove_stale_temps(path)
 
 

@@ -128,7 +128,7 @@ def _check_replaceable(output: Path) -> None:
     try:
         held = np.load(output, mmap_mode="r")
         shape, dtype = held.shape, held.dtype
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError, AttributeError):  # (empty: EOFError; an .npz so named: AttributeError)
         return  # unreadable: nothing to keep
     if len(shape) != 2 or dtype.kind != "f":
         raise UserError(f"--output {output} holds {'x'.join(map(str, shape)) or 'one'} {dtype} value(s), not "

@@ -25,7 +25,7 @@ from ..fields import cache_key
 from ..runtime import start
 from ..sources import open_source
 from .batches import BatchLoop, Embedder, batch_size_for, initial_budget, progress_for
-from .checkpoint import Adopted, Partial, adopt, keep_adopted, remove_leftovers, resumed_path, rows_digest, skipped_path
+from .checkpoint import Adopted, Partial, adopt, keep_adopted, remove_leftovers, remove_resumed, rows_digest, skipped_path
 from .config import DeepConfig, DeepResult, check_config
 from .layout import Layout, TensorParallelGroup
 from .model import ForwardFn, config_max_positions, load_model, model_fingerprint, torch_dtype
@@ -95,6 +95,7 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
         adopt_checkpoints(job)
         if job.needed.size == 0:  # the checkpoints held every row left: no model to load
             write_output(job, [], [], [])
+            _remove_other_launches_checkpoints(job)
             _report(job)
             return job.result
         load_tokens(job)
@@ -192,7 +193,7 @@ def adopt_checkpoints(job: _Job) -> None:
     OUTPUT.resumed.npz until the output is written, and no rank computes them again."""
 
     def on_main() -> np.ndarray | None:
-        adopted = adopt(job.config.output, _work_key(job))
+        adopted = adopt(job.config.output, _work_key(job), _hidden_size(job.config.model_dir))
         if adopted is None:
             return None
         keep_adopted(job.config.output, _work_key(job), adopted)
@@ -288,6 +289,7 @@ def gather_and_write(job: _Job, partial: Partial) -> None:
     skipped_all = gather(np.asarray(result.skipped, dtype=np.int64).reshape(-1, 2))
     write_output(job, parts, datas, skipped_all)
     partial.remove()
+    _remove_other_launches_checkpoints(job)
     if job.data_ctx.active:
         totals = gather(np.asarray([[result.docs, result.tokens]], dtype=np.int64))
         if ctx.is_main:
@@ -316,8 +318,16 @@ def write_output(job: _Job, parts, datas, skipped_all) -> None:
         _write_skipped(config.output, result.skipped)
     distributed.barrier(ctx)
     if ctx.is_main:
-        with contextlib.suppress(FileNotFoundError):
-            resumed_path(config.output).unlink()
+        remove_resumed(config.output)
+
+
+def _remove_other_launches_checkpoints(job: _Job) -> None:
+    """Once the output is written (and each rank's own checkpoint removed), any checkpoint left beside it is
+    another launch's that held no rows to take up (killed before its first checkpoint, or written before rows
+    files were kept): of no use now, and its reserved rows file may be gigabytes."""
+    distributed.barrier(job.ctx)
+    if job.ctx.is_main:
+        remove_leftovers(job.config.output, "Removed the checkpoints another launch left beside")
 
 
 def _report(job: _Job) -> None:
