@@ -505,6 +505,39 @@ def test_feeds_curate_dataset(data, tiny_model_dir, baseline, tmp_path):
     assert sorted(lines) == sorted(data[0].read_text().splitlines())
 
 
+def test_a_read_only_output_folder_is_refused_unless_the_output_is_complete(data, tiny_model_dir, tmp_path, capsys,
+                                                                             monkeypatch, caplog):
+    """A folder this run cannot write in is one line before any work; but where the output there already holds
+    every row there is nothing to write, and the run says so (it was refused: folder not writable)."""
+    import tempfile
+
+    locked = tmp_path / "locked"
+    out = locked / "e.npy"
+    base = ["--input", str(data[0]), "--model-dir", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
+            "--no-progress"]
+    assert run_main(extract_deep_embeddings.main, base + ["--output", str(out)]) == 0
+    real = tempfile.NamedTemporaryFile
+
+    def refuse(*args, **kwargs):  # (the tests may run as root, which ignores permissions: the refusal simulated)
+        if str(kwargs.get("dir", "")).endswith("locked"):
+            raise PermissionError(13, "Permission denied")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+    capsys.readouterr()
+    with caplog.at_level("INFO"):
+        assert run_main(extract_deep_embeddings.main, base + ["--output", str(out)]) == 0
+    assert "already holds all 37 rows: nothing to do" in caplog.text
+    assert run_main(extract_deep_embeddings.main, base + ["--output", str(locked / "new.npy")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --output {locked / 'new.npy'}: folder not writable (Permission denied)")
+    (tmp_path / "more.jsonl").write_text(data[0].read_text() + json.dumps({"text": "one more record"}) + "\n")
+    more = ["--input", str(tmp_path / "more.jsonl"), *base[2:], "--output", str(out)]
+    assert run_main(extract_deep_embeddings.main, more) == 2  # a row to compute: refused before the model loads
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --output {out}: folder not writable (Permission denied)")
+
+
 def test_user_errors(data, tiny_model_dir, tmp_path, capsys):
     base = ["--input", str(data[0]), "--output", str(tmp_path / "e.npy"), "--device", "cpu", "--no-progress"]
     assert run_main(extract_deep_embeddings.main, base + ["--model-dir", str(tmp_path / "missing")]) == 2

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import distributed
-from ..errors import UserError
+from ..errors import EveryRankError, UserError
 from ..model_folder import check_model_dir
 from ..outputs import check_outside_model_dir, same_file
 
@@ -85,10 +85,19 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
     _check_replaceable(output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output {output}: folder not writable ({exc.strerror or exc})") from None
+    if not output.is_file():  # (one there may hold every row already: a read-only folder is then no error)
+        check_output_writable(output)
+
+
+def check_output_writable(output: Path) -> None:
+    """Before any work that writes beside ``output``: one line, not a failure hours later."""
+    try:
         with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".write-test-"):
             pass
     except OSError as exc:
-        raise UserError(f"--output {output}: folder not writable ({exc.strerror or exc})") from None
+        raise EveryRankError(f"--output {output}: folder not writable ({exc.strerror or exc})") from None
 
 
 def files_written(output: Path) -> list[Path]:

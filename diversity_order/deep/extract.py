@@ -26,7 +26,7 @@ from ..runtime import start
 from ..sources import open_source
 from .batches import BatchLoop, Embedder, batch_size_for, initial_budget, progress_for
 from .checkpoint import Adopted, Partial, adopt, keep_adopted, remove_leftovers, remove_resumed, rows_digest, skipped_path
-from .config import DeepConfig, DeepResult, check_config
+from .config import DeepConfig, DeepResult, check_config, check_output_writable
 from .layout import Layout, TensorParallelGroup
 from .model import ForwardFn, config_max_positions, load_model, model_fingerprint, torch_dtype
 from .tokens import Tokens, prepare_tokens
@@ -92,6 +92,7 @@ def extract(config: DeepConfig, forward: ForwardFn | None = None) -> DeepResult:
         index_and_key(job)
         if reuse_output(job):
             return job.result
+        check_output_writable(config.output)
         adopt_checkpoints(job)
         if job.needed.size == 0:  # the checkpoints held every row left: no model to load
             write_output(job, [], [], [])
@@ -170,6 +171,7 @@ def reuse_output(job: _Job) -> bool:
         log.info("%s already holds all %d rows: nothing to do (delete it to recompute)", config.output, n)
         job.result.nothing_to_do = True
     elif ctx.is_main:
+        check_output_writable(config.output)
         caches.store(config.output, job.output_key, job.fingerprints, found.data, required=True)
         log.info("%s: all %d rows reused, rewritten in the new input order", config.output, n)
     if ctx.is_main:
