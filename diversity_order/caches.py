@@ -518,7 +518,7 @@ def lookup(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, accep
                  + (" (stored part-filled by an interrupted run)" if "filled" in named.meta else "")
                  + _left_out(named, fingerprints)]
     if filled.any():
-        parts.append(f"{int(filled.sum())} row(s) taken from {filler.files.data} ({FROM_ANOTHER_RUN})")
+        parts.append(f"{int(filled.sum()):,} row(s) taken from {filler.files.data} ({FROM_ANOTHER_RUN})")
     if named is not None and named.legacy:
         parts.append("older cache format without a manifest: it is rewritten")
     copies = copies if lazy else []
@@ -1130,7 +1130,7 @@ def find_rows(target: Path | CacheFiles, key: dict, fingerprints: np.ndarray, *,
         if filler is not None:
             filler_source = np.where(hit, -1, filler_source)
             sets.append((filler.files, filler_source))
-            parts.append(f"{int((filler_source >= 0).sum())} row(s) taken from {filler.files.data} "
+            parts.append(f"{int((filler_source >= 0).sum()):,} row(s) taken from {filler.files.data} "
                          f"({FROM_ANOTHER_RUN})")
     return RowSource(n, sets, "; ".join(parts))
 

@@ -118,7 +118,7 @@ def kept_labels(found, n_clusters: int) -> np.ndarray | None:
         return None
     labels = np.asarray(found.data, dtype=np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= n_clusters):
-        log.info("k-means labels kept from an earlier run name clusters outside 0..%d: fitted again", n_clusters - 1)
+        log.info("k-means labels kept from an earlier run name clusters outside 0..%i: fitted again", n_clusters - 1)
         return None
     return labels
 
