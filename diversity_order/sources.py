@@ -181,15 +181,48 @@ def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]
     plain_json = [p for p in named if _is_plain_json(p.name)]
     if plain_json and len(plain_json) < len(named):
         named = [p for p in named if not _is_plain_json(p.name)]
-        log.info("%s: %d .json file(s) left out (%s%s): the data are its %s files", given,
-                 len(plain_json), plain_json[0].name, " ..." if len(plain_json) > 1 else "",
-                 "Parquet" if any(is_parquet_name(p.name) for p in named) else ".jsonl/.ndjson")
+        _say_left_out(f"{given}: %d .json file(s) left out (%s): the data are its "
+                      + ("Parquet" if any(is_parquet_name(p.name) for p in named) else ".jsonl/.ndjson") + " files",
+                      plain_json)
     taken = set(named) | set(plain_json)
     others = [p for p in candidates if p not in taken]
     if others:
-        log.info("%s: %d file(s) not named as data left out (%s%s)", given, len(others), others[0].name,
-                 " ..." if len(others) > 1 else "")
+        _say_left_out(f"{given}: %d file(s) not named as data left out (%s)", others)
     return named
+
+
+# Files left out of a folder or glob that are looked into, to warn where one holds records (at most this many).
+_LOOKED_INTO = 200
+
+
+def _say_left_out(message: str, left_out: list[Path]) -> None:
+    """Files left out of the input, said at INFO; a WARNING naming those that hold records by their first bytes
+    (Parquet, or JSON Lines: their records would be missing from the output without a word)."""
+    holding = [(path, what) for path in left_out[:_LOOKED_INTO] if (what := _holds_records(path))]
+    if not holding:
+        log.info(message, len(left_out), left_out[0].name + (" ..." if len(left_out) > 1 else ""))
+        return
+    named = ", ".join(f"{path.name} ({what})" for path, what in holding[:5]) + (" ..." if len(holding) > 5 else "")
+    log.warning(message + "; not read, though their first bytes say they hold records: %s; name them as data "
+                "(.parquet, .jsonl) or give them as --input", len(left_out),
+                left_out[0].name + (" ..." if len(left_out) > 1 else ""), named)
+
+
+def _holds_records(path: Path) -> str | None:
+    """"Parquet" or "JSON Lines" where ``path``'s first bytes say it holds records (two lines that are each a JSON
+    object: a pretty-printed metadata file's first line is "{" alone), else None."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 16)
+    except OSError:
+        return None
+    if head.startswith(records.PARQUET_MAGIC):
+        return "Parquet"
+    lines = [line for line in head.split(b"\n")[:-1] if line.strip()][:2]  # (complete lines only)
+    try:
+        return "JSON Lines" if len(lines) == 2 and all(isinstance(json.loads(line), dict) for line in lines) else None
+    except ValueError:
+        return None
 
 
 def _is_plain_json(name: str) -> bool:

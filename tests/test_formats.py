@@ -891,6 +891,7 @@ def test_folder_and_glob_inputs_take_data_files_named_in_any_case_and_say_what_t
     (data / "z.jsonl.GZ").write_bytes(gzip.compress(b"".join(lines[45:50])))
     (data / ".hidden.jsonl").write_bytes(lines[50])
     (data / "README.md").write_text("about these files\n")
+    (data / "part-00009").write_bytes(b"".join(lines[51:53]))  # JSON Lines not named so: left out, but warned of
     want = sorted(lines[:50])
     few = ("--n-clusters", 3, "--seq-len", 4096)
     # a run on one file first: its token counts are cached beside it (UP_token_counts.cache.json, ...)
@@ -908,8 +909,11 @@ def test_folder_and_glob_inputs_take_data_files_named_in_any_case_and_say_what_t
         assert got == sorted(expected), name
         if name != "upper":
             assert "cache manifest(s) left out (UP_token_counts.cache.json)" in caplog.text
-        if name in ("folder", "all"):
-            assert "file(s) not named as data left out (README.md ..." in caplog.text
+        if name == "folder":
+            warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "left out" in r.getMessage()]
+            assert warned == [f"--input {data}: 4 file(s) not named as data left out (README.md ...); not read, though "
+                              "their first bytes say they hold records: part-00009 (JSON Lines); name them as data "
+                              "(.parquet, .jsonl) or give them as --input"]
         assert ("1 hidden file(s) left out (.hidden.jsonl)" in caplog.text) == (name == "folder")
 
 
