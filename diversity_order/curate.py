@@ -883,7 +883,20 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
 
 def _is_trial(config: CurateConfig) -> bool:
     """A --stats-only run beside an existing curated file: its files must not replace those describing it."""
-    return config.stats_only and any(path.exists() for path in writers.shard_paths(config.output, config.output_shards))
+    return config.stats_only and bool(_existing_curated_files(config))
+
+
+def _existing_curated_files(config: CurateConfig) -> list[Path]:
+    """The curated files beside this output: its own names, or another shard count's or suffix's
+    (``c-0000*-of-00003.jsonl``, ``c.jsonl.gz``) that the earlier run's metadata lists. (A trial that replaced that
+    metadata left them unnamed, and the next run kept them beside its own: every record twice in the folder.)"""
+    own = [path for path in writers.shard_paths(config.output, config.output_shards) if path.exists()]
+    if own:
+        return own
+    listed = _earlier_meta(Path(f"{outputs.output_stem(config.output)}_meta.json")).get("output_files")
+    folder = config.output.parent  # (by name: the folder may have moved since)
+    return [folder / Path(name).name for name in (listed if isinstance(listed, list) else [])
+            if isinstance(name, str) and (folder / Path(name).name).is_file()]
 
 
 def _comparison_stem(config: CurateConfig) -> Path:
@@ -904,7 +917,7 @@ def settle_output_paths(run: Run) -> None:
         return
     same = _same_as_saved(run)
     run.paths = outputs.stats_only_paths(run.paths, config.output)
-    shards = [path for path in writers.shard_paths(config.output, config.output_shards) if path.exists()]
+    shards = _existing_curated_files(config)
     log.info("--stats-only: %s %s left as %s (%s %s); this run's metadata, labels, order and plots are %s%s_*",
              _files_named(shards), "is" if len(shards) == 1 else "are", "it is" if len(shards) == 1 else "they are",
              "it follows" if len(shards) == 1 else "they follow",

@@ -158,6 +158,17 @@ def test_stats_only_trial_keeps_the_real_runs_files(tmp_path, tiny_model_dir, to
     assert curate(*common, "--output-shards", 2, "--stats-only") == 0
     assert (f"--stats-only: {tmp_path / 'cur-00000-of-00002.jsonl'} ... cur-00001-of-00002.jsonl are left as they "
             "are (they follow this same order)") in caplog.text
+    # A trial naming another shard count (or suffix) than the real run's files: still a trial. It replaced the real
+    # run's metadata, which then named no file, and the next full run kept the shards beside its own file: every
+    # record twice in the folder.
+    real = {name: (tmp_path / name).read_bytes() for name in ("cur_meta.json", "cur_order.npy")}
+    caplog.clear()
+    assert curate(*common, "--stats-only", "--ordering", "random") == 0
+    assert all((tmp_path / name).read_bytes() == content for name, content in real.items())
+    assert (f"--stats-only: {tmp_path / 'cur-00000-of-00002.jsonl'} ... cur-00001-of-00002.jsonl are left as they "
+            "are (they follow another order, an earlier run's)") in caplog.text
+    assert curate(*common) == 0
+    assert sorted(path.name for path in tmp_path.glob("cur*.jsonl")) == ["cur.jsonl"]
 
 
 def test_a_stats_only_trial_writes_its_own_comparison_and_removes_only_its_own(tmp_path, tiny_model_dir,
