@@ -126,14 +126,14 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
                 raise UserError(f"--output {output} is {what}; choose another output path")
             raise UserError(f"{flag} {source} is also where this run would write its {role.replace('_', ' ')} "
                             f"({target}); choose another --output")
-    if output.is_file() and _is_json_document(output):
+    if output.is_file() and is_json_document(output):
         raise UserError(f"--output {output}: is not JSON Lines (its first line is no JSON value: another run's "
                         "metadata or report, such as B_meta.json?), and the curated records would replace it; choose "
                         "another output path")
     check_writable_folder(output.parent, "--output")
 
 
-def _is_json_document(path: Path) -> bool:
+def is_json_document(path: Path) -> bool:
     """A plain (uncompressed, not Parquet) file whose first line that is not blank is not a whole JSON value: indented
     JSON (the metadata and reports runs write), which no JSON Lines file starts with (each of its lines is one)."""
     import json

@@ -169,12 +169,19 @@ def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]
     where no file is named as data, the others are taken (JSONL files named otherwise; their reader says what
     they are if not)."""
     from .caches import MANIFEST_SUFFIX
+    from .outputs import is_json_document
 
     manifests = [p for p in found if p.name.lower().endswith(MANIFEST_SUFFIX)]
     if manifests:
         log.info("%s: %d cache manifest(s) left out (%s%s)", given, len(manifests), manifests[0].name,
                  " ..." if len(manifests) > 1 else "")
     candidates = [p for p in found if not p.name.lower().endswith(MANIFEST_SUFFIX)]
+    # Indented JSON (a curate run's metadata and reports beside a .json output's shards) is no JSON Lines file.
+    documents = [p for p in candidates if _is_plain_json(p.name) and is_json_document(p)]
+    if documents:
+        log.info("%s: %d .json file(s) left out (%s%s): JSON documents (metadata, reports), not JSON Lines", given,
+                 len(documents), documents[0].name, " ..." if len(documents) > 1 else "")
+        candidates = [p for p in candidates if p not in documents]
     named = [p for p in candidates if is_parquet_name(p.name) or is_jsonl_name(p.name)]
     if not named:
         return candidates if take_unnamed else []
