@@ -703,3 +703,14 @@ def test_compare_strategies_says_where_few_windows_carry_the_figures(caplog):
     at_1024 = table[table.index("## seq-len 1,024"):]
     assert "No order makes more than 6 windows at this length" in at_1024
     assert "No order makes more than" not in table[table.index("## seq-len 100"):table.index("## seq-len 1,024")]
+
+
+def test_a_bound_equal_to_us_bar_but_for_rounding_is_not_out_of_reach():
+    """Where every token fits in one window, the bound and a shuffle's uniformity are both 0 but for rounding: a
+    bound of 1e-17 against 0.8 x 0 was said to put U out of reach, beside a table where orders met U."""
+    assert not strategies.uniformity_out_of_reach(1e-17, 0.0)
+    assert not strategies.uniformity_out_of_reach(0.8 * 0.3 + 1e-15, 0.3)
+    assert strategies.uniformity_out_of_reach(0.25, 0.3) and strategies.uniformity_out_of_reach(1e-6, 0.0)
+    # an order meeting U proves the bound under U's bar: the two verdicts never disagree (up to rounding)
+    met = strategies.criteria(20.0, 0.0, 0.0, 20.0, 0.0, 0.0)["U"]
+    assert met and not strategies.uniformity_out_of_reach(0.0 + 1e-17, 0.0)
