@@ -63,14 +63,24 @@ def _resolve_beside(meta_path: Path, recorded: str) -> Path:
 
 
 def read_meta(meta_path: Path) -> dict:
+    meta_path = Path(meta_path)
+    if meta_path.is_dir():
+        found = sorted(meta_path.glob("*_meta.json"))
+        raise UserError(f"--meta {meta_path}: is a folder; give a curate run's metadata file"
+                        + (f" (e.g. {found[0]})" if found else " (B_meta.json beside its --output B.jsonl)"))
     try:
-        meta = json.loads(Path(meta_path).read_text())
+        meta = json.loads(meta_path.read_text())
     except FileNotFoundError:
         raise UserError(f"--meta {meta_path}: file not found") from None
+    except OSError as exc:
+        raise UserError(f"--meta {meta_path}: cannot read it ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"--meta {meta_path}: not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise UserError(f"--meta {meta_path}: expected a JSON object")
+    if not {"sequence_length", "order_file", "labels_file"} & set(meta):  # (a packed export's or a report's JSON)
+        raise UserError(f"--meta {meta_path}: not a curate run's metadata (it names no order, labels or "
+                        "sequence length); give the B_meta.json beside a curate run's --output B.jsonl")
     if meta.get("complete") is False:
         raise UserError(f"--meta {meta_path}: {meta.get('note', 'the run that wrote it did not finish')}")
     for key, kind, what in _META_FIELDS:

@@ -13,14 +13,20 @@ import numpy as np
 
 from .errors import UserError
 
+# The file a curate run writes for each flag that reads one back (B_labels.npy for --labels, ...).
+_FILE_OF_FLAG = {"--labels": "_labels.npy", "--order": "_order.npy", "--token-counts": "_token_counts",
+                 "--umap": "_umap2d.npy"}
+
 
 def load_npy(path: Path, flag: str) -> np.ndarray:
     """A ``.npy`` file, memory-mapped, or a one-line error naming ``flag``."""
     path = Path(path)
     if path.is_dir():
-        # (not a cache's fingerprints or a checkpoint's mask: the data arrays, a run's embeddings first)
+        # (not a cache's fingerprints or a checkpoint's mask: the data arrays, first the one a run writes for
+        # this flag, --labels its _labels.npy, else its embeddings)
+        own = _FILE_OF_FLAG.get(flag, "_embeddings.npy")
         npys = sorted((p for p in path.glob("*.npy") if not p.name.endswith((".fingerprints.npy", ".done.npy"))),
-                      key=lambda p: (not p.name.endswith("_embeddings.npy"), p.name))
+                      key=lambda p: (own not in p.name, not p.name.endswith("_embeddings.npy"), p.name))
         raise UserError(f"{flag} {path}: is a folder; give the .npy file{f' (e.g. {npys[0]})' if npys else ''}")
     if not path.is_file():
         raise UserError(f"{flag} {path}: file not found")

@@ -190,3 +190,29 @@ def test_output_name_and_umap_rows_are_checked_before_any_video(run_files, capsy
     assert rc == 2 and "--output: cannot write in" in capsys.readouterr().err
     rc = animate_ordering.run_main(animate_ordering.main, base + ["--fps", "0", "--output", str(tmp / "f.mp4")])
     assert rc == 2 and capsys.readouterr().err.startswith("error: --fps 0: must be at least 1")
+
+
+def test_folders_where_files_are_read_or_written_are_one_line(run_files, capsys):
+    """--meta given a folder, an output video (or its preview) that is a folder, a packed export's JSON as --meta:
+    tracebacks (the output ones after the videos were encoded) or a line about --token-counts. Now one line each,
+    before any video; a folder given to --labels suggests the run's labels file, not its embeddings."""
+    tmp, *_ = run_files
+    base = ["--token-counts", str(tmp / "A_token_counts.npy"), "--n-frames", "2", "--size", "320x240",
+            "--preset", "ultrafast"]
+
+    def error(*argv):
+        assert animate_ordering.run_main(animate_ordering.main, [*base, *map(str, argv)]) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert error("--meta", tmp, "--output", tmp / "v.mp4") == (
+        f"error: --meta {tmp}: is a folder; give a curate run's metadata file (e.g. {tmp / 'B_meta.json'})")
+    (tmp / "packed.json").write_text(json.dumps({"seq_len": 2000, "sequences": 3}))
+    assert error("--meta", tmp / "packed.json", "--output", tmp / "v.mp4").startswith(
+        f"error: --meta {tmp / 'packed.json'}: not a curate run's metadata")
+    (tmp / "w.png").mkdir()
+    assert error("--meta", tmp / "B_meta.json", "--output", tmp / "w.mp4") == (
+        f"error: --output: {tmp / 'w.png'} is a folder, where this run writes a file; move it or choose another "
+        "--output")
+    assert not (tmp / "w.mp4").exists()
+    assert error("--labels", tmp, "--order", tmp / "B_order.npy", "--output", tmp / "v.mp4") == (
+        f"error: --labels {tmp}: is a folder; give the .npy file (e.g. {tmp / 'B_labels.npy'})")

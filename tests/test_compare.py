@@ -171,6 +171,12 @@ def test_script_errors_are_one_line(tmp_path, capsys):
     rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "a.npy"), "--deep",
                                                                  str(tmp_path / "a.npy"), "--plot", str(tmp_path / "x.txt")])
     assert rc == 2 and "--plot" in capsys.readouterr().err and not list(tmp_path.glob("x*"))
+    # A plot path that is a folder: a traceback at the end, after the work; now one line before it.
+    (tmp_path / "d.png").mkdir()
+    rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "a.npy"), "--deep",
+                                                                 str(tmp_path / "a.npy"), "--plot", str(tmp_path / "d.png")])
+    assert rc == 2 and capsys.readouterr().err == (f"error: --plot: {tmp_path / 'd.png'} is a folder, where this run "
+                                                   "writes a file; move it or choose another --plot\n")
 
 
 def test_a_report_or_plot_never_replaces_an_input(tmp_path, capsys, monkeypatch):

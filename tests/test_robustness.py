@@ -75,6 +75,19 @@ def test_output_locations_are_checked_before_any_work(tmp_path, tiny_model_dir, 
     assert misnamed.read_bytes() == before
 
 
+def test_a_folder_where_a_file_is_written_is_one_line_before_the_work(tmp_path, tiny_model_dir, topical_jsonl, capsys):
+    """A folder named like the metadata, a shard or a plot of this output: a traceback once the work was done."""
+    for name, shards, said in (("c_meta.json", 1, "metadata"), ("c-00000-of-00002.jsonl", 2, "output shard 0"),
+                               ("c_ordering_comparison.png", 1, "ordering plot")):
+        folder = tmp_path / name.split(".")[0]
+        (folder / name).mkdir(parents=True)
+        assert run_error(capsys, "--input", topical_jsonl, "--output", folder / "c.jsonl", "--model-dir",
+                         tiny_model_dir, "--output-shards", shards) == (
+            f"error: --output {folder / 'c.jsonl'}: {folder / name} is a folder, where this run writes its {said}; "
+            "move it or choose another --output")
+        assert not (folder / "c_embeddings.npy").exists()  # refused before the work
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_output_folder_is_one_line(tmp_path, tiny_model_dir, topical_jsonl, capsys):
     locked = tmp_path / "locked"

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import animate
     from ..arrays import load_npy
     from ..errors import MAX_COUNT, UserError, check_range
-    from ..outputs import check_writable_folder
+    from ..outputs import check_not_folders, check_writable_folder
 
     check_range(args.n_frames, "--n-frames", 1, MAX_COUNT)
     check_range(args.fps, "--fps", 1, MAX_COUNT)
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%d documents, K=%i, seq_len=%i; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
     names = animate.output_names(args.output)
     check_writable_folder(names["bar"].parent, "--output")
+    check_not_folders(names.values(), "--output")
     cloud = None
     if args.umap is not None:  # checked before any video is encoded
         import numpy as np
