@@ -78,11 +78,11 @@ def read_meta(meta_path: Path) -> dict:
         raise UserError(f"--meta {meta_path}: not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise UserError(f"--meta {meta_path}: expected a JSON object")
+    if meta.get("complete") is False:
+        raise UserError(f"--meta {meta_path}: {meta.get('note', 'the run that wrote it did not finish')}")
     if not {"sequence_length", "order_file", "labels_file"} & set(meta):  # (a packed export's or a report's JSON)
         raise UserError(f"--meta {meta_path}: not a curate run's metadata (it names no order, labels or "
                         "sequence length); give the B_meta.json beside a curate run's --output B.jsonl")
-    if meta.get("complete") is False:
-        raise UserError(f"--meta {meta_path}: {meta.get('note', 'the run that wrote it did not finish')}")
     for key, kind, what in _META_FIELDS:
         value = meta.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):

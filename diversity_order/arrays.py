@@ -80,14 +80,14 @@ def check_order(order: np.ndarray, n: int, what: str) -> np.ndarray:
     """A permutation of 0..n-1, as int64."""
     order = np.asarray(order)
     if order.ndim != 1 or order.shape[0] != n or not np.issubdtype(order.dtype, np.integer):
-        raise UserError(f"{what}: expected a permutation of {n} document indices, found shape {order.shape} "
+        raise UserError(f"{what}: expected a permutation of {n:,} document indices, found shape {order.shape} "
                         f"({order.dtype})")
     seen = np.zeros(n, dtype=bool)
     if n and (order.min() < 0 or order.max() >= n):
         raise UserError(f"{what}: indices outside 0..{n - 1}")
     seen[order] = True
     if not seen.all():
-        raise UserError(f"{what}: not a permutation ({int((~seen).sum())} documents missing)")
+        raise UserError(f"{what}: not a permutation ({int((~seen).sum()):,} document(s) missing)")
     return order.astype(np.int64)
 
 

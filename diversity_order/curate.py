@@ -826,7 +826,7 @@ def _compare_strategies(run: Run) -> None:
     if options.scores is None:
         log.info("Score orderings (%s) are left out of the comparison: give --score-field NAME to include them",
                  ", ".join(SCORE_ORDERINGS))
-    comparing = f"Comparing {len(names)} orderings at seq-len {', '.join(f'{v:,}' for v in seq_lens)}"
+    comparing = f"Comparing {len(names)} orderings at seq-len {' '.join(map(str, seq_lens))}"  # (as --seq-len takes them)
     with run.timer.stage(comparing), heartbeat(comparing):
         rows, curves = ordering_report.compare_strategies(run.labels, run.counts, config.n_clusters, seq_lens,
                                                           options, names)
@@ -1018,7 +1018,7 @@ def _write_curated(run: Run, earlier: set[Path], commit, across_ranks: bool) -> 
     if config.output_shards > run.n:
         log.warning("--output-shards %i for %d records: %d of the shards will be empty", config.output_shards,
                     run.n, config.output_shards - run.n)
-    shards = f" ({config.output_shards} shards)" if config.output_shards > 1 else ""
+    shards = f" ({config.output_shards:,} shards)" if config.output_shards > 1 else ""
     with run.timer.stage(f"Writing {config.output}{shards}", key="Writing the curated data"):
         if across_ranks:
             written = _write_shards_across_ranks(run, commit)

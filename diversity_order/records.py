@@ -672,8 +672,16 @@ def scan_files(paths: list[Path], text_field: str | tuple[str, ...] = "text", pr
         cuts = np.linspace(0, size, n + 1).astype(np.int64).tolist()
         pieces += [(f, cuts[i], None if i == n - 1 else cuts[i + 1]) for i in range(n)]
     if workers <= 1 or len(pieces) == 1 or sum(sizes) < 2 * PARALLEL_RANGE_BYTES or not can_index_in_processes():
-        indexes = [index_from_parts(path, text_field, [scan_range(path, text_field, 0, None, progress)])
-                   for path in paths]
+        if len(paths) == 1:
+            indexes = [index_from_parts(paths[0], text_field, [scan_range(paths[0], text_field, 0, None, progress)])]
+        else:  # one progress line for all the files (a folder of 2,000 shards gave 2,000 lines)
+            compressed = any(is_compressed(path) for path in paths)
+            with Progress(None if compressed else sum(sizes), f"Indexing {len(paths):,} files",
+                          unit="MB decompressed so far" if compressed else "MB", rate_unit="MB", bar=progress,
+                          scale=MB) as bar:
+                indexes = [index_from_parts(path, text_field, [scan_range(path, text_field, 0, None, progress,
+                                                                          report=bar.update)])
+                           for path in paths]
     else:
         parts = _scan_in_processes(paths, text_field, pieces, min(workers, len(pieces)), progress, sizes)
         indexes = [index_from_parts(path, text_field, [part for (g, _, _), part in zip(pieces, parts) if g == f],

@@ -104,7 +104,7 @@ class Inputs:
         return self.folder is None and len(self.folders) > 1
 
     def describe(self) -> str:
-        return str(self.name) if len(self.files) == 1 or self.folder else f"{len(self.files)} files in {self.name}"
+        return str(self.name) if len(self.files) == 1 or self.folder else f"{len(self.files):,} files in {self.name}"
 
 
 def _common_folder(files: list[Path]) -> str:
