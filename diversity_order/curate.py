@@ -990,7 +990,7 @@ def write_outputs(run: Run) -> None:
 def _export_packed(run: Run):
     """--export-packed's sequences, written beside their folder (``packed_export.StagedExport``); None without it."""
     config = run.config
-    if config.export_packed is None:
+    if config.export_packed is None or _trial_would_replace_export(run):
         return None
     from . import packed_export
 
@@ -1063,12 +1063,43 @@ def _recorded_output_files(earlier_meta: dict) -> set[Path]:
     return {Path(name).resolve() for name in recorded if isinstance(name, str)} if isinstance(recorded, list) else set()
 
 
+def _export_holds_this_order(folder: Path, run: Run) -> bool:
+    """Whether the export in ``folder`` holds the packed sequences of this run's order, length and special tokens."""
+    from .packed_export import MARKER, order_digest
+
+    config = run.config
+    try:
+        held = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(held, dict) and held.get("order_blake2b") == order_digest(run.order)
+            and held.get("seq_len") == config.seq_len and held.get("count_special_tokens") == config.count_special_tokens)
+
+
+def _trial_would_replace_export(run: Run) -> bool:
+    """A --stats-only trial exporting into the folder that holds the curated file's export (its metadata records
+    it), of another order: it replaced that export without a word, which the curated file's metadata still
+    described. The trial leaves it, said."""
+    config = run.config
+    if config.export_packed is None or not _is_trial(config):
+        return False
+    real = _earlier_meta(Path(f"{outputs.output_stem(config.output)}_meta.json")).get("packed_export")
+    folder = real.get("folder") if isinstance(real, dict) else None
+    if not isinstance(folder, str) or Path(folder).resolve() != config.export_packed.resolve() \
+            or _export_holds_this_order(config.export_packed, run):
+        return False
+    log.warning("--export-packed %s: holds the packed sequences of the curated file's order (its metadata records "
+                "them); this --stats-only trial leaves them and exports nothing: give it another folder to export "
+                "its order", config.export_packed)
+    return True
+
+
 def _warn_of_an_earlier_export(earlier_meta: dict, run: Run) -> str | None:
     """An earlier run's --export-packed folder holds the sequences of its order: a run that does not export there
     again and orders otherwise (or packs at another length) leaves it describing another order, which a trainer
     reading it would train on. Said, not removed (a trainer may be reading it). Returns the folder while it holds
     an export this run does not replace, for this run's metadata, so every later run compares with it too."""
-    from .packed_export import MARKER, order_digest
+    from .packed_export import MARKER
 
     config = run.config
     export = earlier_meta.get("packed_export")
@@ -1077,13 +1108,7 @@ def _warn_of_an_earlier_export(earlier_meta: dict, run: Run) -> str | None:
         return None
     if config.export_packed is not None and Path(folder).resolve() == config.export_packed.resolve():
         return None
-    try:
-        held = json.loads((Path(folder) / MARKER).read_text())
-    except (OSError, ValueError):
-        held = {}
-    same = (isinstance(held, dict) and held.get("order_blake2b") == order_digest(run.order)
-            and held.get("seq_len") == config.seq_len and held.get("count_special_tokens") == config.count_special_tokens)
-    if not same:
+    if not _export_holds_this_order(Path(folder), run):
         log.warning("%s holds the packed sequences of an earlier run's order, not this one's: rerun with "
                     "--export-packed %s to replace them, or remove the folder", folder, folder)
     return folder

@@ -167,6 +167,28 @@ def test_a_rerun_without_the_export_says_the_earlier_one_is_of_another_order(tmp
     assert (packed / "packed.json").is_file()
 
 
+def test_a_stats_only_trial_leaves_the_curated_files_export(tmp_path, corpus, tiny_model_dir, caplog):
+    """A --stats-only trial of another order, exporting into the folder that holds the curated file's export,
+    replaced it without a word, while the curated file's metadata still described it. Now the trial leaves it,
+    said; a trial of the same order, or into another folder, exports."""
+    import logging
+
+    src, _ = corpus
+    packed = tmp_path / "packed"
+    common = ["--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir,
+              "--n-clusters", 6, "--seq-len", SEQ_LEN, "--no-plot", "--packing", "split"]
+    assert curate(*common, "--export-packed", packed) == 0
+    real = {path.name: path.read_bytes() for path in packed.iterdir()}
+    with caplog.at_level(logging.WARNING):
+        assert curate(*common, "--export-packed", packed, "--stats-only", "--ordering", "paced") == 0
+    assert {path.name: path.read_bytes() for path in packed.iterdir()} == real
+    assert (f"--export-packed {packed}: holds the packed sequences of the curated file's order (its metadata "
+            "records them); this --stats-only trial leaves them and exports nothing") in caplog.text
+    assert json.loads((tmp_path / "o" / "c_stats-only_meta.json").read_text())["packed_export"] is None
+    assert curate(*common, "--export-packed", tmp_path / "trial", "--stats-only", "--ordering", "paced") == 0
+    assert (tmp_path / "trial" / "packed.json").is_file()
+
+
 def test_the_export_folder_is_recorded_absolute(tmp_path, corpus, tiny_model_dir, monkeypatch, caplog):
     """Every path in the metadata is absolute: a relative --export-packed was recorded as given (a new user saw
     "out/packed" beside absolute paths), so a later run from another folder could not find the export to warn of."""
