@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import math
 import mmap
 import os
@@ -52,6 +53,7 @@ _SIGNATURES = (
 )
 UTF8_BOM = b"\xef\xbb\xbf"
 _MISSING = fields.MISSING
+log = logging.getLogger(__name__)
 _JSONL_HINT = "the input must be JSONL: one JSON object per line (.jsonl, .json or .ndjson, each also .gz or .zst)"
 
 
@@ -1103,7 +1105,12 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
             scores[row] = number
     if bad and default is not None:
         scores[bad] = default
-    elif bad:
+    if not bad or default is not None:
+        inexact = [row for row, value in enumerate(values) if isinstance(value, int) and not isinstance(value, bool)
+                   and abs(value) > FLOAT_EXACT_INTEGERS and _finite_number(value) is not None]
+        if inexact:
+            return _exact_ranks(values, scores, field, index.where(inexact[0])), len(bad)
+    if bad and default is None:
         row, value = bad[0], values[bad[0]]
         found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
                  else f"the value {_shortened(json.dumps(value))}")
@@ -1112,6 +1119,29 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
         raise UserError(f"{index.where(row)}: --score-field {field} needs a finite number in every record; found "
                         f"{found}{more}; --score-default X gives such records the score X")
     return scores, len(bad)
+
+
+# Integers a float64 holds exactly: past them, nanosecond timestamps (1.7e18) round to the same score.
+FLOAT_EXACT_INTEGERS = 2**53
+
+
+def _exact_ranks(values: list, scores: np.ndarray, field: str, where: str) -> np.ndarray:
+    """Scores holding integers past float64's exact range, as the ranks of the exact values (Python compares ints
+    and floats exactly), so the score orderings keep their order (1,700,000,000,000,000,001 and ...002 read as one
+    float)."""
+    exact = [value if isinstance(value, int) and not isinstance(value, bool) and _finite_number(value) is not None
+             else float(scores[row]) for row, value in enumerate(values)]
+    ranks = np.empty(len(exact), dtype=np.float64)
+    previous, rank = None, -1
+    for row in sorted(range(len(exact)), key=exact.__getitem__):
+        if previous is None or exact[row] != previous:
+            rank += 1
+            previous = exact[row]
+        ranks[row] = rank
+    log.warning("--score-field %s: integers past 2**53 (%s), which a float rounds together: the records are scored "
+                "by their rank among the exact values (ties tied), so the score orderings keep their order",
+                field, where)
+    return ranks
 
 
 def read_categories(index, field: str) -> tuple[np.ndarray, list[str]]:

@@ -761,3 +761,23 @@ def test_balance_categories_are_the_json_values_kinds_kept_apart(tmp_path_factor
             assert name in (v, json.dumps(v))
         else:
             assert name == json.dumps(v)
+
+
+@given(st.lists(st.one_of(st.integers(-2**62, 2**62), st.floats(-1e19, 1e19, allow_nan=False),
+                          st.integers(2**60, 2**60 + 5), st.none()), min_size=1, max_size=30))
+@settings(max_examples=150, deadline=None)
+def test_integer_scores_past_a_floats_range_keep_their_order(tmp_path_factory, values):
+    """Nanosecond timestamps (1.7e18 + i) read as float64 were one score: --ordering sorted kept the input order.
+    Past 2**53 the records are scored by their rank among the exact values; either way, sorting the scores sorts
+    the records as their exact values do (a plain sort of Python numbers, missing ones given the default)."""
+    from diversity_order.records import read_scores
+
+    path = tmp_path_factory.mktemp("scores") / "s.jsonl"
+    path.write_text("".join(json.dumps({"text": f"t{i}", **({} if v is None else {"s": v})}) + "\n"
+                            for i, v in enumerate(values)))
+    scores, lacking = read_scores(scan_jsonl(path, "text", progress=False), "s", default=0.5)
+    exact = [0.5 if v is None else v for v in values]
+    assert lacking == values.count(None)
+    for i in range(len(values)):
+        for j in range(len(values)):
+            assert (scores[i] < scores[j]) == (exact[i] < exact[j]), (exact[i], exact[j])
