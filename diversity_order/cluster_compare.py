@@ -34,8 +34,13 @@ SPLIT_SHARE = 0.2
 REPORT_KEYS = frozenset({"ari", "nmi", "verdict", "shallow", "deep"})
 
 
-def verdict(ari: float) -> str:
-    """The original toolkit's bands: > 0.7 high overlap, 0.3-0.7 moderate, < 0.3 very different."""
+def verdict(ari: float, shallow_clusters: int = 2, deep_clusters: int = 2) -> str:
+    """The original toolkit's bands: > 0.7 high overlap, 0.3-0.7 moderate, < 0.3 very different. Where one side's
+    rows fall into a single cluster (identical rows), no band applies: its ARI of 0 says nothing of the other."""
+    lone = [name for name, count in (("shallow", shallow_clusters), ("deep", deep_clusters)) if count < 2]
+    if lone:
+        return (f"not comparable: the {' and '.join(lone)} embeddings fall into one cluster (rows all alike?), so "
+                "their agreement says nothing")
     if ari > ARI_HIGH:
         return "high overlap: deep embeddings add little beyond the shallow clusters"
     if ari >= ARI_LOW:
@@ -205,8 +210,9 @@ def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = DEFAULT_N_C
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     require_same_row_counts(shallow.shape[0], deep.shape[0])
-    if n_clusters < 1:
-        raise UserError(f"--n-clusters {n_clusters}: must be at least 1")
+    if n_clusters < 2:  # (one cluster each: the two groupings agree by definition, ARI 1)
+        raise UserError(f"--n-clusters {n_clusters}: must be at least 2 (with one cluster each, the two groupings "
+                        "agree whatever the embeddings)")
     if pca_components < 0 or (pca_deep_only is not None and pca_deep_only < 0):
         raise UserError("--pca-components / --pca-deep-only must be 0 (off) or positive")
     n_total = shallow.shape[0]
@@ -239,7 +245,7 @@ def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = DEFAULT_N_C
         "seed": int(seed),
         "ari": round(ari, 6),
         "nmi": round(nmi, 6),
-        "verdict": verdict(ari),
+        "verdict": verdict(ari, int((sizes_s > 0).sum()), int((sizes_d > 0).sum())),
         "shallow": {"dim": int(shallow.shape[1]), "pca": shallow_pca, "n_nonempty_clusters": int((sizes_s > 0).sum()),
                     "cluster_sizes": sizes_s.tolist()},
         "deep": {"dim": int(deep.shape[1]), "pca": deep_pca_info, "n_nonempty_clusters": int((sizes_d > 0).sum()),

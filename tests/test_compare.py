@@ -51,6 +51,21 @@ def test_verdict_bands():
     assert cmp.verdict(0.29).startswith("very different")
 
 
+def test_one_cluster_on_a_side_is_not_comparable_and_one_cluster_asked_for_is_refused():
+    """Deep rows all alike fall into one cluster: ARI 0 and "very different: deep embeddings are worth pursuing".
+    --n-clusters 1 gave ARI 1, "high overlap", whatever the embeddings."""
+    import warnings
+
+    x, _ = blobs(n_per=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (k-means on identical rows warns of too few distinct points)
+        result = cmp.compare(x, np.ones((x.shape[0], 8), np.float32), n_clusters=4, pca_components=0)
+    assert result.report["deep"]["n_nonempty_clusters"] == 1
+    assert result.report["verdict"].startswith("not comparable: the deep embeddings fall into one cluster")
+    with pytest.raises(UserError, match="--n-clusters 1: must be at least 2"):
+        cmp.compare(x, x, n_clusters=1, pca_components=0)
+
+
 def test_split_is_found_and_block_order_is_diagonal():
     # Shallow cluster 0 splits in half into deep clusters 1 and 2; shallow 1 maps to deep 0.
     shallow = np.array([0] * 40 + [1] * 30)
