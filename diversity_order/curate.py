@@ -1493,6 +1493,8 @@ def _warn_unused_flags(config: CurateConfig) -> None:
 
 
 BALANCE_FIELD_FLAG = flag_of("balance_fields")
+# Categories a --balance-field may have before a field with about one per record is warned of.
+FEW_CATEGORIES = 100
 
 
 def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> OrderingOptions:
@@ -1517,6 +1519,10 @@ def _ordering_options(config: CurateConfig, index: records.RecordIndex) -> Order
             shown = ", ".join(c if len(c) <= 30 else c[:27] + "..." for c in categories[:8])
             log.info("Balancing field '%s': %d %s (%s%s)", name, len(categories),
                      "category" if len(categories) == 1 else "categories", shown, ", ..." if len(categories) > 8 else "")
+            if len(categories) > max(FEW_CATEGORIES, ids.size // 2):
+                log.warning("--balance-field %s: %d categories among %d records, most records a category of their "
+                            "own (an id, a score, a text?): balancing them balances nothing; give a field of few "
+                            "values, such as a source or a language", name, len(categories), ids.size)
             columns.append(ids)
         groups = np.stack(columns, axis=1)
     return replace(options, scores=scores, balance_groups=groups)

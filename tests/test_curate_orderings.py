@@ -339,3 +339,22 @@ def test_the_comparison_names_the_shards_it_wrote(tmp_path, tiny_model_dir, scor
         f"{tmp_path / 'cur-00000-of-00002.jsonl'} ... cur-00001-of-00002.jsonl are written in --ordering stratified "
         "(the default)'s order.")
     assert not out.exists() and (tmp_path / "cur-00001-of-00002.jsonl").is_file()
+
+
+def test_a_balance_field_of_about_one_category_per_record_or_given_twice_is_warned_of(tmp_path, tiny_model_dir,
+                                                                                       caplog):
+    """--balance-field id (one category per record) balanced nothing without a word, and a field given twice was
+    read and logged twice."""
+    records = topical_records(per_topic=60)
+    for i, record in enumerate(records):
+        record["id"] = f"doc-{i}"
+    src = write_jsonl(tmp_path / "d.jsonl", records)
+    base = ["--input", src, "--model-dir", tiny_model_dir, "--n-clusters", 3, "--no-plot", "--ordering", "balanced"]
+    with caplog.at_level(logging.WARNING):
+        assert curate(*base, "--output", tmp_path / "a.jsonl", "--balance-field", "id") == 0
+        assert curate(*base, "--output", tmp_path / "b.jsonl", "--balance-field", "topic", "--balance-field",
+                      "topic") == 0
+    assert (f"--balance-field id: {len(records)} categories among {len(records)} records, most records a category of "
+            "their own") in caplog.text
+    assert "--balance-field given more than once for topic: balanced once" in caplog.text
+    assert "--balance-field topic:" not in caplog.text  # (a field of few values: not warned of)

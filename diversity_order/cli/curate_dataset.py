@@ -151,7 +151,14 @@ def config_from_args(args: argparse.Namespace):
     from ..orderings.options import flag_fields
 
     values = {f.name: getattr(args, f.name) for f in flag_fields()}
-    values["balance_fields"] = tuple(values["balance_fields"])
+    given = list(values["balance_fields"])
+    values["balance_fields"] = tuple(dict.fromkeys(given))  # (a field given twice is one field, balanced once)
+    if len(values["balance_fields"]) < len(given):
+        import logging
+
+        logging.getLogger("diversity_order").warning("--balance-field given more than once for %s: balanced once",
+                                                     ", ".join(name for name in values["balance_fields"]
+                                                               if given.count(name) > 1))
     options = OrderingOptions(seq_len=args.seq_len[0], seed=args.seed, packing=args.packing, **values)
     inputs, text_field = input_values(args)
     return CurateConfig(
