@@ -1452,7 +1452,9 @@ def _warn_if_degenerate(run: Run) -> None:
                     "a shorter --seq-len%s", total, config.seq_len,
                     f" (e.g. --compare-strategies --seq-len {' '.join(map(str, shorter))})" if shorter else "")
     elif np.median(documents) <= 1:
-        why = ("the documents are about as long as --seq-len" if np.median(run.counts) * 4 >= config.seq_len else
+        median = np.median(run.counts)
+        why = ("most documents are as long as --seq-len or longer" if median >= config.seq_len else
+               "the documents are about as long as --seq-len" if median * 4 >= config.seq_len else
                "most documents are short, but the few longer than --seq-len fill most windows")
         log.warning("Most %d-token windows hold a single document (%s): each such window holds one cluster whatever "
                     "the order", config.seq_len, why)
@@ -1484,10 +1486,13 @@ def _warn_unused_flags(config: CurateConfig) -> None:
     """A flag set away from its default that the chosen ordering never reads is almost always a mistake; with
     --compare-strategies the orderings that read it are compared with it, but the curated file still follows
     --ordering (a user seeing the field balanced in the comparison took it for the file's)."""
+    compared_names = set(registry.applicable_orderings(config.ordering_options.score_field is not None))
     for flag, users in registry.unused_flags(config.ordering, config.ordering_options):
         measured = "; its token shares are still measured" if flag == BALANCE_FIELD_FLAG else ""
-        compared = (f"; the comparison runs {'them' if len(users) > 1 else 'it'} with it, but the curated file "
-                    f"follows --ordering {config.ordering}") if config.compare_strategies else ""
+        # (only where the comparison runs them: score orderings need --score-field)
+        run_by = [name for name in users if name in compared_names]
+        compared = (f"; the comparison runs {'them' if len(run_by) > 1 else 'it'} with it, but the curated file "
+                    f"follows --ordering {config.ordering}") if config.compare_strategies and run_by else ""
         log.warning("%s is not used by --ordering %s (it is read by %s)%s%s", flag, config.ordering, ", ".join(users),
                     compared, measured)
 

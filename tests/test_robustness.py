@@ -336,8 +336,14 @@ def test_degenerate_settings_say_why_nothing_improves(tmp_path, tiny_model_dir, 
     assert lengths and all(16 <= length <= total / 2 for length in lengths)  # shorter than the data, not 4,096+
     caplog.clear()
     assert curate(*common, "--output", tmp_path / "s.jsonl", "--n-clusters", 6, "--seq-len", 10) == 0
-    assert "hold a single document (the documents are about as long as --seq-len)" in caplog.text
+    # (documents longer than the 10-token window: said so, where it said they were about as long as it)
+    assert "hold a single document (most documents are as long as --seq-len or longer)" in caplog.text
     assert "Only " not in caplog.text
+    caplog.clear()  # a flag only score orderings read, compared without --score-field (which they need): not run
+    assert curate(*common, "--output", tmp_path / "sd.jsonl", "--n-clusters", 6, "--compare-strategies",
+                  "--score-default", 3) == 0
+    said = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("--score-default is not used"))
+    assert "the comparison runs" not in said
     caplog.clear()  # short documents, and three that fill most windows: the warning says that instead
     records = [json.loads(line) for line in topical_jsonl.read_text().splitlines()]
     for record in records[:3]:
