@@ -188,13 +188,12 @@ def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]
     plain_json = [p for p in named if _is_plain_json(p.name)]
     if plain_json and len(plain_json) < len(named):
         named = [p for p in named if not _is_plain_json(p.name)]
-        _say_left_out(f"{given}: %d .json file(s) left out (%s): the data are its "
-                      + ("Parquet" if any(is_parquet_name(p.name) for p in named) else ".jsonl/.ndjson") + " files",
-                      plain_json)
+        _say_left_out(given, ".json file(s) left out", plain_json, ": the data are its " + (
+            "Parquet" if any(is_parquet_name(p.name) for p in named) else ".jsonl/.ndjson") + " files")
     taken = set(named) | set(plain_json)
     others = [p for p in candidates if p not in taken]
     if others:
-        _say_left_out(f"{given}: %d file(s) not named as data left out (%s)", others)
+        _say_left_out(given, "file(s) not named as data left out", others)
     return named
 
 
@@ -202,17 +201,17 @@ def _data_files(given: str, found: list[Path], take_unnamed: bool) -> list[Path]
 _LOOKED_INTO = 200
 
 
-def _say_left_out(message: str, left_out: list[Path]) -> None:
-    """Files left out of the input, said at INFO; a WARNING naming those that hold records by their first bytes
-    (Parquet, or JSON Lines: their records would be missing from the output without a word)."""
-    holding = [(path, what) for path in left_out[:_LOOKED_INTO] if (what := _holds_records(path))]
+def _say_left_out(given: str, what: str, left_out: list[Path], why: str = "") -> None:
+    """``given: N <what> (first ...)<why>``, said at INFO; a WARNING naming those that hold records by their first
+    bytes (Parquet, or JSON Lines: their records would be missing from the output without a word)."""
+    holding = [(path, kind) for path in left_out[:_LOOKED_INTO] if (kind := _holds_records(path))]
+    first = left_out[0].name + (" ..." if len(left_out) > 1 else "")
     if not holding:
-        log.info(message, len(left_out), left_out[0].name + (" ..." if len(left_out) > 1 else ""))
+        log.info("%s: %d %s (%s)%s", given, len(left_out), what, first, why)
         return
-    named = ", ".join(f"{path.name} ({what})" for path, what in holding[:5]) + (" ..." if len(holding) > 5 else "")
-    log.warning(message + "; not read, though their first bytes say they hold records: %s; name them as data "
-                "(.parquet, .jsonl) or give them as --input", len(left_out),
-                left_out[0].name + (" ..." if len(left_out) > 1 else ""), named)
+    named = ", ".join(f"{path.name} ({kind})" for path, kind in holding[:5]) + (" ..." if len(holding) > 5 else "")
+    log.warning("%s: %d %s (%s)%s; not read, though their first bytes say they hold records: %s; name them as data "
+                "(.parquet, .jsonl) or give them as --input", given, len(left_out), what, first, why, named)
 
 
 def _holds_records(path: Path) -> str | None:
