@@ -893,7 +893,7 @@ def _existing_curated_files(config: CurateConfig) -> list[Path]:
     own = [path for path in writers.shard_paths(config.output, config.output_shards) if path.exists()]
     if own:
         return own
-    listed = _earlier_meta(Path(f"{outputs.output_stem(config.output)}_meta.json")).get("output_files")
+    listed = _earlier_meta(outputs.meta_path(config.output)).get("output_files")
     folder = config.output.parent  # (by name: the folder may have moved since)
     return [folder / Path(name).name for name in (listed if isinstance(listed, list) else [])
             if isinstance(name, str) and (folder / Path(name).name).is_file()]
@@ -1083,7 +1083,7 @@ def _trial_would_replace_export(run: Run) -> bool:
     config = run.config
     if config.export_packed is None or not _is_trial(config):
         return False
-    real = _earlier_meta(Path(f"{outputs.output_stem(config.output)}_meta.json")).get("packed_export")
+    real = _earlier_meta(outputs.meta_path(config.output)).get("packed_export")
     folder = real.get("folder") if isinstance(real, dict) else None
     if not isinstance(folder, str) or Path(folder).resolve() != config.export_packed.resolve() \
             or _export_holds_this_order(config.export_packed, run):
@@ -1387,9 +1387,9 @@ def _recommendation(recommended, rows, n_documents: int | None = None) -> str:
 def _log_improvement(before: dict, after: dict, config: CurateConfig, mean_before: float, mean_after: float) -> None:
     # From the unrounded means: 1.6448 -> 3.1059 is +89%, where the summaries' 1.64 -> 3.11 gave +90%.
     gain = (mean_after / mean_before - 1) * 100 if mean_before else float("nan")
-    log.info("Unique clusters per %s-token window (of K=%i): input order mean %.2f (min %d, std %.2f, %d windows) "
+    log.info("Unique clusters per %d-token window (of K=%i): input order mean %.2f (min %d, std %.2f, %d windows) "
              "-> curated mean %.2f (min %d, std %.2f, %d windows): %+.0f%%",
-             f"{config.seq_len:,}", config.n_clusters, before["mean"], before["min"], before["std"],
+             config.seq_len, config.n_clusters, before["mean"], before["min"], before["std"],
              before["n_sequences"], after["mean"], after["min"], after["std"], after["n_sequences"], gain)
 
 

@@ -59,7 +59,7 @@ def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ..
     return {
         "embeddings": Path(f"{out_stem}_embeddings.npy"),
         "token_counts": Path(f"{in_stem}_token_counts{field_part}.npy"),
-        "meta": Path(f"{out_stem}_meta.json"),
+        "meta": meta_path(output),
         "labels": Path(f"{out_stem}_labels.npy"),
         "order": Path(f"{out_stem}_order.npy"),
         "umap": Path(f"{out_stem}_umap2d.npy"),
@@ -70,6 +70,11 @@ def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ..
         "clusters_md": Path(f"{out_stem}_clusters.md"),
         "clusters_json": Path(f"{out_stem}_clusters.json"),
     }
+
+
+def meta_path(output: Path) -> Path:
+    """``B_meta.json`` beside ``--output B.jsonl``: the run's metadata."""
+    return Path(f"{output_stem(output)}_meta.json")
 
 
 def _safe_name(text: str) -> str:

@@ -46,9 +46,10 @@ def output_kind(source_kind: str, output: Path, requested: str | None) -> str:
         # no file suffix (curated.v2, data-2024.11.27): the input's format (a datasets folder for a datasets folder).
         lowered = output.name.lower()
         if lowered.endswith(PARQUET_SUFFIX) or _jsonl_name(lowered):
-            suffix = "".join(Path(lowered).suffixes[-2:]) if _jsonl_name(lowered) and \
-                lowered.endswith(records.COMPRESSED_SUFFIXES) else Path(lowered).suffix
-            named_so = output.name[: -len(suffix)] + suffix  # the name kept as typed, its suffix lowered
+            from .outputs import data_suffix_length
+
+            cut = len(output.name) - data_suffix_length(output.name)
+            named_so = output.name[:cut] + output.name[cut:].lower()  # the name kept as typed, its suffix lowered
             raise UserError(f"--output {output}: write its suffix in lower case ({named_so}), as the files "
                             "beside it and the shards are named")
         base = lowered

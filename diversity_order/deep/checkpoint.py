@@ -189,7 +189,7 @@ def remove_leftovers(output: Path, said: str = "Removed what an interrupted run 
     """Every checkpoint and resumed file of ``output``, once it holds every row (a run killed after writing it,
     or one of another launch killed before its first checkpoint, leaves them; a later recompute must not take them
     up). Main rank only."""
-    leftovers = [*_checkpoint_keys(output), *[p for p in [resumed_path(output)] if p.exists()]]
+    leftovers = _checkpoint_keys(output) + [path for path in (resumed_path(output),) if path.exists()]
     for path in leftovers:
         if path.name.endswith(".partial.json"):
             remove_checkpoint(path)
