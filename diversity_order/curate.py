@@ -509,7 +509,8 @@ def index_input(run: Run, fail_fast: bool) -> None:
 
 def _warn_of_copied_files(run: Run) -> None:
     """A folder holding a file twice (a.jsonl and a copy, or a.jsonl beside a.jsonl.gz) has every record of it read,
-    curated and trained on once per copy: said, not refused (the user may mean it)."""
+    curated and trained on once per copy: said, not refused (the user may mean it). So is a file most of whose
+    documents other files hold too (the first lines of another file, saved apart; a subset exported again)."""
     copies = sources.copied_files(run.index)
     if copies:
         copy, original, _ = copies[0]
@@ -518,6 +519,14 @@ def _warn_of_copied_files(run: Run) -> None:
                     "records is curated, and trained on, once per copy; leave the copies out of --input if that is not "
                     "meant", len(copies), f", {shuffled} of them in another order" if shuffled else "", copy,
                     original.name, f"; the last: {copies[-1][0].name}" if len(copies) > 1 else "")
+    overlapping = sources.overlapping_files(run.index, leave_out={copy for copy, _, _ in copies})
+    if overlapping:
+        named = [overlapping[0]] + ([overlapping[-1]] if len(overlapping) > 1 else [])
+        shares = "; the last: ".join(["%s: %d of its %d distinct documents are in other files too, e.g. %s"] * len(named))
+        log.warning("%d input file(s) hold mostly documents other input files hold too (" + shares + "): those "
+                    "documents are curated, and trained on, once per file; leave the overlapping files out of --input "
+                    "if that is not meant", len(overlapping),
+                    *[value for path, other, shared, distinct in named for value in (path, shared, distinct, other.name)])
 
 
 def _warn_of_byte_order_marks(run: Run) -> None:

@@ -593,6 +593,58 @@ def copied_files(source) -> list[tuple[Path, Path, bool]]:
     return copies
 
 
+# Files whose documents are mostly another file's too: at least this share of their distinct documents.
+OVERLAP_SHARE = 0.5
+# Distinct documents compared at most; past it, those whose fingerprint is a multiple of a modulus (a subset
+# keeps its subset relation under the same rule, so a file inside another still shows up whole).
+OVERLAP_SAMPLE = 1 << 24
+
+
+def overlapping_files(source, leave_out: set[Path] = frozenset()) -> list[tuple[Path, Path, int, int]]:
+    """(file, another file holding some of its documents, how many it shares, its distinct documents) for
+    each input file of which at least ``OVERLAP_SHARE`` of the distinct documents are in other input files too (a
+    prefix or a subset of another file, a later export of the same data): its documents are curated once per
+    file. By the documents' fingerprints; files in ``leave_out`` (copies already said) are not compared. Counts
+    are of a fingerprint sample past ``OVERLAP_SAMPLE`` documents."""
+    spans = [span for span in (source.file_rows() if hasattr(source, "file_rows") else []) if span[0] not in leave_out]
+    if len(spans) < 2:
+        return []
+    total = sum(hi - lo for _, lo, hi in spans)
+    modulus = np.uint64(max(1, -(-total // OVERLAP_SAMPLE)))
+    parts = []
+    for number, (_, lo, hi) in enumerate(spans):
+        prints = np.asarray(source.fingerprints[lo:hi], dtype=np.uint64)
+        if modulus > 1:
+            prints = prints[prints % modulus == 0]
+        prints = np.unique(prints)
+        parts.append((prints, np.full(prints.size, number, dtype=np.int64)))
+    prints = np.concatenate([p for p, _ in parts])
+    owners = np.concatenate([o for _, o in parts])
+    by_print = np.argsort(prints, kind="stable")
+    prints, owners = prints[by_print], owners[by_print]
+    # Each file's prints are distinct, so a print seen twice is held by two files.
+    shared = np.zeros(prints.size, dtype=bool)
+    shared[1:] |= prints[1:] == prints[:-1]
+    shared[:-1] |= prints[:-1] == prints[1:]
+    files = len(spans)
+    distinct = np.bincount(owners, minlength=files)
+    held_elsewhere = np.bincount(owners[shared], minlength=files)
+    # Each shared print's partner: the first file of its run of equal prints, or the second where that is its own.
+    at = np.flatnonzero(shared)
+    if not at.size:
+        return []
+    positions = np.arange(prints.size)
+    first = np.maximum.accumulate(np.where(np.r_[True, prints[1:] != prints[:-1]], positions, 0))
+    second = owners[np.minimum(first[at] + 1, prints.size - 1)]
+    partners = np.where(owners[first[at]] != owners[at], owners[first[at]], second)
+    pairs, times = np.unique(owners[at] * files + partners, return_counts=True)
+    most = np.lexsort((-times, pairs // files))  # each file's partners, the most often met first
+    firsts = most[np.r_[True, (pairs // files)[most][1:] != (pairs // files)[most][:-1]]]
+    partner_of = dict(zip((pairs[firsts] // files).tolist(), (pairs[firsts] % files).tolist()))
+    return [(spans[number][0], spans[partner_of[number]][0], int(held_elsewhere[number]), int(distinct[number]))
+            for number in np.flatnonzero((distinct > 0) & (held_elsewhere >= OVERLAP_SHARE * distinct)).tolist()]
+
+
 def files_with_byte_order_mark(inputs: Inputs) -> list[Path]:
     """The JSONL files of ``inputs`` whose content starts with a UTF-8 byte order mark (read past, never written)."""
     if inputs.kind != "jsonl":

@@ -574,6 +574,68 @@ def test_input_files_that_copy_another_are_warned_of(tmp_path, demo_records, tin
         "copies p1.parquet)" in caplog.text
 
 
+class _Files:
+    """A source of several files: their documents' fingerprints one after another."""
+
+    def __init__(self, files):
+        self.fingerprints = np.concatenate([np.asarray(f, dtype=np.uint64) for f in files] + [np.zeros(0, np.uint64)])
+        ends = np.cumsum([len(f) for f in files]).tolist()
+        self.spans = [(Path(f"f{i}"), lo, hi) for i, (lo, hi) in enumerate(zip([0] + ends[:-1], ends)) if hi > lo]
+
+    def file_rows(self):
+        return self.spans
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), max_size=14), min_size=2, max_size=5),
+       st.sampled_from([1 << 24, 2, 3]), st.data())
+def test_overlapping_files_are_those_a_plain_loop_finds(files, sample, data):
+    """Each file whose distinct documents are at least half in other files, with its counts, as a plain loop over
+    sets finds them (on a sample of the fingerprints where there are more than the sample's size); the file named
+    beside it holds some of them."""
+    from diversity_order import sources
+
+    source = _Files(files)
+    left_out = set(data.draw(st.sets(st.sampled_from([path for path, _, _ in source.spans] or [Path("none")]))))
+    total = sum(len(f) for i, f in enumerate(files) if f and Path(f"f{i}") not in left_out)
+    modulus = max(1, -(-total // sample))
+    kept = {Path(f"f{i}"): {x for x in f if x % modulus == 0} for i, f in enumerate(files)
+            if f and Path(f"f{i}") not in left_out}
+    expected = []
+    for path, own in kept.items():
+        elsewhere = set().union(*(other for name, other in kept.items() if name != path))
+        if len(kept) > 1 and own and len(own & elsewhere) >= 0.5 * len(own):
+            expected.append((path, len(own & elsewhere), len(own)))
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(sources, "OVERLAP_SAMPLE", sample)
+    try:
+        found = sources.overlapping_files(source, leave_out=left_out)
+    finally:
+        monkey.undo()
+    assert [(path, shared, distinct) for path, _, shared, distinct in found] == expected
+    for path, other, _, _ in found:
+        assert other != path and kept[path] & kept[other]
+
+
+def test_input_files_that_are_mostly_another_files_are_warned_of(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A reviewer's c.jsonl held the first 150 lines of a.jsonl: its documents curated twice, without a word (only
+    whole copies were said). Said now, naming the file and one that holds its documents; a copy is said once."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    lines = [json.dumps(r) + "\n" for r in demo_records[:100]]
+    (folder / "a.jsonl").write_text("".join(lines))
+    (folder / "b.jsonl").write_text("".join(lines))  # a copy: said as one
+    (folder / "c.jsonl").write_text("".join(lines[:30]) + "".join(json.dumps(r) + "\n" for r in demo_records[100:110]))
+    (folder / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in demo_records[110:160]) + lines[0])
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, *COMMON) == 0
+    said = [r.getMessage() for r in caplog.records if "other input files hold too" in r.getMessage()]
+    assert said == [f"1 input file(s) hold mostly documents other input files hold too ({folder / 'c.jsonl'}: 30 of its "
+                    "40 distinct documents are in other files too, e.g. a.jsonl): those documents are curated, and "
+                    "trained on, once per file; leave the overlapping files out of --input if that is not meant"]
+    assert "b.jsonl copies a.jsonl" in caplog.text
+
+
 def test_files_in_several_folders_cache_their_counts_beside_the_output(tmp_path, demo_records, tiny_model_dir, caplog):
     """A reviewer's --input /tmp/rev1/w/a.jsonl --input /tmp/rev1other/b.jsonl wrote /tmp_token_counts.* into /, named
     after their common folder /tmp. Files in one folder keep their cache beside it, as before."""
@@ -1107,13 +1169,13 @@ def test_bad_input_in_each_format_is_one_line(tmp_path, demo_records, tiny_model
                                     "chat_template) cannot render this conversation (mine)")
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": None}]}]), parquet)
     assert run_error(capsys, "--input", parquet, "--text-field", "messages", *base).endswith(
-        "row 0: field 'messages[0]' has a content that is a JSON null, expected a string (a turn that only calls "
+        "row 0: field 'messages[0]' has a content that is null, expected a string (a turn that only calls "
         "tools: give it the content \"\"; its tool_calls stay as they are)")
     # Every unreadable row of the file is counted in the one pass, over its row groups, with the last.
     texts = [None if i in (3, 40, 41) else f"text {i}" for i in range(50)]
     pq.write_table(pa.table({"text": texts}), parquet, row_group_size=16)
     err = run_error(capsys, "--input", parquet, *base)
-    assert err.startswith(f"error: {parquet} row 3: field 'text' is a JSON null")
+    assert err.startswith(f"error: {parquet} row 3: field 'text' is null")
     assert err.endswith(f"(3 records of this file cannot be read; the last: {parquet} row 41)")
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text('{"text": "x"}\n')
