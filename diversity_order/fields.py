@@ -292,8 +292,11 @@ def json_type(value) -> str:
 
 def kind_of(value) -> str:
     """What a value is, for error lines: "a JSON number", or for what a Parquet column may hold that JSON has no
-    word for, its own ("binary data (bytes)", "a datetime"): "a JSON bytes" read as nonsense."""
-    if isinstance(value, dict | list | str | bool | int | float) or value is None:
+    word for, its own ("binary data (bytes)", "a datetime"): "a JSON bytes" read as nonsense. A missing value is
+    "null", which JSON and Parquet both call it (a Parquet null is no "JSON null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict | list | str | bool | int | float):
         return f"a JSON {json_type(value)}"
     if isinstance(value, bytes | bytearray | memoryview):
         return "binary data (bytes)"

@@ -149,7 +149,7 @@ def test_clear_errors(tmp_path, parquet_file):
     bad_chat = tmp_path / "bad_chat.parquet"
     pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": "hi"}]},
                                          {"messages": [{"role": "user", "content": None}]}]), bad_chat)
-    with pytest.raises(UserError, match=r"row 1: field 'messages\[0\]' has a content that is a JSON null"):
+    with pytest.raises(UserError, match=r"row 1: field 'messages\[0\]' has a content that is null"):
         open_arrow_source([bad_chat], "parquet", ("messages",))
 
 
@@ -166,7 +166,7 @@ def test_a_file_changed_after_indexing_is_refused(tmp_path, parquet_file):
 def test_a_null_in_a_plain_string_column_is_one_clear_error(tmp_path):
     path = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"text": ["a", "b", None, "d"]}), path, row_group_size=2)
-    with pytest.raises(UserError, match=r"nulls\.parquet row 2: field 'text' is a JSON null, expected a string"):
+    with pytest.raises(UserError, match=r"nulls\.parquet row 2: field 'text' is null, expected a string"):
         open_arrow_source([path], "parquet", ("text",))
 
 

@@ -139,7 +139,7 @@ def test_scan_fingerprints_depend_on_text_only(tmp_path):
     (b'{"text": "ok"}\n{"text": broken}\n', r"in\.jsonl:2: not valid JSON"),
     (b'{"text": "ok"}\n\n{"body": "x", "id": 3}\n', r"in\.jsonl:3: no field 'text' \(this record has keys: body, id\)"),
     (b'{"text": 12}\n', r"in\.jsonl:1: field 'text' is a JSON number, expected a string \(or a conversation"),
-    (b'{"text": null}\n', r"in\.jsonl:1: field 'text' is a JSON null, expected a string \(or a conversation"),
+    (b'{"text": null}\n', r"in\.jsonl:1: field 'text' is null, expected a string \(or a conversation"),
     (b'{"text": {"a": 1}}\n', r"in\.jsonl:1: field 'text' is a JSON object, expected a string \(or a conversation"),
     (b'["text"]\n', r"in\.jsonl:1: expected a JSON object, found a JSON array"),
     (b'{"text": "ok"}\n{"text": "\xff\xfe"}\n', r"in\.jsonl:2: invalid UTF-8"),
