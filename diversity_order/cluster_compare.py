@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import caches
-from .clustering import kmeans_labels, reduce_with_pca
+from .clustering import kmeans_labels, pca_components_kept, reduce_with_pca
 from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED
 from .errors import UserError
 
@@ -224,11 +224,17 @@ def compare(shallow: np.ndarray, deep: np.ndarray, n_clusters: int = DEFAULT_N_C
         raise UserError(f"--n-clusters {n_clusters} is larger than the number of usable rows ({n}"
                         + (f", after leaving out {nan_info['dropped']} NaN rows" if nan_info["dropped"] else "") + ")")
     deep_pca = pca_components if pca_deep_only is None else pca_deep_only
+
+    def pca_said(asked: int, dim: int) -> str:
+        kept = pca_components_kept(asked, n, dim)
+        return "" if not asked else f", PCA to {kept} dims" + (f" (of {asked} asked: {n} rows and {dim} dims allow "
+                                                                f"no more)" if kept < asked else "")
+
     log.info("Clustering the shallow embeddings (%d x %d), k=%i%s", n, shallow.shape[1], n_clusters,
-             f", PCA {pca_components}" if pca_components else "")
+             pca_said(pca_components, shallow.shape[1]))
     shallow_labels, shallow_pca = cluster(shallow, n_clusters, pca_components, seed)
     log.info("Clustering the deep embeddings (%d x %d), k=%i%s", n, deep.shape[1], n_clusters,
-             f", PCA {deep_pca}" if deep_pca else "")
+             pca_said(deep_pca, deep.shape[1]))
     deep_labels, deep_pca_info = cluster(deep, n_clusters, deep_pca, seed)
 
     ari = float(adjusted_rand_score(shallow_labels, deep_labels))

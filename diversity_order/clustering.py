@@ -315,6 +315,11 @@ class PCAInfo:
         return out
 
 
+def pca_components_kept(n_components: int, n_rows: int, dim: int) -> int:
+    """The components PCA can keep of ``n_components`` asked: no more than the rows less one, nor the dimensions."""
+    return min(n_components, n_rows - 1, dim)
+
+
 def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = DEFAULT_SEED) -> tuple[np.ndarray, PCAInfo | None]:
     """PCA to min(n_components, N-1, D) dimensions, then each row back to unit length.
 
@@ -323,7 +328,7 @@ def reduce_with_pca(embeddings: np.ndarray, n_components: int, seed: int = DEFAU
     from sklearn.decomposition import PCA
 
     n_rows, dim = embeddings.shape
-    kept = min(n_components, n_rows - 1, dim)
+    kept = pca_components_kept(n_components, n_rows, dim)
     if kept < 1:
         log.warning("PCA skipped: %d document(s) leave no component to keep", n_rows)
         return embeddings, None
@@ -344,7 +349,7 @@ def reduce_matrix(embeddings: Matrix, n_components: int, seed: int, plan: Plan,
     from sklearn.decomposition import PCA
 
     n_rows, dim = matrix.shape(embeddings)
-    kept = min(n_components, plan.sample - 1, dim)
+    kept = pca_components_kept(n_components, plan.sample, dim)
     if kept < 1:
         return embeddings, None
     # copy=False: the sample is read for the fit alone, so PCA may centre it in place (else it holds a

@@ -1,6 +1,7 @@
 """compare_clusterings: metrics against scikit-learn, verdict bands, errors, JSON and plots."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -165,6 +166,18 @@ def test_side_by_side_titles_say_where_pca_was_used(tmp_path, monkeypatch):
     plots.plot_umap_side_by_side(tmp_path / "cmp.png", x, deep, result, projector=lambda a: a[:, :2])
     assert titles[0].startswith(f"Shallow embeddings ({x.shape[1]} dims), coloured")
     assert titles[1].startswith(f"Deep embeddings ({deep.shape[1]} dims, clustered on PCA 3), coloured")
+
+
+def test_the_log_says_how_many_pca_dims_are_used_where_the_rows_allow_fewer(caplog):
+    """A reviewer's --pca-deep-only 1000 on 300 rows logged "PCA 1000" where 299 dimensions were used."""
+    x, _ = blobs(n_per=10)
+    deep = np.random.default_rng(3).normal(size=(x.shape[0], 64)).astype(np.float32)
+    with caplog.at_level(logging.INFO):
+        result = cmp.compare(x, deep, n_clusters=3, pca_components=2, pca_deep_only=1000)
+    rows = x.shape[0]
+    assert result.report["deep"]["pca"]["n_components"] == rows - 1
+    assert f"PCA to {rows - 1} dims (of 1000 asked: {rows} rows and 64 dims allow no more)" in caplog.text
+    assert "k=3, PCA to 2 dims" in caplog.text and "of 2 asked" not in caplog.text
 
 
 def test_script_errors_are_one_line(tmp_path, capsys):
