@@ -85,17 +85,21 @@ def read_meta(meta_path: Path) -> dict:
                         "sequence length); give the B_meta.json beside a curate run's --output B.jsonl")
     for key, kind, what in _META_FIELDS:
         value = meta.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
+                                  or (kind is int and value < _META_MINIMUM[key])):
             raise UserError(f"--meta {meta_path}: its {key} is {json.dumps(value)[:60]}, not {what} (edited or damaged?); "
                             "run curate_dataset.py again for its metadata")
     return meta
 
 
-# What animate reads from a curate run's metadata, and what each must be (a hand-edited "abc" was a traceback).
-_META_FIELDS = (("sequence_length", int, "a whole number"), ("n_clusters", int, "a whole number"),
-                ("total_tokens", int, "a whole number"), ("special_tokens_per_document", int, "a whole number"),
+# What animate reads from a curate run's metadata, and what each must be (a hand-edited "abc" was a traceback; a
+# -5 was blamed on the token counts).
+_META_FIELDS = (("sequence_length", int, "a whole number of at least 1"), ("n_clusters", int, "a whole number of at least 1"),
+                ("total_tokens", int, "a whole number of at least 0"),
+                ("special_tokens_per_document", int, "a whole number of at least 0"),
                 ("labels_file", str, "a path"), ("order_file", str, "a path"), ("token_counts_file", str, "a path"),
                 ("packing", str, "a packing model's name"))
+_META_MINIMUM = {"sequence_length": 1, "n_clusters": 1, "total_tokens": 0, "special_tokens_per_document": 0}
 
 
 def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta: Path | None = None,
@@ -126,6 +130,9 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
         meta_k = m.get("n_clusters")
         if seq_len is None and m.get("sequence_length"):
             seq_len = int(m["sequence_length"])
+        elif m.get("sequence_length") and seq_len != m["sequence_length"]:
+            log.warning("--seq-len %i: the windows shown are of %i tokens, not the %i of the curate run of --meta %s "
+                        "(its statistics are of those)", seq_len, seq_len, m["sequence_length"], meta)
         packing = m.get("packing") or packing
         # The curate run counted the tokens its trainer adds per document (--count-special-tokens).
         counts = counts + int(m.get("special_tokens_per_document") or 0)
@@ -329,6 +336,12 @@ def _rgb(colors: np.ndarray) -> np.ndarray:
     return np.round(np.asarray(colors)[:, :3] * 255).astype(np.uint8)
 
 
+def chart_top(n_clusters: int, most_in_a_window: float) -> float:
+    """The diversity chart's top value: K, unless no window comes within two thirds of it; then the most
+    clusters any window holds."""
+    return n_clusters if most_in_a_window * 1.5 >= n_clusters else max(most_in_a_window, 1.0)
+
+
 class BarFrames:
     """Paints the bar video's frames: a static matplotlib background, then per frame the
     colour strip and the curve of completed windows, straight into an RGB array."""
@@ -359,12 +372,16 @@ class BarFrames:
                          "not yet placed (dimmed, input order)", fontsize=10)
         ax = fig.add_subplot(gs[1])
         ax.set_xlim(0, self.n_axis)
-        # No window holds more than K clusters: the band above K holds the legend, in one row, clear of the curve
-        # (drawn into the frames over the background, it ran through a legend inside the chart).
-        ax.set_ylim(0, k * 1.2 + 1)
+        # No window holds more than K clusters: the band above the top holds the legend, in one row, clear of the
+        # curve (drawn into the frames over the background, it ran through a legend inside the chart). Where windows
+        # hold far fewer clusters than K (K = 1,000 at 4,096 tokens; sparse label ids), K is left off the chart,
+        # which it would flatten.
+        top = chart_top(k, max(float(self.before.max(initial=0)), float(self.after.max(initial=0))))
+        ax.set_ylim(0, top * 1.2 + 1)
         ax.plot(np.arange(self.before.size) + 0.5, self.before, color="0.8", lw=0.8, label="input order, per window")
         ax.axhline(sb["mean"], color="0.3", ls="--", lw=1.2, label=f"input order mean {sb['mean']:.2f}")
-        ax.axhline(k, color="0.6", ls=":", lw=1, label=f"K = {k}")
+        if top == k:
+            ax.axhline(k, color="0.6", ls=":", lw=1, label=f"K = {k}")
         ax.plot([], [], color=CURVE_RGB / 255, lw=2, label=f"curated order (final mean {sa['mean']:.2f})")
         ax.legend(loc="upper center", ncol=4, fontsize=8, framealpha=0.9)
         ax.set_xlabel(f"training window ({inputs.seq_len:,} tokens each)")

@@ -216,3 +216,54 @@ def test_folders_where_files_are_read_or_written_are_one_line(run_files, capsys)
     assert not (tmp / "w.mp4").exists()
     assert error("--labels", tmp, "--order", tmp / "B_order.npy", "--output", tmp / "v.mp4") == (
         f"error: --labels {tmp}: is a folder; give the .npy file (e.g. {tmp / 'B_labels.npy'})")
+
+
+def test_flags_a_video_would_take_otherwise_are_said(run_files, capsys, caplog):
+    """A reviewer's --size 641x480 became 640x480 without a word, --seq-len over the run's was not said, a bad
+    --preset was ffmpeg's own error after the frames were drawn, and a metadata file whose
+    special_tokens_per_document was edited to -5 was blamed on the token counts."""
+    tmp, *_ = run_files
+    base = ["--token-counts", str(tmp / "A_token_counts.npy"), "--meta", str(tmp / "B_meta.json"), "--n-frames", "2",
+            "--umap-size", "320x320", "--preset", "ultrafast"]
+    with caplog.at_level(logging.INFO):
+        assert animate_ordering.main(base + ["--size", "641x481", "--seq-len", "1000", "--output",
+                                             str(tmp / "odd.mp4")]) == 0
+    assert "--size 641x481: 640x480, as H.264 needs even sizes" in caplog.text
+    assert read_video(tmp / "odd.mp4")[0]["size"] == (640, 480)
+    assert (f"--seq-len 1000: the windows shown are of 1000 tokens, not the 2000 of the curate run of --meta "
+            f"{tmp / 'B_meta.json'}") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert animate_ordering.main(base + ["--size", "320x240", "--seq-len", "2000", "--output",
+                                             str(tmp / "same.mp4")]) == 0
+    assert "the windows shown are of" not in caplog.text and "even sizes" not in caplog.text
+    with pytest.raises(SystemExit) as stopped:
+        animate_ordering.main(base + ["--preset", "quick", "--output", str(tmp / "p.mp4")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "--preset" in err and "'quick'" in err and "ultrafast" in err and "Traceback" not in err
+    assert not (tmp / "p.mp4").exists()
+    meta = json.loads((tmp / "B_meta.json").read_text())
+    for key, value in (("special_tokens_per_document", -5), ("sequence_length", 0), ("n_clusters", 0)):
+        (tmp / "edited_meta.json").write_text(json.dumps(meta | {key: value}))
+        with pytest.raises(UserError, match=rf"its {key} is {value}, not a whole number of at least \d \(edited or "):
+            animate.load_inputs(tmp / "A_token_counts.npy", meta=tmp / "edited_meta.json")
+
+
+def test_the_chart_leaves_off_a_k_no_window_comes_near(run_files):
+    """Labels 0, 1000, 2000 (a reviewer's) or K = 1,000 at a short length: windows hold a few clusters against a K
+    of 2,001, and a chart up to K drew them as a flat line at its foot. Its top is the most any window holds then,
+    and K where windows come within two thirds of it."""
+    tmp, labels, counts, order = run_files
+    assert animate.chart_top(30, 29) == 30 and animate.chart_top(30, 20) == 30 and animate.chart_top(30, 19) == 19
+    np.save(tmp / "sparse.npy", labels * 1000)
+    inputs = animate.load_inputs(tmp / "A_token_counts.npy", labels=tmp / "sparse.npy", order=tmp / "B_order.npy",
+                                 seq_len=2000)
+    assert inputs.n_clusters == 4001
+    bars = animate.BarFrames(inputs, 480, 270)
+    most = max(bars.before.max(), bars.after.max())
+    assert bars.chart_ylim[1] == pytest.approx(most * 1.2 + 1)
+    dense = animate.BarFrames(animate.load_inputs(tmp / "A_token_counts.npy", labels=tmp / "B_labels.npy",
+                                                  order=tmp / "B_order.npy", seq_len=2000), 480, 270)
+    assert dense.chart_ylim[1] == pytest.approx(5 * 1.2 + 1)
+    # The curve of the sparse ids fills the chart as the dense ids' does: the same rows, not squeezed to the foot.
+    assert bars.curve.any(axis=1).sum() == pytest.approx(dense.curve.any(axis=1).sum(), abs=2)

@@ -22,6 +22,8 @@ from ..defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from . import ArgumentParser, add_output_flags, run_command, setup_logging
 
 log = logging.getLogger("diversity_order")
+# libx264's presets, fastest first.
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bar video path (default: ordering_animation.mp4)")
     p.add_argument("--size", default="1280x720", help="bar video size WxH, even (default: 1280x720)")
     p.add_argument("--umap-size", default="1080x1080", help="UMAP video size WxH, even (default: 1080x1080)")
-    p.add_argument("--preset", default="medium", help="x264 preset: faster encodes, bigger files (default: medium)")
+    p.add_argument("--preset", default="medium", choices=X264_PRESETS, metavar="PRESET",
+                   help=f"x264 preset, one of {', '.join(X264_PRESETS)}: faster encodes, bigger files (default: medium)")
     p.add_argument("--ffmpeg", default=None, help="ffmpeg binary (default: ffmpeg on PATH, else imageio-ffmpeg's)")
     add_output_flags(p, progress=False)
     return p.parse_args(argv)
@@ -66,6 +69,8 @@ def _size(text: str, flag: str) -> tuple[int, int]:
         raise UserError(f"{flag} {text}: expected WIDTHxHEIGHT, e.g. 1280x720") from None
     if w < 320 or h < 240:
         raise UserError(f"{flag} {text}: at least 320x240")
+    if (even(w), even(h)) != (w, h):
+        log.warning("%s %s: %ix%i, as H.264 needs even sizes", flag, text, even(w), even(h))
     return even(w), even(h)
 
 
