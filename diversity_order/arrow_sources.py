@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -30,6 +31,8 @@ from . import fields as fields_mod
 from .atomic import atomic_path, give_plain_permissions
 from .errors import UserError
 from .records import BadRecords, DocumentKinds
+
+log = logging.getLogger(__name__)
 
 # Rows gathered per output piece (and at most about this many bytes): bounds the writer's memory.
 OUTPUT_PIECE_BYTES = 512 << 20
@@ -394,12 +397,19 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
     schema = None
     unsigned: dict[tuple[str, ...], list[Path]] = {}  # the files holding unsigned 64-bit integers at each path
     largest: dict = {}  # their largest values there, as read (``_unsigned_made_signed``)
+    rowless: list[Path] = []
     for number, path in enumerate(source.files):
         stat = path.stat()
         source.stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        before = first
         for index, rows in enumerate(_rows_of_pieces(path, kind, pa)):
             source.pieces.append(_Piece(number, index, first, rows))
             first += rows
+        if first == before and (schema is not None or number < len(source.files) - 1):
+            # A file of no rows (an empty part a job wrote, often with columns of no type) adds nothing to read:
+            # its columns neither join the others' nor block them.
+            rowless.append(path)
+            continue
         file_schema = _file_schema(path, kind, pa)
         twice = sorted({name for name in file_schema.names if file_schema.names.count(name) > 1})
         if twice:
@@ -433,6 +443,9 @@ def open_arrow_source(files: list[Path], kind: str, text_fields: tuple[str, ...]
                                 f"({difference}); give files of one schema") from None
             schema = joined
     source._schema_cache = schema
+    if rowless:
+        log.info("%d input file(s) hold no rows (%s%s): their columns are not compared with the others'", len(rowless),
+                 rowless[0], f" ... {rowless[-1].name}" if len(rowless) > 1 else "")
     digests = bytearray()
     kinds = DocumentKinds()
     if progress is not None:

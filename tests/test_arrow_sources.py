@@ -109,6 +109,30 @@ def test_a_dotted_column_in_one_file_and_a_struct_in_another_are_read_alike(tmp_
         assert written.column("id").to_pylist() == [records[i]["id"] for i in order.tolist()]
 
 
+def test_files_of_no_rows_neither_join_nor_block_the_others_columns(tmp_path, caplog):
+    """A reviewer's folder held an empty part whose columns had other types (a job's empty output: text of no type,
+    id a string): "its columns differ", and the folder could not be read. Files of no rows are said and passed over,
+    first, last or between; the rows of the others are read and written with their own columns."""
+    import logging
+
+    rows = [{"text": f"document {i}", "id": i} for i in range(7)]
+    pq.write_table(pa.Table.from_pylist(rows[:4]), tmp_path / "b.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[4:]), tmp_path / "d.parquet")
+    pq.write_table(pa.table({"text": pa.array([], pa.null()), "id": pa.array([], pa.string())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"other": pa.array([], pa.int8())}), tmp_path / "c.parquet")  # not even the text column
+    pq.write_table(pa.table({}), tmp_path / "e.parquet")
+    files = sorted(tmp_path.glob("*.parquet"))
+    with caplog.at_level(logging.INFO):
+        source = open_arrow_source(files, "parquet", ("text",))
+    assert "3 input file(s) hold no rows (" + str(tmp_path / "a.parquet") + " ... e.parquet)" in caplog.text
+    assert [d for _, batch in source.iter_documents() for d in batch] == [r["text"] for r in rows]
+    written = pa.concat_tables(list(source.ordered_tables(np.arange(7)[::-1].copy())))
+    assert written.schema.field("id").type == pa.int64() and written.column("id").to_pylist() == list(range(7))[::-1]
+    # Only files of no rows: refused as before, for holding none.
+    with pytest.raises(UserError, match=": no rows"):
+        open_arrow_source([tmp_path / "a.parquet", tmp_path / "c.parquet"], "parquet", ("other",))
+
+
 def test_roles_a_template_may_not_know_are_counted_in_every_file(tmp_path):
     """ShareGPT roles in the second file only: counted there, the first row given in the whole input."""
     import pyarrow as pa
