@@ -251,8 +251,8 @@ def _hash_files(model_dir: Path, speak: bool = True, workers: int | None = None)
         digests.update(zip(to_read, pool.map(_sha256, to_read)))
     seconds = time.perf_counter() - started
     if speak:
-        log.info("Model fingerprint: %d files, %s read and hashed in %.1f s (%.0f MB/s)%s", len(files),
-                 matrix.size_text(read_bytes), seconds, read_bytes / 1e6 / max(seconds, 1e-9),
+        log.info("Model fingerprint: %d files, %s read and hashed in %.1f s (%.0f MiB/s)%s", len(files),
+                 matrix.size_text(read_bytes), seconds, read_bytes / 2**20 / max(seconds, 1e-9),
                  f"; {len(files) - len(to_read)} known from the hub cache's blob names"
                  if len(to_read) < len(files) else "")
     digest = hashlib.sha256()
