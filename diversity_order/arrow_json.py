@@ -50,7 +50,7 @@ HUGE_INTEGER = "an integer past 64 bits"
 UNSIGNED_INTEGER = "an integer past 2**63 - 1"
 NEGATIVE_INTEGER = "a negative integer"
 # Numbers as ``note_object_keys`` tells them apart (JSON writes 1 and 1.0 apart; a double column reads both as 1.0).
-INTEGER, FRACTION = "an integer", "a fraction"
+INTEGER, FRACTION = "an integer", "a floating-point number"
 
 
 def type_children(kind) -> list[tuple[str, object]]:

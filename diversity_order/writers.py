@@ -540,7 +540,7 @@ def clash_in(parts: list[dict]) -> str | None:
 
 # Besides its kind, a number's shape where it matters: a field of fractions and integers is typed as doubles, which
 # hold integers exactly only up to 2**53 (Arrow refused 9007199254740993 beside 0.5 naming no field).
-_FRACTION, _INEXACT_INTEGER = "a floating-point number", "an integer past 2**53"
+_FRACTION, _INEXACT_INTEGER = arrow_json.FRACTION, "an integer past 2**53"
 _NUMBER_SHAPES = (_FRACTION, _INEXACT_INTEGER)
 # A record's own field of integers is unsigned if one is past 2**63 - 1, and cannot be if another is negative.
 _INTEGER_SIGNS = (arrow_json.UNSIGNED_INTEGER, arrow_json.NEGATIVE_INTEGER)
