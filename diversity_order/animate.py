@@ -560,6 +560,10 @@ def write_video(path: Path, frames, n_frames: int, width: int, height: int, fps:
     return writer.frames
 
 
+# What each of ``output_names``' files is, in its order, for messages.
+OUTPUT_ROLES = ("bar video", "bar video's preview", "UMAP video", "UMAP video's preview")
+
+
 def output_names(output: Path) -> dict[str, Path]:
     stem = output.with_suffix("") if output.suffix.lower() == ".mp4" else output
     return {"bar": output if output.suffix else output.with_suffix(".mp4"),

@@ -120,10 +120,8 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
     if output.is_dir() and not folder_output:
         raise UserError(f"--output {output}: is a folder; give the path of the curated file to write, "
                         f"e.g. {output / 'curated.jsonl'}")
-    for role, target in written.items():  # (found after all the work, it was a traceback)
-        if target.is_dir():
-            raise UserError(f"--output {output}: {target} is a folder, where this run writes its "
-                            f"{'metadata' if role == 'meta' else role.replace('_', ' ')}; move it or choose another --output")
+    check_not_folders({"metadata" if role == "meta" else role.replace("_", " "): target
+                       for role, target in written.items()}, "--output", output)
     for flag, source in read.items():
         if source is None:
             continue
@@ -171,13 +169,14 @@ def is_json_document(path: Path) -> bool:
 _created_folders: list[Path] = []
 
 
-def check_not_folders(paths, flag: str) -> None:
-    """Refuse, before the work, a file to write that is an existing folder (found when writing, after the work, it
-    was a traceback)."""
-    for path in paths:
+def check_not_folders(written: dict[str, Path], flag: str, given: Path) -> None:
+    """Refuse, before the work, a file to write (``written``: what it is -> its path, named after ``flag given``)
+    that is an existing folder (found when writing, after the work, it was a traceback)."""
+    for role, path in written.items():
         if Path(path).is_dir():
-            raise UserError(f"{flag}: {path} is a folder, where this run writes a file; move it or choose another "
-                            f"{flag}")
+            named = "" if Path(path) == Path(given) else f" {path}"
+            raise UserError(f"{flag} {given}:{named} is a folder, where this run writes its {role}; move it or choose "
+                            f"another {flag}")
 
 
 def check_writable_folder(folder: Path, flag: str) -> None:

@@ -211,8 +211,8 @@ def test_folders_where_files_are_read_or_written_are_one_line(run_files, capsys)
         f"error: --meta {tmp / 'packed.json'}: not a curate run's metadata")
     (tmp / "w.png").mkdir()
     assert error("--meta", tmp / "B_meta.json", "--output", tmp / "w.mp4") == (
-        f"error: --output: {tmp / 'w.png'} is a folder, where this run writes a file; move it or choose another "
-        "--output")
+        f"error: --output {tmp / 'w.mp4'}: {tmp / 'w.png'} is a folder, where this run writes its bar video's "
+        "preview; move it or choose another --output")
     assert not (tmp / "w.mp4").exists()
     assert error("--labels", tmp, "--order", tmp / "B_order.npy", "--output", tmp / "v.mp4") == (
         f"error: --labels {tmp}: is a folder; give the .npy file (e.g. {tmp / 'B_labels.npy'})")

@@ -203,8 +203,8 @@ def test_script_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "d.png").mkdir()
     rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "a.npy"), "--deep",
                                                                  str(tmp_path / "a.npy"), "--plot", str(tmp_path / "d.png")])
-    assert rc == 2 and capsys.readouterr().err == (f"error: --plot: {tmp_path / 'd.png'} is a folder, where this run "
-                                                   "writes a file; move it or choose another --plot\n")
+    assert rc == 2 and capsys.readouterr().err == (f"error: --plot {tmp_path / 'd.png'}: is a folder, where this run "
+                                                   "writes its plot; move it or choose another --plot\n")
 
 
 def test_a_report_or_plot_never_replaces_an_input(tmp_path, capsys, monkeypatch):

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%d documents, K=%i, seq_len=%i; %s", inputs.labels.size, inputs.n_clusters, inputs.seq_len, inputs.source)
     names = animate.output_names(args.output)
     check_writable_folder(names["bar"].parent, "--output")
-    check_not_folders(names.values(), "--output")
+    check_not_folders(dict(zip(animate.OUTPUT_ROLES, names.values())), "--output", args.output)
     cloud = None
     if args.umap is not None:  # checked before any video is encoded
         import numpy as np

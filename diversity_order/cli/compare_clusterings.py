@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             if same_file(path, source):
                 raise UserError(f"{flag} {path} is the {read_flag} file; choose another path")
         check_writable_folder(path.parent, flag)  # before the work, not after it
-        check_not_folders([path, cmp.contingency_plot_path(path)] if flag == "--plot" else [path], flag)
+        check_not_folders({"plot": path, "contingency plot": cmp.contingency_plot_path(path)} if flag == "--plot"
+                          else {"report": path}, flag, path)
     if args.json is not None:
         cmp.check_replaceable_report(args.json)
     shallow = load_matrix(args.shallow, "--shallow")
