@@ -822,7 +822,7 @@ def report_measures(run: Run) -> None:
     """The measures in the log: diversity before and after, uniformity, boundary shift, warnings."""
     _log_improvement(run.quality["original"]["diversity"], run.quality["curated"]["diversity"], run.config,
                      *(float(run.windows[name][0].mean()) for name in ("original", "curated")))
-    _log_by_tenth(run.quality, run.windows["curated"][1])
+    _log_by_tenth(run.quality, *run.windows["curated"], diversity.clusters_present(run.labels))
     _log_quality(run.quality)
     _warn_if_degenerate(run)
     _log_field_quality(run.field_quality, run.quality)
@@ -1408,14 +1408,16 @@ BELOW_SHUFFLE = 0.9
 EPOCH_PARTS_WARNED = diversity.EPOCH_PARTS
 
 
-# A tenth whose windows hold fewer than this share of the epoch's mean documents per window is said to gather long ones.
-FEW_DOCUMENTS_THERE = 0.5
+# A tenth whose windows hold at least this share of the clusters their documents could hold, against the epoch's
+# share, is mixed as well as the rest: it is below a shuffle for holding fewer documents per window (long ones).
+MIXED_AS_WELL = 0.9
 
 
-def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
+def _log_by_tenth(quality: dict, unique: np.ndarray, documents: np.ndarray, n_present: int) -> None:
     """Clusters per window in each tenth of the epoch, and a warning where the curated order falls below a random
-    shuffle's in some tenth: a mean can hide a stretch of the epoch less diverse than the rest. ``documents``: the
-    curated order's documents per window, to say why."""
+    shuffle's in some tenth: a mean can hide a stretch of the epoch less diverse than the rest. ``unique``,
+    ``documents``: the curated order's clusters and documents per window, to say why; ``n_present``: the clusters
+    the data holds."""
     parts = {key: q["diversity_by_tenth"] for key, q in quality.items()}
     # (fewer than ten windows: a part is a window, and the line says so)
     tenths = len(parts["curated"]) >= diversity.EPOCH_PARTS
@@ -1428,18 +1430,21 @@ def _log_by_tenth(quality: dict, documents: np.ndarray) -> None:
         return  # too few windows to speak of parts of the epoch (or the orders cut them apart)
     worst = min(range(len(curated)), key=lambda i: curated[i] / shuffled[i] if shuffled[i] else float("inf"))
     if curated[worst] < BELOW_SHUFFLE * shuffled[worst]:
-        held = diversity.diversity_by_part(documents)
-        there, overall = held[worst] if len(held) == len(curated) else float("nan"), float(np.mean(documents))
-        # Why: windows of few documents there (long ones gathered; a window of one document holds one cluster), or
-        # windows as full as elsewhere of few clusters.
-        why = (f"its windows hold {there:.1f} documents on average against {overall:.1f} over the epoch: long "
-               "documents gather there" if there < FEW_DOCUMENTS_THERE * overall or there < overall and there <= 2
-               else f"its windows hold {there:.1f} documents on average ({overall:.1f} over the epoch), enough for more "
-               "clusters: this order puts documents of few clusters together there")
+        # Why: windows of few documents there (long ones: a window of one document holds one cluster), which
+        # hold as many of the clusters they could as the rest of the epoch; or windows mixed worse than elsewhere.
+        windows = np.array_split(np.arange(unique.size), diversity.EPOCH_PARTS)[worst]
+        mixed_there = diversity.efficiency(unique[windows], documents[windows], n_present)
+        mixed = diversity.efficiency(unique, documents, n_present)
+        held = (f"its windows hold {float(documents[windows].mean()):.1f} documents on average "
+                f"({float(documents.mean()):.1f} over the epoch), {np.mean(documents[windows] == 1):.0%} of them one "
+                f"document ({np.mean(documents == 1):.0%} over the epoch), and {mixed_there:.2f} of the clusters their "
+                f"documents could hold ({mixed:.2f} over the epoch)")
+        why = ("long documents fall there, each window of them holding few clusters whatever their mix"
+               if mixed_there >= MIXED_AS_WELL * mixed else "this order puts documents of few clusters together there")
         log.warning("In tenth %i of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
-                    "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s; "
+                    "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s: %s; "
                     "--compare-strategies gives each ordering's lowest tenth", worst + 1, curated[worst],
-                    shuffled[worst], quality["curated"]["diversity"]["mean"], why)
+                    shuffled[worst], quality["curated"]["diversity"]["mean"], held, why)
 
 
 def _warn_if_degenerate(run: Run) -> None:

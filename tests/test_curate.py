@@ -606,63 +606,69 @@ def test_the_size_written_counts_a_datasets_folder_s_files(tmp_path):
 
 def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
     """A new user's paced order: 16.0 clusters per window in the first tenth, 5.7 in the sixth where a shuffle had
-    8.0, and a mean over the epoch that hid it."""
+    8.0, and a mean over the epoch that hid it. Why is said from the windows there: few documents each (long ones)
+    holding as many of the clusters they could as elsewhere, or windows mixed worse than elsewhere."""
     import logging
 
     from diversity_order.curate import _log_by_tenth
+    from diversity_order.diversity import diversity_by_part
 
     def quality(tenths, **extra):
         return {"diversity": {"mean": sum(tenths) / len(tenths)}, "diversity_by_tenth": tenths, **extra}
 
+    def curated(unique):
+        return quality(diversity_by_part(unique))
+
+    def warned():
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
     shuffled = quality([8.0] * 10, shuffles=5)
-    # 100 windows; the sixth tenth's hold 2 documents each, the others 20 (long documents gathered there).
-    gathered = np.array([20] * 50 + [2] * 10 + [20] * 40)
+    # 100 windows; the sixth tenth's hold 2 documents each, the others 20 (long documents gathered there), every
+    # window holding the clusters its documents could but a few.
+    documents = np.array([20] * 50 + [2] * 10 + [20] * 40)
+    unique = np.minimum(documents, 12) - (np.arange(100) % 7 == 0)
     with caplog.at_level(logging.INFO):
-        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([16.0, 11.5, 8.5, 8.3, 6.5, 5.7, 7.7, 9.7,
-                                                                           10.8, 16.1]), "random_shuffle": shuffled},
-                      gathered)
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": curated(unique), "random_shuffle": shuffled},
+                      unique, documents, 30)
     assert "by tenth of the epoch: input 6.0 6.0" in caplog.text and "random shuffle (mean of 5) 8.0" in caplog.text
+    assert len(warned()) == 1 and warned()[0].startswith("In tenth 6 of the epoch the curated order's windows hold 1.9 "
+                                                         "clusters on average, fewer than a random shuffle's 8.0 there")
+    assert ("its windows hold 2.0 documents on average (18.2 over the epoch), 0% of them one document (0% over the "
+            "epoch), and 0.95 of the clusters their documents could hold (0.60 over the epoch): long documents fall "
+            "there") in warned()[0]
     caplog.clear()
     with caplog.at_level(logging.INFO):  # 4 windows: four values, said to be per window (a new user read "tenth")
         _log_by_tenth({"original": quality([8.0, 8.0, 8.0, 9.0]), "curated": quality([9.0] * 4),
-                       "random_shuffle": quality([8.5] * 4, shuffles=5)}, np.full(4, 12))
+                       "random_shuffle": quality([8.5] * 4, shuffles=5)}, np.full(4, 9), np.full(4, 12), 30)
     assert "Unique clusters per window by window of the epoch (fewer than ten): input 8.0 8.0 8.0 9.0;" in caplog.text
+    assert not warned()
     caplog.clear()
+    # The tenth furthest below in ratio, not in clusters (a reviewer's case); windows as full there as elsewhere but
+    # of few clusters: this order's mix, not long documents.
+    unique = np.array([20] * 90 + [5] * 10)
     with caplog.at_level(logging.INFO):
-        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([16.0, 11.5, 8.5, 8.3, 6.5, 5.7, 7.7, 9.7,
-                                                                           10.8, 16.1]), "random_shuffle": shuffled},
-                      gathered)
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and warned[0].startswith("In tenth 6 of the epoch the curated order's windows hold 5.7 "
-                                                     "clusters on average, fewer than a random shuffle's 8.0 there")
-    assert "its windows hold 2.0 documents on average against 18.2 over the epoch: long documents gather there" \
-        in warned[0]
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": curated(unique),
+                       "random_shuffle": quality([22.0] * 9 + [6.0], shuffles=5)}, unique, np.full(100, 40), 30)
+    assert len(warned()) == 1 and warned()[0].startswith("In tenth 10 of the epoch the curated order's windows hold 5.0")
+    assert ("its windows hold 40.0 documents on average (40.0 over the epoch), 0% of them one document (0% over the "
+            "epoch), and 0.17 of the clusters their documents could hold (0.62 over the epoch): this order puts "
+            "documents of few clusters together there") in warned()[0]
     caplog.clear()
-    with caplog.at_level(logging.INFO):  # the tenth furthest below in ratio, not in clusters (a reviewer's case)
-        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([19.9] + [20.0] * 8 + [5.0]),
-                       "random_shuffle": quality([22.0] * 9 + [6.0], shuffles=5)}, np.full(100, 40))
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and warned[0].startswith("In tenth 10 of the epoch the curated order's windows hold 5.0")
-    # A reviewer's input order: windows as full there as elsewhere, so not said to gather long documents.
-    assert "its windows hold 40.0 documents on average (40.0 over the epoch), enough for more clusters: this order " \
-        "puts documents of few clusters together there" in warned[0]
-    caplog.clear()
-    with caplog.at_level(logging.INFO):  # a reviewer's: windows of one document there, 1.7 over the epoch
-        _log_by_tenth({"original": quality([1.0] * 10), "curated": quality([1.7] * 2 + [1.0] + [1.7] * 7),
-                       "random_shuffle": quality([1.4] * 10, shuffles=5)}, np.array([2] * 20 + [1] * 10 + [2] * 70))
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and "its windows hold 1.0 documents on average against 1.9 over the epoch: long " \
-        "documents gather there" in warned[0]
+    # A run of the held-out mix: 61% of the sixth tenth's windows filled by one long document, the others as mixed
+    # as elsewhere: before, "enough for more clusters: this order puts documents of few clusters together there".
+    documents = np.array([40] * 50 + [1] * 6 + [40] * 4 + [40] * 40)
+    unique = np.where(documents == 1, 1, 27)
+    with caplog.at_level(logging.INFO):
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": curated(unique),
+                       "random_shuffle": quality([20.0] * 10, shuffles=5)}, unique, documents, 30)
+    assert len(warned()) == 1 and "60% of them one document (6% over the epoch)" in warned()[0]
+    assert warned()[0].endswith("long documents fall there, each window of them holding few clusters whatever their "
+                                "mix; --compare-strategies gives each ordering's lowest tenth")
     caplog.clear()
     with caplog.at_level(logging.INFO):  # fewer than ten windows: a "tenth" is a window; nothing to warn of
         _log_by_tenth({"original": quality([6.0] * 7), "curated": quality([10.0] * 6 + [0.5]),
-                       "random_shuffle": quality([8.0] * 7, shuffles=5)}, np.full(7, 5))
-    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
-    caplog.clear()
-    with caplog.at_level(logging.INFO):  # within 10% of a shuffle's everywhere: nothing to warn of
-        _log_by_tenth({"original": quality([6.0] * 10), "curated": quality([7.3] + [9.0] * 9),
-                       "random_shuffle": shuffled}, np.full(100, 5))
-    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+                       "random_shuffle": quality([8.0] * 7, shuffles=5)}, np.full(7, 5), np.full(7, 5), 30)
+    assert not warned()
 
 
 def test_an_unchanged_rerun_keeps_the_k_means_labels_and_any_change_fits_again(tmp_path, tiny_model_dir,
