@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import array
 import contextlib
+import datetime
+import decimal
 import hashlib
 import io
 import json
@@ -1082,19 +1084,44 @@ def record_keys(source, row: int) -> str:
 
 
 def _finite_number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float | decimal.Decimal):
         return None
     try:
-        number = float(value)  # a JSON integer past float range raises
+        number = float(value)  # a JSON integer past float range raises (a Decimal gives inf)
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def _as_score(value):
+    """What a Parquet column's value that JSON has no word for scores as, exactly: a decimal as itself; a time as
+    nanoseconds since 1970-01-01 UTC (a time without a zone read as UTC; a date at its midnight); a duration as
+    nanoseconds. Any other value as it is."""
+    if isinstance(value, datetime.datetime):
+        nanoseconds = getattr(value, "nanosecond", 0)  # (pandas' Timestamp, which Arrow gives nanosecond times as)
+        since = (value if value.tzinfo else value.replace(tzinfo=datetime.UTC)) - _EPOCH
+        return since // datetime.timedelta(microseconds=1) * 1000 + nanoseconds
+    if isinstance(value, datetime.date):
+        return (value - _EPOCH.date()).days * 86_400 * 10**9
+    if isinstance(value, datetime.timedelta):
+        return value // datetime.timedelta(microseconds=1) * 1000 + getattr(value, "nanoseconds", 0)
+    return value
+
+
 def read_scores(index, field: str, default: float | None = None) -> tuple[np.ndarray, int]:
     """A finite number per record from ``field`` (float64), and how many records lacked one: a missing or
-    non-numeric value is ``default``, or without one a UserError."""
+    non-numeric value is ``default``, or without one a UserError. Parquet's decimals, times and durations are
+    numbers too (``_as_score``); those and integers a float64 cannot hold exactly are scored by rank."""
     values = index.field_values(field)
+    given = values
+    values = [_as_score(value) for value in values]
+    times = any(value is not was for value, was in zip(values, given))
+    if times:
+        log.info("--score-field %s: times scored as nanoseconds since 1970-01-01 UTC (a date at its midnight), "
+                 "durations as nanoseconds", field)
     scores = np.empty(len(values), dtype=np.float64)
     bad = []  # every record without a number: fixing them one run at a time is what a user should not have to do
     for row, value in enumerate(values):
@@ -1106,14 +1133,14 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
     if bad and default is not None:
         scores[bad] = default
     if not bad or default is not None:
-        inexact = [row for row, value in enumerate(values) if isinstance(value, int) and not isinstance(value, bool)
-                   and abs(value) > FLOAT_EXACT_INTEGERS and _finite_number(value) is not None]
+        inexact = [row for row, value in enumerate(values) if isinstance(value, int | decimal.Decimal)
+                   and not isinstance(value, bool) and _finite_number(value) is not None and float(value) != value]
         if inexact:
-            return _exact_ranks(values, scores, field, index.where(inexact[0])), len(bad)
+            return _exact_ranks(values, scores, field, index.where(inexact[0]), said=not times), len(bad)
     if bad and default is None:
-        row, value = bad[0], values[bad[0]]
+        row, value = bad[0], given[bad[0]]
         found = (f"no such field (this record has keys: {record_keys(index, row)})" if value is _MISSING
-                 else f"the value {_shortened(json.dumps(value))}")
+                 else f"the value {_shortened(json.dumps(value, default=str))}")
         more = f" ({len(bad):,} of the {len(values):,} records lack one; the last: {index.where(bad[-1])})" \
             if len(bad) > 1 else ""
         raise UserError(f"{index.where(row)}: --score-field {field} needs a finite number in every record; found "
@@ -1121,16 +1148,13 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
     return scores, len(bad)
 
 
-# Integers a float64 holds exactly: past them, nanosecond timestamps (1.7e18) round to the same score.
-FLOAT_EXACT_INTEGERS = 2**53
 
-
-def _exact_ranks(values: list, scores: np.ndarray, field: str, where: str) -> np.ndarray:
-    """Scores holding integers past float64's exact range, as the ranks of the exact values (Python compares ints
-    and floats exactly), so the score orderings keep their order (1,700,000,000,000,000,001 and ...002 read as one
-    float)."""
-    exact = [value if isinstance(value, int) and not isinstance(value, bool) and _finite_number(value) is not None
-             else float(scores[row]) for row, value in enumerate(values)]
+def _exact_ranks(values: list, scores: np.ndarray, field: str, where: str, said: bool = True) -> np.ndarray:
+    """Scores holding numbers float64 does not hold exactly, as the ranks of the exact values (Python compares ints,
+    decimals and floats exactly), so the score orderings keep their order (1,700,000,000,000,000,001 and ...002,
+    past 2**53, read as one float)."""
+    exact = [value if isinstance(value, int | decimal.Decimal) and not isinstance(value, bool)
+             and _finite_number(value) is not None else float(scores[row]) for row, value in enumerate(values)]
     ranks = np.empty(len(exact), dtype=np.float64)
     previous, rank = None, -1
     for row in sorted(range(len(exact)), key=exact.__getitem__):
@@ -1138,9 +1162,10 @@ def _exact_ranks(values: list, scores: np.ndarray, field: str, where: str) -> np
             rank += 1
             previous = exact[row]
         ranks[row] = rank
-    log.warning("--score-field %s: integers past 2**53 (%s), which a float rounds together: the records are scored "
-                "by their rank among the exact values (ties tied), so the score orderings keep their order",
-                field, where)
+    say = log.warning if said else log.debug  # (times in nanoseconds always are: their line says how they score)
+    say("--score-field %s: numbers a float64 does not hold exactly (%s: integers past 2**53, times in nanoseconds, "
+        "long decimals), which it may round together: the records are scored by their rank among the exact values "
+        "(ties tied), so the score orderings keep their order", field, where)
     return ranks
 
 
@@ -1173,7 +1198,7 @@ def _category_key(value) -> str:
         return _ABSENT
     if isinstance(value, str):
         return _ESCAPED + value if value[:1] in (_ESCAPED, _OTHER, _ABSENT) else value
-    return _OTHER + json.dumps(value, sort_keys=True)
+    return _OTHER + json.dumps(value, sort_keys=True, default=str)  # (a Parquet time or decimal as its text)
 
 
 def _category_names(keys: list[str]) -> list[str]:

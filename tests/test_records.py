@@ -781,3 +781,49 @@ def test_integer_scores_past_a_floats_range_keep_their_order(tmp_path_factory, v
     for i in range(len(values)):
         for j in range(len(values)):
             assert (scores[i] < scores[j]) == (exact[i] < exact[j]), (exact[i], exact[j])
+
+
+def test_parquet_decimals_times_and_durations_score_and_balance(tmp_path, caplog):
+    """A reviewer's Parquet score column of decimals (or times) was a TypeError traceback (json.dumps of a Decimal)
+    in the error line, and with --score-default every record took the default: the input order, sorted. They are
+    numbers now, in the order of their values (times to the nanosecond, with or without a zone, dates, durations),
+    and --balance-field takes them as categories."""
+    import datetime
+    import decimal
+    import logging
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from diversity_order.arrow_sources import open_arrow_source
+    from diversity_order.records import read_categories, read_scores
+
+    utc = datetime.UTC
+    columns = {
+        "dec": pa.array([decimal.Decimal("2.50"), decimal.Decimal("-1.25"), None,
+                         decimal.Decimal("12345678901234567890.12345678")], pa.decimal128(38, 8)),
+        "ns": pa.array([1_700_000_000_000_000_003, 1_700_000_000_000_000_001, None, 1_700_000_000_000_000_002],
+                       pa.timestamp("ns")),
+        "zoned": pa.array([datetime.datetime(2024, 1, 1, 12, tzinfo=utc), datetime.datetime(2023, 6, 1, tzinfo=utc),
+                           None, datetime.datetime(2024, 1, 1, 11, 59, 59, 999999, tzinfo=utc)],
+                          pa.timestamp("us", tz="UTC")),
+        "day": pa.array([datetime.date(2020, 1, 3), datetime.date(1960, 1, 1), None, datetime.date(2020, 1, 2)]),
+        "wait": pa.array([5, -1, None, 3], pa.duration("s")),
+    }
+    pq.write_table(pa.table({"text": ["a", "b", "c", "d"], **columns}), tmp_path / "s.parquet")
+    source = open_arrow_source([tmp_path / "s.parquet"], "parquet", ("text",))
+    for name, column in columns.items():
+        values = column.to_pylist()
+        with caplog.at_level(logging.INFO):
+            scores, lacking = read_scores(source, name, default=0.0)
+        assert lacking == 1
+        present = [i for i, v in enumerate(values) if v is not None]
+        assert sorted(present, key=lambda i: scores[i]) == sorted(present, key=lambda i: values[i]), name
+        ids, names = read_categories(source, name)
+        assert len(set(ids.tolist())) == 4
+    assert "times scored as nanoseconds since 1970-01-01 UTC" in caplog.text
+    assert "numbers a float64 does not hold exactly" in caplog.text  # the long decimal, said
+    with pytest.raises(UserError, match=r"s\.parquet row 2: --score-field dec needs a finite number in every record"):
+        read_scores(source, "dec")
+    pq.write_table(pa.table({"text": ["a"], "raw": pa.array([b"\x00\x01"])}), tmp_path / "b.parquet")
+    with pytest.raises(UserError, match=r"b\.parquet row 0: --score-field raw needs a finite number .* found the value"):
+        read_scores(open_arrow_source([tmp_path / "b.parquet"], "parquet", ("text",)), "raw")
