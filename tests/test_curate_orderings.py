@@ -179,6 +179,11 @@ def test_ordering_flag_errors_are_one_line(tmp_path, tiny_model_dir, scored_json
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith("error: ") and "expected numbers separated by commas" in err
     assert "--segment-percentages" in run_error(capsys, *base, "--segment-percentages", "inf,30")
+    # A negative value in exponent form, or -inf, is a value (a reviewer's "-1e9" was "expected one argument").
+    assert run_error(capsys, *base, "--ordering", "sorted", "--score-field", "quality", "--score-default",
+                     "-inf") == "error: --score-default -inf: give a finite number"
+    assert run_error(capsys, *base, "--segment-percentages", "-5,10") == (
+        "error: --segment-percentages -5,10: each value must be a percentage within 0..100")
     assert "--length-weight" in run_error(capsys, *base, "--length-weight", "inf")
     assert "no record has this field" in run_error(capsys, *base, "--ordering", "token-balanced",
                                                    "--balance-field", "sourc")
@@ -198,7 +203,7 @@ def test_records_without_a_score_take_the_score_default(tmp_path, tiny_model_dir
     caplog.set_level(logging.INFO)
     assert curate("--input", scored_jsonl, "--output", tmp_path / "cur.jsonl", "--model-dir", tiny_model_dir,
                   "--n-clusters", 5, "--no-plot", "--ordering", "sorted", "--score-field", "quality",
-                  "--score-default", -1.5) == 0
+                  "--score-default", "-1.5e0") == 0  # (exponent form: a reviewer's -1e9 was taken for a flag)
     assert f"--score-field quality: 3 of the {len(records)} records hold no finite number; they score -1.5" in caplog.text
     scores = [-1.5 if r.get("quality") is None else r["quality"] for r in records]
     labels, order, meta = _outputs(tmp_path)

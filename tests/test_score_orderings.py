@@ -301,6 +301,9 @@ def test_readers_of_the_new_flags():
     ({"transition_ratio": math.nan}, "--transition-ratio nan"),
     ({"gumbel_temperature": -1.0}, "--gumbel-temperature -1.0"),
     ({"gumbel_temperature": math.inf}, "--gumbel-temperature inf"),
+    # A reviewer's 1e308 overflowed the noise (numpy's RuntimeWarning on stderr, keys of inf).
+    ({"gumbel_temperature": 1e308}, "--gumbel-temperature 1e+308: must be within 0..1e+300 (0 = off; larger values "
+                                    "shuffle all the same)"),
     ({"score_order": "up"}, "--score-order up: choose one of ascending, descending"),
     ({"segment_layout": "low"}, "--segment-layout low: choose one of " + ", ".join(SEGMENT_LAYOUTS)),
     ({"segment_percentages": (100.0,)}, "--segment-percentages 100: give FIRST,LAST"),
@@ -418,3 +421,30 @@ def test_segment_matches_plain_loop(n, first, last, layout, seed):
         assert set(order[:n_first]) | set(order[n - n_last:]) == last_part
     else:
         assert set(order[:n_first]) == first_part and set(order[n - n_last:]) == last_part
+
+
+def test_the_largest_gumbel_temperature_draws_finite_keys(recwarn):
+    """At the largest temperature allowed the keys stay finite: no overflow warning, a permutation."""
+    from diversity_order.orderings.options import MAX_TEMPERATURE
+
+    OrderingOptions(gumbel_temperature=MAX_TEMPERATURE).validate()
+    order = _score_order("sorted", list(range(2000)), gumbel_temperature=MAX_TEMPERATURE, seed=3)
+    assert sorted(order) == list(range(2000)) and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_segment_that_rounds_to_no_documents_is_warned_of(caplog):
+    """A reviewer's old relative setting 1,1 on 40 documents: both ends round down to none and the order was one
+    shuffled segment, without a word."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        order = _score_order("segment", list(range(40)), segment_percentages=(1.0, 1.0))
+    assert sorted(order) == list(range(40))
+    assert ("--segment-percentages 1,1 on 40 documents: the first and the last segments hold none (a segment holds "
+            "floor(N x percent / 100) documents), so the order is the middle segment alone, shuffled") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _score_order("segment", list(range(40)), segment_percentages=(10.0, 1.0))
+        _score_order("segment", list(range(40)), segment_percentages=(0.0, 10.0))  # 0 asked: none meant
+    assert caplog.text.count("--segment-percentages") == 1 and "10,1 on 40 documents: the last segment holds none" \
+        in caplog.text

@@ -42,6 +42,9 @@ class ArgumentParser(argparse.ArgumentParser):
         if kwargs.get("prog") and command == kwargs["prog"].removesuffix(".py").replace("_", "-"):
             kwargs["prog"] = command
         super().__init__(description=description, **kwargs)
+        # A value starting with a minus and a digit is a value, not a flag: argparse's own rule takes only -1 and
+        # -1.5, so "--score-default -1e9" (or -inf, or "--segment-percentages -5,10") was "expected one argument".
+        self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
     def parse_args(self, args=None, namespace=None):
         # A misspelt flag is said before a flag it left missing: '--inptu x' read as "--input is required".

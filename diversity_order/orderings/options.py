@@ -137,7 +137,9 @@ class OrderingOptions:
             raise UserError(f"--score-default {self.score_default}: give a finite number")
         if self.score_order not in SCORE_ORDERS:
             raise UserError(f"--score-order {self.score_order}: choose one of {', '.join(SCORE_ORDERS)}")
-        check_range(self.gumbel_temperature, "--gumbel-temperature", 0, math.inf, "0 = off")
+        # Past MAX_TEMPERATURE the noise times it overflows a float; long before, the order is a shuffle.
+        check_range(self.gumbel_temperature, "--gumbel-temperature", 0, MAX_TEMPERATURE, "0 = off; larger values "
+                    "shuffle all the same")
         if self.segment_layout not in SEGMENT_LAYOUTS:
             raise UserError(f"--segment-layout {self.segment_layout}: choose one of {', '.join(SEGMENT_LAYOUTS)}")
         _check_segment_percentages(self.segment_percentages)
@@ -147,6 +149,11 @@ class OrderingOptions:
         unset = {option: by_ordering[ordering] for option, by_ordering in PER_ORDERING_DEFAULTS.items()
                  if getattr(self, option) is None and ordering in by_ordering}
         return replace(self, **unset) if unset else self
+
+
+# The largest --gumbel-temperature: its noise (a Gumbel draw is below 100 for any float the generator gives)
+# stays finite.
+MAX_TEMPERATURE = 1e300
 
 
 def _check_segment_percentages(percentages: tuple[float, ...]) -> None:

@@ -16,9 +16,13 @@ steps reuse the same numbers.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .options import OrderingOptions
+
+log = logging.getLogger(__name__)
 
 
 def _by_score(options: OrderingOptions, n: int, descending: bool = False) -> np.ndarray:
@@ -109,6 +113,18 @@ def _segment_sizes(n: int, percentages: tuple[float, ...]) -> tuple[int, int]:
     return first, min(last, n - first)  # only float rounding could make them overfill n
 
 
+def _warn_of_empty_ends(n: int, percentages: tuple[float, ...], n_first: int, n_last: int) -> None:
+    """An end segment asked for (a percentage above 0) that holds no document: said (old relative sizes such as 1,1
+    read as percentages of a few documents made the order one shuffle)."""
+    empty = [end for end, asked, held in (("first", percentages[0], n_first), ("last", percentages[-1], n_last))
+             if asked > 0 and not held]
+    if n and empty:
+        said = "the first and the last segments hold" if len(empty) > 1 else f"the {empty[0]} segment holds"
+        log.warning("--segment-percentages %s on %d documents: %s none (a segment holds floor(N x percent / 100) "
+                    "documents), so the order is %s", ",".join(f"{v:g}" for v in percentages), n, said,
+                    "the middle segment alone, shuffled" if len(empty) > 1 else "two segments, not three")
+
+
 def segment_order(labels, token_counts, n_clusters, options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """Segments (SEG): a first segment, a middle one and a last one, each shuffled.
 
@@ -121,6 +137,7 @@ def segment_order(labels, token_counts, n_clusters, options: OrderingOptions = O
     n = np.asarray(labels).shape[0]
     by_score = _by_score(options, n)
     n_first, n_last = _segment_sizes(n, options.segment_percentages)
+    _warn_of_empty_ends(n, options.segment_percentages, n_first, n_last)
     first_end, last_end = options.segment_layout.split("-")
     rng = _rng(options)
     noise = rng.random(n)  # each segment in the order of these random keys
