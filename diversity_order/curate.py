@@ -840,7 +840,7 @@ def _compare_strategies(run: Run) -> None:
         rows, curves = ordering_report.compare_strategies(run.labels, run.counts, config.n_clusters, seq_lens,
                                                           options, names)
         report, table = ordering_report.write_report(_comparison_stem(config), rows, curves, config.n_clusters,
-                                                     config.inputs.name.name, registry.comparison_options(options),
+                                                     config.inputs.name.name, registry.comparison_options(options, names),
                                                      plot=not config.no_plot)
     # (Markdown in the file; in a terminal its bold marks are noise)
     chosen = f"--ordering {config.ordering}" + (" (the default)" if config.ordering == CurateConfig.ordering else "")

@@ -198,8 +198,12 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "Time: the ordering's run time (compiled code warmed up first); orderings that do not depend on the "
              "sequence length run once and show that time at every length.", ""]
     if options:
-        shown = ", ".join(f"{k}={v}" for k, v in options.items() if v not in (None, [], ()))
+        shown = ", ".join(f"{k}={v}" for k, v in options.items() if v not in (None, [], (), {}) and k != "per_ordering")
         lines += [f"Options: {shown}.", ""]
+        if options.get("per_ordering"):
+            lines += ["Per ordering (its own default where the flag is unset): " + "; ".join(
+                f"{name} " + ", ".join(f"{k}={v}" for k, v in values.items())
+                for name, values in options["per_ordering"].items()) + ".", ""]
     wins = verdicts(rows)
     met = row_criteria(rows)
     out_of_reach = u_out_of_reach_by_length(rows)

@@ -135,9 +135,18 @@ def test_score_orderings_included_with_score_field(tmp_path, tiny_model_dir, sco
     out = tmp_path / "cur.jsonl"
     assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
                   "--seq-len", 2000, "--compare-strategies", "--score-field", "quality", "--stats-only",
-                  "--no-plot") == 0
+                  "--no-plot", "--folds", 4) == 0
     report = json.loads((tmp_path / "cur_strategies.json").read_text())
     assert {r["ordering"] for r in report["rows"]} == set(ORDERINGS)
+    # The options each score ordering ran with, its own defaults where a flag is unset (a reviewer found
+    # sections and transition_ratio null there, and the table said nothing of them).
+    assert report["options"]["per_ordering"] == {
+        "folding": {"folds": 4}, "zigzag": {"folds": 4},
+        "stair": {"folds": 4, "sections": 2, "transition_ratio": 0.225},
+        "saw": {"folds": 4, "sections": 3, "transition_ratio": 0.075}}
+    table = (tmp_path / "cur_strategies.md").read_text()
+    assert ("Per ordering (its own default where the flag is unset): folding folds=4; zigzag folds=4; stair folds=4, "
+            "sections=2, transition_ratio=0.225; saw folds=4, sections=3, transition_ratio=0.075.") in table
     assert not out.exists()  # and stdout does not say it was written (a new user's report)
     assert capsys.readouterr().out.rstrip().endswith(
         "--stats-only: no curated data written; --ordering stratified (the default) is the order the statistics "

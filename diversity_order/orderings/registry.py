@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .baselines import original_order, random_order, round_robin_order
-from .options import OrderingOptions, flag_fields, flag_value
+from .options import PER_ORDERING_DEFAULTS, OrderingOptions, flag_fields, flag_value
 from .paced import paced_order
 from .polish import paced_polished_order
 from .score import folding_order, saw_order, segment_order, sorted_order, stair_order, zigzag_order
@@ -128,10 +128,14 @@ def options_meta(name: str, options: OrderingOptions) -> dict:
     return meta
 
 
-def comparison_options(options: OrderingOptions) -> dict:
-    """The packing model, every ordering flag and the seed: what shaped a comparison of all orderings."""
+def comparison_options(options: OrderingOptions, names: list[str] = ()) -> dict:
+    """The packing model, every ordering flag and the seed: what shaped a comparison of all orderings; and under
+    ``per_ordering``, the options each of ``names`` takes its own value of (``--folds`` left unset: 5 for folding,
+    2 for saw), as it ran with them."""
+    per_ordering = {name: {option: flag_value(options.for_ordering(name), option) for option, by_ordering in
+                           PER_ORDERING_DEFAULTS.items() if name in by_ordering} for name in names}
     return {"packing": options.packing, **{f.name: flag_value(options, f.name) for f in flag_fields()},
-            "seed": options.seed}
+            "seed": options.seed, "per_ordering": {name: values for name, values in per_ordering.items() if values}}
 
 
 def applicable_orderings(have_scores: bool) -> list[str]:
