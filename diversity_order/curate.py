@@ -30,6 +30,7 @@ from . import (
     distributed,
     diversity,
     features,
+    fields,
     kept_rows,
     matrix,
     ordering_report,
@@ -587,7 +588,7 @@ def _chat_template_used(run: Run) -> dict | None:
     from .tokenizer import say_chat_template
 
     kinds = run.index.kinds
-    field = run.config.text_field
+    field = cache_key(run.config.text_field)  # ("prompt+completion", not a tuple's repr)
     if kinds is not None and kinds.encoded:
         log.warning("'%s' holds a conversation written as a JSON string in %d of %d records (the first: %s): it is "
                     "read as plain text, its JSON's tokens counted, not the chat template's rendering; store the "
@@ -601,6 +602,7 @@ def _chat_template_used(run: Run) -> dict | None:
                     "every record the same kind", field, kinds.conversations, run.n, run.index.where(kinds.first_text_row),
                     run.index.where(kinds.first_conversation_row))
     _warn_unknown_roles(run, kinds)
+    _warn_of_what_trl_reads_otherwise(run, kinds)
     if run.config.model_dir is None:
         # (--load-embeddings with cached token counts: the conversations were rendered by an earlier run)
         return {"file": None, "blake2b": None, "note": "not known: no --model-dir; the token counts were read from "
@@ -617,7 +619,36 @@ def _warn_unknown_roles(run: Run, kinds: records.DocumentKinds) -> None:
                             in sorted(kinds.unknown_roles.items(), key=lambda item: (-item[1][0], item[0])))
         log.warning("'%s' has roles other than %s: %s. The chat template renders them as it renders a role it was not "
                     "written for (many, as a role of that name); rename them if they mean user and assistant",
-                    run.config.text_field, "/".join(sorted(KNOWN_ROLES)), listing)
+                    cache_key(run.config.text_field), "/".join(sorted(KNOWN_ROLES)), listing)
+
+
+def _warn_of_what_trl_reads_otherwise(run: Run, kinds: records.DocumentKinds) -> None:
+    """Conversations this renders that TRL's SFT trainer fails on (a reviewer's curated files it could not train):
+    chat_template_kwargs null, or absent beside records that have it (the datasets library reads it as null there);
+    ShareGPT turns in a field not named as TRL converts."""
+    notes, total = kinds.trainer_notes, kinds.conversations
+    null, given, absent = (notes.get(note, [0, -1]) for note in (fields.KWARGS_NULL, fields.KWARGS_GIVEN,
+                                                                fields.KWARGS_ABSENT))
+    parts, counts, firsts = [], [], []
+    if null[0]:
+        parts.append("null in %d")
+        counts.append(null[0])
+        firsts.append(null[1])
+    if absent[0] and given[0]:
+        parts.append("absent in %d (beside %d that have it)")
+        counts.extend((absent[0], given[0]))
+        firsts.append(absent[1])
+    if parts:
+        log.warning("chat_template_kwargs is " + " and ".join(parts) + " of the %d conversations (the first: %s): the "
+                    "chat template renders them without it here, but TRL's SFT trainer fails on them ('NoneType' "
+                    "object is not a mapping; the datasets library reads a field some records lack as null for them); "
+                    "give those records {} or no record the field", *counts, total, run.index.where(min(firsts)))
+    sharegpt = notes.get(fields.SHAREGPT_ELSEWHERE)
+    if sharegpt:
+        log.warning("%d conversation(s) of '%s' are ShareGPT turns (from/value; the first: %s): read here as "
+                    "role/content, but TRL's SFT trainer converts them only in a field named '%s' and fails on them "
+                    "elsewhere; rename the field, or give the turns role/content keys", sharegpt[0],
+                    cache_key(run.config.text_field), run.index.where(sharegpt[1]), fields.SHAREGPT_FIELD)
 
 
 def _ranks_keep_own_rows(run: Run) -> bool:
@@ -877,6 +908,9 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
                  run.model.tokenizer("").token_texts(added) if added else "this tokenizer adds none")
     run.special_tokens_per_document = len(added)
     kinds = getattr(run.index, "kinds", None)
+    plain_texts = kinds is None or kinds.first_text_row >= 0
+    if mode == "eos" and plain_texts:
+        _warn_of_an_uncounted_bos(run)
     if added and kinds is not None and kinds.conversations:
         log.warning("--count-special-tokens %s adds %d token(s) to each of the %d conversations too, which TRL's SFT "
                     "trainer does not (the chat template ends each turn; it appends EOS to plain texts only): leave "
@@ -888,6 +922,19 @@ def _with_special_tokens(run: Run, counts: np.ndarray | None) -> np.ndarray | No
                     "token between them; give --count-special-tokens eos (or bos-eos) to put the token your trainer "
                     "separates documents with after each one", mode)
     return counts + len(added)
+
+
+def _warn_of_an_uncounted_bos(run: Run) -> None:
+    """A tokenizer that puts a BOS before every text itself (Llama's, Mistral's) does so where a trainer tokenizes
+    plain texts with its special tokens, as TRL's SFT trainer does before appending EOS: --count-special-tokens eos
+    counts each such document a token short (a reviewer's 240 documents, every one, and an export without them)."""
+    tokenizer = run.model.tokenizer("for --count-special-tokens eos")
+    before, _ = tokenizer.special_tokens_per_document("tokenizer")
+    if before:
+        log.warning("--count-special-tokens eos: the tokenizer of --model-dir puts %s before every text itself, which "
+                    "a trainer keeps where it tokenizes with the tokenizer's special tokens (TRL's SFT trainer on plain "
+                    "texts, before appending EOS): give --count-special-tokens bos-eos for such a trainer, so each "
+                    "count and the packed export hold it", tokenizer.token_texts(before))
 
 
 def _is_trial(config: CurateConfig) -> bool:

@@ -42,6 +42,8 @@ class Conversation:
     # the record's TEMPLATE_ARGUMENTS as JSON ("" where it has none: a conversation's fingerprint is
     # then its messages' alone, as before they were read)
     arguments_json: str = ""
+    # what a chat trainer may read otherwise than this tool does (``TRAINER_NOTES``), found with the messages
+    trainer_notes: frozenset = dataclass_field(default=frozenset(), compare=False)
 
     @property
     def messages(self) -> list[dict]:
@@ -85,19 +87,33 @@ def shown_keys(record: dict) -> str:
     return ", ".join(key if key.isprintable() else json.dumps(key) for key in sorted(map(str, record))[:10]) or "none"
 
 
+# What TRL's SFT trainer reads otherwise than this tool: a record's chat_template_kwargs null (a column some records
+# lack is read as null for them), given (to find records lacking it beside them), and ShareGPT turns (from/value)
+# in a field not named "conversations", the only one it converts.
+KWARGS_NULL, KWARGS_GIVEN, KWARGS_ABSENT = "chat_template_kwargs null", "chat_template_kwargs given", "no chat_template_kwargs"
+SHAREGPT_ELSEWHERE = "ShareGPT"
+SHAREGPT_FIELD = "conversations"
+
+
 def _conversation(parts: list[tuple[str, list]], where: str, record: dict) -> Conversation:
     """The messages of every conversation field in ``parts`` ((field, messages), in --text-field order) as one
     conversation, with the record's template arguments."""
-    unknown, messages = [], []
+    unknown, messages, notes = [], [], set()
     for field, value in parts:
         if not value:
             raise UserError(f"{where}: field '{field}' is an empty conversation")
         for i, message in enumerate(map(_decoded_message, value)):
-            messages.append(_checked_message(_from_sharegpt(message), where, f"{field}[{i}]"))
+            read = _from_sharegpt(message)
+            if read is not message and "value" in message and field != SHAREGPT_FIELD:
+                notes.add(SHAREGPT_ELSEWHERE)
+            messages.append(_checked_message(read, where, f"{field}[{i}]"))
             if messages[-1]["role"] not in KNOWN_ROLES:
                 unknown.append(messages[-1]["role"])
+    notes.add(KWARGS_ABSENT if "chat_template_kwargs" not in record else
+              KWARGS_NULL if record["chat_template_kwargs"] is None else KWARGS_GIVEN)
     return Conversation(_as_read(messages), where, frozenset(unknown) if unknown else NO_ROLES,
-                        _template_arguments(record, where, prompt_and_completion=len(parts) > 1))
+                        _template_arguments(record, where, prompt_and_completion=len(parts) > 1),
+                        frozenset(notes))
 
 
 def _as_read(value) -> str:
@@ -218,6 +234,11 @@ def is_encoded_conversation(text: str) -> bool:
 def unknown_roles(document: str | Conversation) -> frozenset[str]:
     """The roles of a conversation outside ``KNOWN_ROLES`` (a plain text has none)."""
     return document.unknown_roles if isinstance(document, Conversation) else NO_ROLES
+
+
+def trainer_notes(document: str | Conversation) -> frozenset[str]:
+    """What a chat trainer reads otherwise in a conversation (``KWARGS_NULL`` ...; a plain text has none)."""
+    return document.trainer_notes if isinstance(document, Conversation) else NO_ROLES
 
 
 def missing_field_hint(record: dict) -> str:

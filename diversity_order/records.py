@@ -401,6 +401,8 @@ class DocumentKinds:
     first_text_row: int = -1
     first_conversation_row: int = -1
     unknown_roles: dict = field(default_factory=dict)
+    # the same for what a chat trainer reads otherwise (``fields.trainer_notes``): [conversations, the first row]
+    trainer_notes: dict = field(default_factory=dict)
     encoded: int = 0  # plain texts that are a conversation written as a JSON string (a column of JSON)
     first_encoded_row: int = -1
     # Plain texts are checked for that until this many are not (a column of JSON shows in its first records);
@@ -424,6 +426,8 @@ class DocumentKinds:
             self.first_conversation_row = row
         for role in fields.unknown_roles(document):
             self.unknown_roles.setdefault(role, [0, row])[0] += 1
+        for note in fields.trainer_notes(document):
+            self.trainer_notes.setdefault(note, [0, row])[0] += 1
 
     @staticmethod
     def joined(parts: list[tuple[int, DocumentKinds]]) -> DocumentKinds:
@@ -437,8 +441,9 @@ class DocumentKinds:
                 out.first_text_row = first + kinds.first_text_row
             if out.first_conversation_row < 0 <= kinds.first_conversation_row:
                 out.first_conversation_row = first + kinds.first_conversation_row
-            for role, (count, row) in kinds.unknown_roles.items():
-                out.unknown_roles.setdefault(role, [0, first + row])[0] += count
+            for found, joined in ((kinds.unknown_roles, out.unknown_roles), (kinds.trainer_notes, out.trainer_notes)):
+                for key, (count, row) in found.items():
+                    joined.setdefault(key, [0, first + row])[0] += count
         return out
 
 

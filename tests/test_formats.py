@@ -427,6 +427,48 @@ def test_roles_a_chat_template_may_not_know_are_warned_of(tmp_path, demo_records
     assert len(said) == 1 and f"'gpt' in 1 of the 42 conversations (the first: {src}:42)" in said[0]
 
 
+def test_conversations_trl_cannot_train_are_warned_of(tmp_path, demo_records, chat_model_dir, caplog):
+    """A reviewer's curated chats that TRL's SFTTrainer then failed on, though rendered here: chat_template_kwargs
+    null (or absent beside records that have it: the datasets library reads it as null there), and ShareGPT
+    from/value turns under 'messages' (TRL converts them only in 'conversations'). Each said once, with the first;
+    records that all have the field, or ShareGPT under 'conversations', are not."""
+    def chat(r, **extra):
+        return {"messages": [{"role": "user", "content": r["name"]}, {"role": "assistant", "content": r["text"][:200]}],
+                **extra}
+
+    def warned(rows, field="messages"):
+        src = tmp_path / f"in{len(list(tmp_path.glob('in*')))}.jsonl"
+        src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert curate("--input", src, "--text-field", field, "--output", tmp_path / src.stem / "c.jsonl",
+                          "--model-dir", chat_model_dir, "--n-clusters", 3) == 0
+        return src, [r.getMessage() for r in caplog.records if "TRL's SFT trainer" in r.getMessage()
+                     and ("chat_template_kwargs" in r.getMessage() or "ShareGPT" in r.getMessage())]
+
+    some = [chat(r, chat_template_kwargs={"enable_thinking": False}) if i % 3 else chat(r)
+            for i, r in enumerate(demo_records[:30])]
+    src, said = warned(some)
+    assert said == [f"chat_template_kwargs is absent in 10 (beside 20 that have it) of the 30 conversations (the "
+                    f"first: {src}:1): the chat template renders them without it here, but TRL's SFT trainer fails on "
+                    "them ('NoneType' object is not a mapping; the datasets library reads a field some records lack "
+                    "as null for them); give those records {} or no record the field"]
+    nulls = [chat(r, chat_template_kwargs=None if i == 4 else {}) for i, r in enumerate(demo_records[:30])]
+    src, said = warned(nulls)
+    assert len(said) == 1 and said[0].startswith(f"chat_template_kwargs is null in 1 of the 30 conversations (the "
+                                                 f"first: {src}:5)")
+    assert warned([chat(r, chat_template_kwargs={}) for r in demo_records[:30]])[1] == []
+    assert warned([chat(r) for r in demo_records[:30]])[1] == []
+    sharegpt = [{"messages": [{"from": "human", "value": r["name"]}, {"from": "gpt", "value": r["text"][:200]}]}
+                if i >= 25 else chat(r) for i, r in enumerate(demo_records[:30])]
+    src, said = warned(sharegpt)
+    assert said == [f"5 conversation(s) of 'messages' are ShareGPT turns (from/value; the first: {src}:26): read here "
+                    "as role/content, but TRL's SFT trainer converts them only in a field named 'conversations' and "
+                    "fails on them elsewhere; rename the field, or give the turns role/content keys"]
+    renamed = [{"conversations": row["messages"]} for row in sharegpt]
+    assert warned(renamed, field="conversations")[1] == []
+
+
 def test_dotted_and_joined_fields(tmp_path, demo_records, tiny_model_dir):
     nested = tmp_path / "nested.jsonl"
     nested.write_text("".join(json.dumps({"meta": {"body": r["text"]}, "name": r["name"]}) + "\n"
@@ -1302,12 +1344,8 @@ def test_torchrun_on_parquet_equals_single_process(tmp_path, demo_records, tiny_
     assert pq.read_table(multi / "c.parquet").equals(pq.read_table(single / "c.parquet"))
 
 
-def test_special_tokens_are_the_ones_the_tokenizer_adds(tiny_model_dir, tmp_path):
-    from transformers import AutoTokenizer
-
-    from diversity_order.tokenizer import DocumentTokenizer
-
-    folder = tmp_path / "bos_model"
+def _bos_model(tiny_model_dir, folder):
+    """A copy of the tiny model whose tokenizer puts <s> before every text (as Llama's does); its special ids."""
     shutil.copytree(tiny_model_dir, folder)
     pipeline = json.loads((folder / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in pipeline["added_tokens"]}
@@ -1317,6 +1355,30 @@ def test_special_tokens_are_the_ones_the_tokenizer_adds(tiny_model_dir, tmp_path
         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
         "special_tokens": {"<s>": {"id": "<s>", "ids": [ids["<s>"]], "tokens": ["<s>"]}}}
     (folder / "tokenizer.json").write_text(json.dumps(pipeline))
+    return folder, ids
+
+
+def test_eos_alone_with_a_tokenizer_that_adds_a_bos_is_warned_of(tiny_model_dir, demo_jsonl, tmp_path, caplog):
+    """A reviewer's Llama-like tokenizer: TRL's SFT trainer tokenizes plain texts with its special tokens (a BOS
+    each) before appending EOS, and --count-special-tokens eos, as the README advised, counted every document a
+    token short. Said, with the flag that counts it; not for a tokenizer that adds none, nor for bos-eos."""
+    folder, _ = _bos_model(tiny_model_dir, tmp_path / "bos_model")
+    said = "--count-special-tokens eos: the tokenizer of --model-dir puts ['<s>'] before every text itself"
+    for model, mode, warned in ((folder, "eos", True), (folder, "bos-eos", False), (tiny_model_dir, "eos", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert curate("--input", demo_jsonl, "--output", tmp_path / f"o_{mode}_{warned}.jsonl", "--model-dir",
+                          model, "--count-special-tokens", mode, *COMMON) == 0
+        assert (said in caplog.text) == warned, (model, mode)
+        assert ("give --count-special-tokens bos-eos for such a trainer" in caplog.text) == warned
+
+
+def test_special_tokens_are_the_ones_the_tokenizer_adds(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from diversity_order.tokenizer import DocumentTokenizer
+
+    folder, ids = _bos_model(tiny_model_dir, tmp_path / "bos_model")
     ours = DocumentTokenizer(folder)
     hf = AutoTokenizer.from_pretrained(str(folder))
     text = "the galaxy and the oven"
