@@ -774,8 +774,11 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
                     "other data?); rows are taken by position, unchecked", what, positions)
     elif check.misplaced is not None:
         i, j = check.misplaced
+        shared = fingerprints.size - check.unmatched
+        held = "" if not check.unmatched else (f"; {shared:,} of the {fingerprints.size:,} are of documents both hold, "
+                                               "the others of documents only one holds")
         raise UserError(f"{what}: the rows are not in the order of {positions} ({position} {i} is {row} {j}, "
-                        "by the fingerprints written beside each); give embeddings of the documents in one order")
+                        f"by the fingerprints written beside each{held}); give embeddings of the documents in one order")
     elif check.unmatched:
         log.warning("%s: %d of %s differ from the texts the rows were made from (edited since?); their rows are "
                     "used as they are", what, check.unmatched, positions)
