@@ -613,14 +613,16 @@ def overlapping_files(source, leave_out: set[Path] = frozenset()) -> list[tuple[
     modulus = np.uint64(max(1, -(-total // OVERLAP_SAMPLE)))
     parts = []
     for number, (_, lo, hi) in enumerate(spans):
-        prints = np.asarray(source.fingerprints[lo:hi], dtype=np.uint64)
-        if modulus > 1:
-            prints = prints[prints % modulus == 0]
-        prints = np.unique(prints)
+        kept = []  # a block at a time: the fingerprints of a billion documents are file-backed, 8 GB
+        for at in range(lo, hi, OVERLAP_SAMPLE):
+            block = np.asarray(source.fingerprints[at:min(at + OVERLAP_SAMPLE, hi)], dtype=np.uint64)
+            kept.append(block[block % modulus == 0] if modulus > 1 else block)
+        prints = np.sort(np.concatenate(kept))  # (np.unique hashes: 10 x slower on 7M random prints)
+        prints = prints[np.r_[True, prints[1:] != prints[:-1]]] if prints.size else prints
         parts.append((prints, np.full(prints.size, number, dtype=np.int64)))
     prints = np.concatenate([p for p, _ in parts])
     owners = np.concatenate([o for _, o in parts])
-    by_print = np.argsort(prints, kind="stable")
+    by_print = np.argsort(prints, kind="stable")  # (runs already sorted: a merge)
     prints, owners = prints[by_print], owners[by_print]
     # Each file's prints are distinct, so a print seen twice is held by two files.
     shared = np.zeros(prints.size, dtype=bool)
