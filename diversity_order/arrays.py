@@ -104,3 +104,10 @@ def file_backed(size: int, dtype, folder: Path) -> np.ndarray:
     with tempfile.TemporaryFile(dir=folder) as handle:  # the map keeps the file alive once it is closed
         handle.truncate(size * dtype.itemsize)
         return np.memmap(handle, dtype=dtype, mode="r+", shape=(size,))
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)``, by sorting: numpy 2.4's ``np.unique`` hashes, and on millions of distinct integers
+    took 100-200 x a sort's time (10M row numbers: 15 s against 0.1)."""
+    ordered = np.sort(np.asarray(values).ravel())
+    return ordered[np.r_[True, ordered[1:] != ordered[:-1]]] if ordered.size else ordered

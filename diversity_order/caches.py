@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from . import atomic, matrix
+from . import arrays, atomic, matrix
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -636,7 +636,7 @@ def _reused(hit: np.ndarray, source: np.ndarray, name: str) -> str:
     """How many records' rows a stored set gave, said for the log; records sharing a text share its row, so more
     records than the set has rows can be given one (said, or the count reads as wrong)."""
     reused = int(np.count_nonzero(hit))
-    repeated = reused - int(np.unique(source[hit]).size)
+    repeated = reused - int(arrays.distinct(source[hit]).size)
     return (f"{reused:,} of {hit.size:,} rows reused from {name}"
             + (f" ({repeated:,} of them share a row with another record of the same text)" if repeated else ""))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import atomic, caches, matrix
+from . import arrays, atomic, caches, matrix
 from .defaults import DEFAULT_SEED
 from .runtime import Progress, heartbeat
 
@@ -316,7 +316,7 @@ def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, s
     where = caches.match_rows(fingerprints, fit.fingerprints)  # each fitted text's row now (-1: gone)
     left = where >= 0
     if left.sum() < REFIT_SAMPLE_LEFT * where.size:
-        texts = np.unique(fit.fingerprints)
+        texts = arrays.distinct(fit.fingerprints)
         return refit(f"{int(np.isin(texts, fingerprints).sum()):,} of the {texts.size:,} texts it was fitted on "
                      "are left")
     # Records sharing a text share a fingerprint but may sit a hair apart (placed in other batches): the positions

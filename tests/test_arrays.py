@@ -4,6 +4,8 @@ import gzip
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diversity_order.arrays import load_npy
 from diversity_order.errors import UserError
@@ -49,3 +51,15 @@ def test_a_folder_is_said_to_be_one_naming_an_array_in_it(tmp_path):
     np.save(tmp_path / "c_embeddings.npy", np.zeros((2, 2), np.float32))
     with pytest.raises(UserError, match=r"is a folder; give the .npy file \(e.g. .*/c_embeddings.npy\)$"):
         load_npy(tmp_path, "--shallow")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=60), st.sampled_from([np.int64, np.uint64, np.int32]))
+def test_distinct_is_numpys_unique(values, dtype):
+    """The sorting ``distinct`` (numpy 2.4's hashing unique took 15 s on 10M row numbers) against np.unique."""
+    from diversity_order.arrays import distinct
+
+    info = np.iinfo(dtype)
+    x = np.array([v for v in values if info.min <= v <= info.max], dtype=dtype)
+    np.testing.assert_array_equal(distinct(x), np.unique(x))
+    assert distinct(x).dtype == x.dtype

@@ -20,6 +20,7 @@ import logging
 
 import numpy as np
 
+from .. import arrays
 from .options import OrderingOptions
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def _round_half_even(numerator, denominator: int):
 def _section_bounds(n: int, n_sections: int) -> np.ndarray:
     """The distinct inner section boundaries n * s / K, s = 1..K-1, each rounded halves to even."""
     if n_sections - 1 <= n + 1:
-        return np.unique(_round_half_even(n * np.arange(1, n_sections, dtype=np.int64), n_sections))
+        return arrays.distinct(_round_half_even(n * np.arange(1, n_sections, dtype=np.int64), n_sections))
     # More boundaries than documents: neighbours lie less than one document apart, so the rounded
     # boundaries are every whole number from the first to the last.
     first, last = _round_half_even(n, n_sections), _round_half_even(n * (n_sections - 1), n_sections)
