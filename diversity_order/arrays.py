@@ -111,3 +111,21 @@ def distinct(values: np.ndarray) -> np.ndarray:
     took 100-200 x a sort's time (10M row numbers: 15 s against 0.1)."""
     ordered = np.sort(np.asarray(values).ravel())
     return ordered[np.r_[True, ordered[1:] != ordered[:-1]]] if ordered.size else ordered
+
+
+def member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """``np.isin(values, pool)``, by sorting both and one merged search: numpy 2.4's ``np.isin`` dedupes with its
+    hashing ``np.unique`` (5M fingerprints against 5M: 7-12 s, against 1-2). Arrays of another dtype each are
+    left to ``np.isin`` (a search across them would compare as floats)."""
+    values, pool = np.asarray(values), np.asarray(pool)
+    if values.dtype != pool.dtype:
+        return np.isin(values, pool)
+    found = np.zeros(values.shape, dtype=bool)
+    if not values.size or not pool.size:
+        return found
+    pool = np.sort(pool.ravel())
+    order = np.argsort(values.ravel())
+    ordered = values.ravel()[order]
+    at = np.minimum(np.searchsorted(pool, ordered), pool.size - 1)
+    found.ravel()[order] = pool[at] == ordered
+    return found

@@ -644,7 +644,7 @@ def _reused(hit: np.ndarray, source: np.ndarray, name: str) -> str:
 def _left_out(stored, fingerprints: np.ndarray) -> str:
     """How many of a stored set's rows no current record's text has (records removed or edited), said for the log;
     rows an interrupted run left unfilled are not counted."""
-    gone = int(np.count_nonzero(~np.isin(stored.fingerprints, fingerprints)))
+    gone = int(np.count_nonzero(~arrays.member(stored.fingerprints, fingerprints)))
     filled, rows = stored.meta.get("filled"), stored.meta.get("rows")
     if isinstance(filled, int) and isinstance(rows, int):
         gone -= rows - filled

@@ -317,7 +317,7 @@ def placed_among_earlier_fit(path: Path, embeddings, fingerprints: np.ndarray, s
     left = where >= 0
     if left.sum() < REFIT_SAMPLE_LEFT * where.size:
         texts = arrays.distinct(fit.fingerprints)
-        return refit(f"{int(np.isin(texts, fingerprints).sum()):,} of the {texts.size:,} texts it was fitted on "
+        return refit(f"{int(arrays.member(texts, fingerprints).sum()):,} of the {texts.size:,} texts it was fitted on "
                      "are left")
     # Records sharing a text share a fingerprint but may sit a hair apart (placed in other batches): the positions
     # of the fitted texts are compared by their median difference, which another layout's far exceeds.

@@ -63,3 +63,17 @@ def test_distinct_is_numpys_unique(values, dtype):
     x = np.array([v for v in values if info.min <= v <= info.max], dtype=dtype)
     np.testing.assert_array_equal(distinct(x), np.unique(x))
     assert distinct(x).dtype == x.dtype
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=50), st.lists(st.integers(0, 40), max_size=50),
+       st.sampled_from([np.int64, np.uint64]), st.booleans())
+def test_member_is_numpys_isin(values, pool, dtype, other_dtype):
+    """The sorting ``member`` (numpy 2.4's isin dedupes with its hashing unique) against np.isin, including empty
+    arrays, repeats and a pool of another dtype."""
+    from diversity_order.arrays import member
+
+    x = np.array(values, dtype=dtype)
+    y = np.array(pool, dtype=np.int32 if other_dtype else dtype)
+    np.testing.assert_array_equal(member(x, y), np.isin(x, y))
+    assert member(x, y).dtype == bool

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import caches, distributed
+from .. import arrays, caches, distributed
 from ..atomic import save_json
 from ..fields import cache_key
 from ..runtime import start
@@ -199,7 +199,7 @@ def adopt_checkpoints(job: _Job) -> None:
         if adopted is None:
             return None
         keep_adopted(job.config.output, _work_key(job), adopted)
-        wanted = np.isin(adopted.rows, job.needed)
+        wanted = arrays.member(adopted.rows, job.needed)
         job.adopted = Adopted(adopted.rows[wanted], adopted.data[wanted], adopted.sources)
         names = [path.name for path in adopted.sources]
         log.info("Resuming: %d of %d rows to compute were finished by an interrupted run (%s%s), taken as they are",
@@ -209,7 +209,7 @@ def adopt_checkpoints(job: _Job) -> None:
 
     rows = distributed.from_main(job.ctx, on_main, "taking up an interrupted run's checkpoints")
     if rows is not None and rows.size:
-        job.needed = np.setdiff1d(job.needed, rows, assume_unique=True)
+        job.needed = job.needed[~arrays.member(job.needed, rows)]
 
 
 def load_tokens(job: _Job) -> None:
