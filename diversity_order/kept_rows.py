@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,15 +212,39 @@ def recover(target: Path, key: dict | None, count_places: list[Path], count_key:
             log.warning("The rows an interrupted torchrun run embedded are not reused (computed with another %s); "
                         "removed; their %d token counts are", differs, computed.size)
             return
+        damaged = _not_embeddings(data, filled)
+        if damaged.size:
+            filled[damaged] = False
+            log.warning("The rows an interrupted torchrun run embedded: %d of them are not unit vectors, as every "
+                        "embedding is (damaged on disk since?; the first: row %i); embedded again", damaged.size,
+                        int(damaged[0]))
         caches.adopt(target, key, fingerprints, data, filled=None if filled.all() else filled)
         log.info("Embeddings: %d of %d rows kept by an interrupted torchrun run are now %s, their token counts in "
                  "%s%s", int(filled.sum()), filled.size, target.name, count_places[0].name, unsaid)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         log.warning("The rows an interrupted torchrun run kept are not reused (%s); removed",
                     getattr(exc, "strerror", None) or exc)
     finally:
         if not leave:
             discard(target)
+
+
+# A kept row is an embedding, a unit vector (or zeros: a document of no tokens), to within the rounding of the
+# cache's dtype (bfloat16 keeps 8 bits); a row further off was damaged since it was written.
+UNIT_TOLERANCE = 0.02
+
+
+def _not_embeddings(data: Path, filled: np.ndarray, block: int = 65536) -> np.ndarray:
+    """The rows of ``data`` marked ``filled`` that are not what an embedding is (non-finite, or neither of unit
+    length nor zeros), ascending: a byte flipped on disk in a kept file that no digest covers."""
+    rows = np.load(data, mmap_mode="r")
+    wanted = np.flatnonzero(filled)
+    bad = []
+    for at in range(0, wanted.size, block):
+        part = wanted[at:at + block]
+        norms = np.linalg.norm(np.asarray(rows[part], dtype=np.float32), axis=1)
+        bad.append(part[~np.isfinite(norms) | ((np.abs(norms - 1) > UNIT_TOLERANCE) & (norms != 0))])
+    return np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)
 
 
 _KEY_WORDS = {"table": "embedding table", "tensor": "embedding tensor", "text_field": "text field"}
@@ -253,6 +278,8 @@ def _read(target: Path, manifest: dict, count_key: dict):
                 parts.append({name: part[name] for name in part.files})
         except OSError:
             missing.append(rank)
+        except (ValueError, KeyError, EOFError, zipfile.BadZipFile):  # (cut short, or not numpy's at all)
+            return f"rank {rank}'s file {rank_path(target, rank).name} is damaged", None
     # A rank that said nothing may have had cached rows to copy in: the cache the kept rows replace would lose them.
     if missing and (manifest["copies"] or not parts):
         return f"rank {missing[0]} was stopped before it said what it had written", None

@@ -14,14 +14,21 @@ KEY = {"kind": "test", "dim": 3}
 COUNT_KEY = {"kind": "token_counts", "tokenizer": "t"}
 
 
+def _unit(rows):
+    """Row i's embedding in these tests: a unit vector, as every embedding is, that says which row it is."""
+    angle = np.asarray(rows, np.float32) / 10
+    return np.stack([np.cos(angle), np.sin(angle), np.zeros_like(angle)], axis=1)
+
+
 def _interrupted_run(folder, n=10, ranks=2, written=((0, 1, 2), (6, 7)), copied_all=None, copies=True):
-    """A shared file of ``n`` rows as the ranks leave it when stopped: rank r wrote rows ``written[r]`` (row i holds i)."""
+    """A shared file of ``n`` rows as the ranks leave it when stopped: rank r wrote rows ``written[r]`` (row i
+    holds ``_unit(i)``)."""
     target = folder / "c_embeddings.npy"
     shared = folder / ".c_embeddings.npy.host.1.x.tmp"
     data = np.zeros((n, 3), np.float32)
     fingerprints = np.arange(100, 100 + n, dtype=np.uint64)
     for rows in written:
-        data[list(rows)] = np.asarray(rows, np.float32)[:, None]
+        data[list(rows)] = _unit(rows)
     with open(shared, "wb") as handle:
         np.save(handle, data)
     kept_rows.start(target, shared, KEY, COUNT_KEY, fingerprints, ranks, copies=copies)
@@ -41,7 +48,7 @@ def test_the_rows_every_rank_wrote_become_the_cache_and_their_counts_the_count_c
     assert "5 of 10 rows kept by an interrupted torchrun run are now c_embeddings.npy" in caplog.text
     found = caches.lookup(target, KEY, fingerprints, dtype=np.float32, row_shape=(3,))
     assert np.flatnonzero(found.hit).tolist() == [0, 1, 2, 6, 7]
-    assert np.array_equal(found.data[found.hit][:, 0], [0, 1, 2, 6, 7])
+    assert np.array_equal(found.data[found.hit], _unit([0, 1, 2, 6, 7]))
     counted = caches.lookup(counts_path, COUNT_KEY, fingerprints, dtype=np.int64, row_shape=())
     assert np.flatnonzero(counted.hit).tolist() == [0, 1, 2, 6, 7, 9]  # the count cached before is kept
     assert counted.data[counted.hit].tolist() == [0, 10, 20, 60, 70, 91]
@@ -52,6 +59,7 @@ def test_the_rows_every_rank_wrote_become_the_cache_and_their_counts_the_count_c
 
 @pytest.mark.parametrize("damage, why", [
     ("a rank said nothing", "rank 1 was stopped before it said what it had written"),
+    ("a rank's file cut short", "rank 1's file c_embeddings.kept.rank1.npz is damaged"),
     ("copied in part", "a rank was stopped while copying the cached rows in"),
     ("another key", "computed with another dim); removed; their 5 token counts are"),
     ("another count key", "counted with another tokenizer"),
@@ -61,6 +69,9 @@ def test_what_cannot_be_trusted_is_removed_and_said(tmp_path, caplog, damage, wh
     target, fingerprints = _interrupted_run(tmp_path, copied_all=(True, damage != "copied in part"))
     if damage == "a rank said nothing":
         kept_rows.rank_path(target, 1).unlink()
+    if damage == "a rank's file cut short":  # (a reviewer's was a zipfile.BadZipFile traceback)
+        cut = kept_rows.rank_path(target, 1)
+        cut.write_bytes(cut.read_bytes()[:100])
     if damage == "no rows file":
         (tmp_path / "c_embeddings.kept.npy").unlink()
     counts = tmp_path / "counts" / "t.npy"
@@ -136,7 +147,7 @@ def test_a_rank_that_finished_before_the_stop_is_counted_by_what_it_said_when_do
     it writes nothing more, and the rows it said are taken with those of the rank stopped mid-way."""
     target = tmp_path / "c_embeddings.npy"
     shared = tmp_path / ".c_embeddings.npy.host.1.x.tmp"
-    data = np.arange(30, dtype=np.float32).reshape(10, 3)
+    data = _unit(np.arange(10))
     with open(shared, "wb") as handle:
         np.save(handle, data)
     fingerprints = np.arange(100, 110, dtype=np.uint64)
@@ -152,3 +163,23 @@ def test_a_rank_that_finished_before_the_stop_is_counted_by_what_it_said_when_do
     found = caches.lookup(target, KEY, fingerprints, dtype=np.float32, row_shape=(3,))
     assert np.flatnonzero(found.hit).tolist() == [0, 1, 5, 6, 7, 8, 9]
     assert np.array_equal(found.data[found.hit], data[found.hit])
+
+
+def test_kept_rows_damaged_on_disk_are_embedded_again(tmp_path, caplog):
+    """A reviewer flipped a byte of row 100 in a kept file no digest covers: 5.26e36 in the cache, and every later
+    run trusted it. A kept row that is not what an embedding is (a unit vector, or zeros) is not taken: the rows
+    around it are."""
+    target, fingerprints = _interrupted_run(tmp_path)
+    kept = tmp_path / "c_embeddings.kept.npy"
+    header = kept.stat().st_size - 10 * 3 * 4
+    raw = bytearray(kept.read_bytes())
+    raw[header + (6 * 3 + 1) * 4 + 3] ^= 0x7F  # row 6, its second value's sign and exponent
+    raw[header + (1 * 3 + 0) * 4 + 3] ^= 0x01  # row 1: one exponent bit, the value halved or doubled
+    kept.write_bytes(bytes(raw))
+    with caplog.at_level(logging.INFO, logger="diversity_order"):
+        kept_rows.recover(target, KEY, [tmp_path / "counts.npy"], COUNT_KEY)
+    assert ("2 of them are not unit vectors, as every embedding is (damaged on disk since?; the first: row 1); "
+            "embedded again") in caplog.text
+    found = caches.lookup(target, KEY, fingerprints, dtype=np.float32, row_shape=(3,))
+    assert np.flatnonzero(found.hit).tolist() == [0, 2, 7]
+    assert np.array_equal(found.data[found.hit], _unit([0, 2, 7]))
