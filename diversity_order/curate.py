@@ -786,6 +786,8 @@ def cluster(run: Run) -> None:
         if run.labels is not None:
             log.info("k-means labels kept, for the same embeddings, k, --seed and fit: %s", found.reason)
             return
+        if found.data is None and found.reason != caches.NO_CACHE:  # (a damaged file was refitted without a word)
+            log.info("k-means labels fitted again: %s", found.reason)
         run.labels = clustering.kmeans_labels(run.embeddings, config.n_clusters, config.seed, config.cluster_backend,
                                               fit_sample, run.device)
     caches.store(run.paths["kmeans"], key, run.index.fingerprints, run.labels)

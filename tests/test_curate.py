@@ -711,6 +711,13 @@ def test_an_unchanged_rerun_keeps_the_k_means_labels_and_any_change_fits_again(t
     caplog.clear()
     assert np.array_equal(labels("--n-clusters", 5, "--seed", 7), edited) and len(fits) == 6
     assert "name clusters outside 0..4: fitted again" in caplog.text
+    # A damaged file (a reviewer's flipped bytes in b_kmeans.npy) was fitted again without a word: said now.
+    raw = bytearray(kept.read_bytes())
+    raw[-3] ^= 0xFF
+    kept.write_bytes(bytes(raw))
+    caplog.clear()
+    assert np.array_equal(labels("--n-clusters", 5, "--seed", 7), edited) and len(fits) == 7
+    assert "k-means labels fitted again: b_kmeans.npy" in caplog.text
 
 
 def test_kept_k_means_labels_are_never_taken_for_other_rows(tmp_path, tiny_model_dir, topical_jsonl, monkeypatch):
