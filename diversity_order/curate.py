@@ -1007,7 +1007,8 @@ def write_outputs(run: Run) -> None:
         export = staged_export.summary if staged_export is not None else None
         save_json(run.paths["meta"], {
             "complete": False,
-            "note": "a curate run stopped after writing these files, before its metadata: run it again",
+            "note": "a curate run stopped while putting these files in place, before its metadata (those not there "
+                    "were never written): run it again",
             "output": _recorded_path(config.output),
             "output_files": [str(path) for path in files],
             "input_files": [_recorded_path(path) for path in config.inputs.files],
@@ -1031,7 +1032,17 @@ def write_outputs(run: Run) -> None:
             commit()
         _remove_earlier_plots_and_comparison(run, earlier_meta)
         if not config.stats_only:
-            _write_curated(run, earlier, commit, across_ranks)
+            try:
+                _write_curated(run, earlier, commit, across_ranks)
+            except BaseException:
+                # A stub naming no file that is there (a first run whose disk filled before any was in place) is
+                # no set of files: a reviewer's named two shards never written.
+                stub = _earlier_meta(run.paths["meta"]) if run.ctx.is_main else {}
+                if stub.get("complete") is False and not any(Path(path).exists() for path in _recorded_output_files(
+                        stub)):
+                    with contextlib.suppress(OSError):
+                        run.paths["meta"].unlink()
+                raise
             save_stub(written_files)  # the earlier run's other files are gone now
     finally:
         if staged_export is not None:

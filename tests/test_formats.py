@@ -769,6 +769,26 @@ def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl,
     assert out.read_bytes() == before
 
 
+def test_a_first_run_that_fails_before_any_file_is_in_place_leaves_no_metadata(tmp_path, demo_jsonl, tiny_model_dir,
+                                                                                monkeypatch, capsys):
+    """A reviewer's disk filled on a first sharded run: the metadata left behind named two shards never written
+    ("stopped after writing these files"). With no file of the set there, no metadata is left."""
+    import errno
+
+    from diversity_order import writers
+
+    def full(index, order, output, kind, shards, schema, before_commit):
+        before_commit()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writers, "write_curated", full)
+    out = tmp_path / "c.jsonl"
+    assert curate("--input", demo_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--output-shards", 2,
+                  *COMMON) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert not (tmp_path / "c_meta.json").exists() and not list(tmp_path.glob("c-*"))
+
+
 def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, demo_jsonl, tiny_model_dir,
                                                                       monkeypatch, capsys):
     """A reviewer's Ctrl-C while the clusters were described (after the shards were in place, before the metadata)
@@ -792,8 +812,8 @@ def test_a_run_stopped_after_its_shards_leaves_them_known_to_the_next(tmp_path, 
 
     code = run_main(animate_ordering.main, ["--meta", str(tmp_path / "c_meta.json"), "--output",
                                             str(tmp_path / "a.mp4")])
-    assert code == 2 and "a curate run stopped after writing these files, before its metadata: run it again" \
-        in capsys.readouterr().err
+    assert code == 2 and ("a curate run stopped while putting these files in place, before its metadata (those not "
+                          "there were never written): run it again") in capsys.readouterr().err
     monkeypatch.undo()
     assert curate(*base, "--output-shards", 2) == 0  # the stopped run's set is named, so it goes
     assert sorted(p.name for p in tmp_path.glob("c-*")) == [f"c-{i:05d}-of-00002.jsonl" for i in range(2)]
