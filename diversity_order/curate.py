@@ -249,6 +249,7 @@ class Run:
     special_tokens_per_document: int = 0  # added to every count (--count-special-tokens)
     chat_template: dict | None = None  # the template conversations are rendered with (file, hash), if any
     cluster_plan: clustering.Plan | None = None
+    kmeans_fit_rows: int | None = None  # the rows the k-means centres were fitted on
     scratch: list = field(default_factory=list)  # temp files of this run, removed when it ends
     torchrun: dict | None = None  # how the ranks shared the work (for the metadata)
     rank_rows: np.ndarray | None = None  # under torchrun, each rank's own input rows (bounds), when it indexed them
@@ -451,6 +452,7 @@ def _embed_and_cluster_across_ranks(run: Run) -> bool:
     vectors = _embed_across_ranks(run, fail_fast=True)
     sample = scale_out.fit_rows(config.cluster_fit_sample, run.n)
     run.torchrun = {"ranks": ctx.world_size, "fit_rows": sample, "rows_gathered": sample == run.n}
+    run.kmeans_fit_rows = sample
     if sample == run.n:  # small input: rank 0 takes every row and runs the single-process stages on them
         run.embeddings = scale_out.gather_all_rows(ctx, vectors)
         if ctx.is_main:
@@ -774,6 +776,7 @@ def cluster(run: Run) -> None:
     config = run.config
     run.cluster_plan = plan = _plan(run, "k-means")
     fit_sample = _kmeans_fit_rows(config, plan)
+    run.kmeans_fit_rows = fit_sample if 0 < fit_sample < run.n else run.n
     backend_name = {"sklearn": "MiniBatchKMeans", "faiss": "faiss k-means", "torch": "torch k-means"}[config.cluster_backend]
     fitted_on = f", fitted on {fit_sample:,} rows" if 0 < fit_sample < run.n else ""
     with run.timer.stage(f"Clustering ({backend_name}, k={config.n_clusters}{fitted_on})"):
@@ -1388,7 +1391,10 @@ def write_metadata(run: Run, plots_drawn: bool = True) -> dict:
         "packed_export": run.packed,
         "earlier_packed_export": run.earlier_packed_export,
         "pca": run.pca_info.as_dict() if run.pca_info else None,
+        # fit_sample: --cluster-fit-sample as given (0: all); fit_rows: the rows the centres were fitted on; the
+        # plan's: the rows its memory budget allows a fit out of core
         "clustering": {"backend": config.cluster_backend, "fit_sample": config.cluster_fit_sample,
+                       "fit_rows": run.kmeans_fit_rows,
                        **({"plan": run.cluster_plan.as_dict()} if run.cluster_plan else {})},
         "torchrun": run.torchrun,
         "token_window_diversity": {"original": before, "curated": after},

@@ -590,6 +590,9 @@ def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_mod
     manifest = json.loads((nodes / "c_embeddings.cache.json").read_text())  # digested by the ranks together
     assert manifest["files"]["data"]["digest"] == json.loads((single / "c_embeddings.cache.json").read_text()
                                                              )["files"]["data"]["digest"]
+    # The rows the centres were fitted on, as both say them (a reviewer's torchrun metadata said 0).
+    for folder in (single, nodes):
+        assert json.loads((folder / "c_meta.json").read_text())["clustering"]["fit_rows"] == 100, folder
 
 
 def _collectives_worker(rank, store_path, out_dir):

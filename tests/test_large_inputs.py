@@ -112,6 +112,8 @@ def test_the_fit_sample_kept_while_embedding_gives_what_reading_it_back_gives(tm
     held = tmp_path / "held.jsonl"
     assert curate("--input", data, "--output", held, *flags) == 0
     assert handed == [100 if "--cluster-fit-sample" in extra else 120]
+    fitted = _outputs(held)[3]["clustering"]
+    assert fitted["fit_rows"] == (100 if "--cluster-fit-sample" in extra else 120)  # (the plan's said 240 there)
     monkeypatch.setattr(pipeline, "_rows_read_first", lambda run: None)
     read = tmp_path / "read.jsonl"
     handed.clear()
