@@ -261,8 +261,16 @@ class Run:
 
 def curate(config: CurateConfig) -> CurateResult | None:
     """Run the pipeline; under torchrun, ranks other than 0 return None after labelling their rows."""
-    config.validate()
-    run = _start(config)
+    try:
+        config.validate()
+        refused = None
+    except UserError as exc:
+        if not distributed.launched_by_torchrun():
+            raise
+        # Every rank joins and hears it: a rank of another node that left before joining kept the others waiting
+        # at the join for hours (a reviewer's input missing on one node).
+        refused = str(exc)
+    run = _start(config, refused)
     if run.ctx.is_main:
         _warn_of_export_settings(config)
     try:
@@ -338,8 +346,14 @@ def calibrate(config: CurateConfig) -> CurateResult | None:
         _finish(run)
 
 
-def _start(config: CurateConfig) -> Run:
+def _start(config: CurateConfig, refused: str | None = None) -> Run:
+    """Join the ranks (under torchrun), each with what its validation of the flags ``refused`` (None: nothing); a
+    refusal on any rank is every rank's error."""
     device, ctx = start(config.device, config.gpu)
+    if ctx.active:
+        refusals = [said for said in distributed.all_gather_object(ctx, refused) if said is not None]
+        if refusals:
+            raise EveryRankError(refusals[0])
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
     run = Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field,

@@ -71,7 +71,16 @@ def init_from_env(use_cuda: bool) -> DistContext:
             log.info("Joining the process group (%s processes, %s, rendezvous %s:%s) ...",
                      os.environ.get("WORLD_SIZE", "?"), backend, os.environ.get("MASTER_ADDR", "?"),
                      os.environ.get("MASTER_PORT", "?"))
-        dist.init_process_group(backend=backend, timeout=collective_timeout())
+        try:
+            dist.init_process_group(backend=backend, timeout=collective_timeout())
+        except RuntimeError as exc:  # (the store's wait timeout: a DistStoreError)
+            if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+                raise
+            from .errors import UserError
+
+            raise UserError(f"the {os.environ.get('WORLD_SIZE', '?')} processes did not all join the process group "
+                            f"within {collective_timeout()} ({type(exc).__name__}): a process that stopped before "
+                            f"joining says why in its own node's output; {TIMEOUT_ENV} sets how long they wait") from None
     ctx = DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
     if use_cuda:
         torch.cuda.set_device(ctx.local_rank)

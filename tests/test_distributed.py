@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -559,6 +560,32 @@ def two_nodes(args, timeout=300):
     for node, log in zip(nodes, logs):
         assert node.returncode == 0, log[-4000:]
     return "".join(logs)
+
+
+def test_a_flag_one_node_refuses_stops_every_node_at_once(tmp_path, tiny_model_dir):
+    """A reviewer's input missing on one node: that node's rank said so and left before joining, and the other
+    waited at the join for the collectives' 4 hours. Every rank joins and hears the refusal: both nodes stop, with
+    the one line."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    folders = [tmp_path / "node_a", tmp_path / "node_b"]
+    for folder in folders:
+        folder.mkdir()
+    write_jsonl(folders[0] / "d.jsonl", topical_records(per_topic=5))  # node_b has no d.jsonl
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test", str(ROOT / "curate_dataset.py"),
+           "--input", "d.jsonl", "--output", "o/c.jsonl", "--model-dir", str(tiny_model_dir), "--device", "cpu",
+           "--n-clusters", "3", "--no-plot", "--no-progress"]
+    started = time.monotonic()
+    nodes = [subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for folder in folders]
+    logs = [node.communicate(timeout=240)[1] for node in nodes]
+    assert all(node.returncode != 0 for node in nodes), logs
+    assert time.monotonic() - started < 200
+    said = [line for log in logs for line in log.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and "d.jsonl" in said[0] and "not found" in said[0], logs
+    # (each node's launcher prints its own ChildFailedError traceback after the line; no other)
+    assert all(log.count("Traceback") == log.count("ChildFailedError:") for log in logs), logs
 
 
 def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_model_dir, monkeypatch):
