@@ -871,3 +871,33 @@ def _torchrun_script(script: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_join_that_times_out_is_one_line_naming_the_wait(monkeypatch):
+    """A process that never joins: the others' join ended after the wait in a DistStoreError traceback (a
+    reviewer's). One line now, naming the variable that sets the wait; other failures are left as they are."""
+    import torch.distributed as dist
+
+    from diversity_order import distributed
+    from diversity_order.errors import UserError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "90")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+
+    def times_out(**kwargs):
+        raise dist.DistStoreError("wait timeout after 90000ms, keys: /default_pg/0//cuda//0")
+
+    monkeypatch.setattr(dist, "init_process_group", times_out)
+    with pytest.raises(UserError) as refused:
+        distributed.init_from_env(use_cuda=False)
+    assert str(refused.value) == (
+        "the 2 processes did not all join the process group within 0:01:30 (DistStoreError): a process that stopped "
+        f"before joining says why in its own node's output; {distributed.TIMEOUT_ENV} sets how long they wait")
+
+    def fails(**kwargs):
+        raise RuntimeError("Connection refused")
+
+    monkeypatch.setattr(dist, "init_process_group", fails)
+    with pytest.raises(RuntimeError, match="Connection refused"):
+        distributed.init_from_env(use_cuda=False)
