@@ -832,9 +832,12 @@ class IndexPart:
 
 
 def check_one_identity(path: Path, identities: list[FileIdentity]) -> None:
-    """Parts of one file indexed at different moments must have seen the same file."""
+    """Parts of one file indexed at different moments (by torchrun's ranks, on several nodes) must have seen the same
+    file."""
     if any(identity != identities[0] for identity in identities):
-        raise UserError(f"{path}: the input changed while it was being indexed; re-run once it stays unchanged")
+        raise UserError(f"{path}: the processes that indexed its parts saw different files: it changed while it was "
+                        "being indexed (re-run once it stays unchanged), or the nodes read different files under this "
+                        "path (a relative path from another folder, a copy per node; give every node the same file)")
 
 
 def index_from_parts(path: Path, text_field, parts: list[IndexPart], consume: bool = False) -> RecordIndex:

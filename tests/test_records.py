@@ -827,3 +827,19 @@ def test_parquet_decimals_times_and_durations_score_and_balance(tmp_path, caplog
     pq.write_table(pa.table({"text": ["a"], "raw": pa.array([b"\x00\x01"])}), tmp_path / "b.parquet")
     with pytest.raises(UserError, match=r"b\.parquet row 0: --score-field raw needs a finite number .* found the value"):
         read_scores(open_arrow_source([tmp_path / "b.parquet"], "parquet", ("text",)), "raw")
+
+
+def test_parts_of_a_file_that_saw_different_files_say_both_causes():
+    """A reviewer's relative --input resolved to another file on each node: "the input changed while it was being
+    indexed", which it had not. The line names both causes; parts that saw one file pass."""
+    from pathlib import Path
+
+    from diversity_order.records import FileIdentity, check_one_identity
+
+    same = FileIdentity(10, 5, 7)
+    check_one_identity(Path("a.jsonl"), [same, same])
+    with pytest.raises(UserError) as refused:
+        check_one_identity(Path("a.jsonl"), [same, FileIdentity(12, 5, 9)])
+    assert str(refused.value).startswith("a.jsonl: the processes that indexed its parts saw different files: it "
+                                         "changed while it was being indexed")
+    assert "the nodes read different files under this path" in str(refused.value)
