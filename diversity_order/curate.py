@@ -261,16 +261,7 @@ class Run:
 
 def curate(config: CurateConfig) -> CurateResult | None:
     """Run the pipeline; under torchrun, ranks other than 0 return None after labelling their rows."""
-    try:
-        config.validate()
-        refused = None
-    except UserError as exc:
-        if not distributed.launched_by_torchrun():
-            raise
-        # Every rank joins and hears it: a rank of another node that left before joining kept the others waiting
-        # at the join for hours (a reviewer's input missing on one node).
-        refused = str(exc)
-    run = _start(config, refused)
+    run = _start(config)
     if run.ctx.is_main:
         _warn_of_export_settings(config)
     try:
@@ -326,7 +317,6 @@ def _warn_of_export_settings(config: CurateConfig) -> None:
 
 def calibrate(config: CurateConfig) -> CurateResult | None:
     """``--calibrate-k``: embed, reduce, then sweep k by silhouette and recommend one (no ordering, no output)."""
-    config.validate()
     run = _start(config)
     try:
         if run.ctx.active:
@@ -346,9 +336,17 @@ def calibrate(config: CurateConfig) -> CurateResult | None:
         _finish(run)
 
 
-def _start(config: CurateConfig, refused: str | None = None) -> Run:
-    """Join the ranks (under torchrun), each with what its validation of the flags ``refused`` (None: nothing); a
-    refusal on any rank is every rank's error."""
+def _start(config: CurateConfig) -> Run:
+    """Validate the flags and join the ranks (under torchrun). A refusal on any rank is every rank's error: they
+    join first and hear it (a rank of another node that left before joining kept the others waiting at the join
+    for hours: a reviewer's input missing on one node)."""
+    try:
+        config.validate()
+        refused = None
+    except UserError as exc:
+        if not distributed.launched_by_torchrun():
+            raise
+        refused = str(exc)
     device, ctx = start(config.device, config.gpu)
     if ctx.active:
         refusals = [said for said in distributed.all_gather_object(ctx, refused) if said is not None]
