@@ -538,10 +538,12 @@ def _warn_of_copied_files(run: Run) -> None:
     if overlapping:
         named = [overlapping[0]] + ([overlapping[-1]] if len(overlapping) > 1 else [])
         shares = "; the last: ".join(["%s: %d of its %d distinct documents are in other files too, e.g. %s"] * len(named))
-        log.warning("%d input file(s) hold mostly documents other input files hold too (" + shares + "): those "
+        sampled = " (counted on a sample of the fingerprints)" if sources.overlap_sampled(run.index) else ""
+        log.warning("%d input file(s) hold mostly documents other input files hold too (" + shares + ")%s: those "
                     "documents are curated, and trained on, once per file; leave the overlapping files out of --input "
                     "if that is not meant", len(overlapping),
-                    *[value for path, other, shared, distinct in named for value in (path, shared, distinct, other.name)])
+                    *[value for path, other, shared, distinct in named for value in (path, shared, distinct, other)],
+                    sampled)
 
 
 def _warn_of_byte_order_marks(run: Run) -> None:
@@ -659,10 +661,11 @@ def _warn_of_what_trl_reads_otherwise(run: Run, kinds: records.DocumentKinds) ->
                     "give those records {} or no record the field", *counts, total, run.index.where(min(firsts)))
     sharegpt = notes.get(fields.SHAREGPT_ELSEWHERE)
     if sharegpt:
+        one_field = isinstance(run.config.text_field, str)  # (a prompt and completion cannot both be renamed so)
         log.warning("%d conversation(s) of '%s' are ShareGPT turns (from/value; the first: %s): read here as "
                     "role/content, but TRL's SFT trainer converts them only in a field named '%s' and fails on them "
-                    "elsewhere; rename the field, or give the turns role/content keys", sharegpt[0],
-                    cache_key(run.config.text_field), run.index.where(sharegpt[1]), fields.SHAREGPT_FIELD)
+                    "elsewhere; %sgive the turns role/content keys", sharegpt[0], cache_key(run.config.text_field),
+                    run.index.where(sharegpt[1]), fields.SHAREGPT_FIELD, "rename the field, or " if one_field else "")
 
 
 def _ranks_keep_own_rows(run: Run) -> bool:
@@ -951,7 +954,7 @@ def _warn_of_an_uncounted_bos(run: Run) -> None:
         log.warning("--count-special-tokens eos: the tokenizer of --model-dir puts %s before every text itself, which "
                     "a trainer keeps where it tokenizes with the tokenizer's special tokens (TRL's SFT trainer on plain "
                     "texts, before appending EOS): give --count-special-tokens bos-eos for such a trainer, so each "
-                    "count and the packed export hold it", tokenizer.token_texts(before))
+                    "count and the packed export hold it", " ".join(tokenizer.token_texts(before)))
 
 
 def _is_trial(config: CurateConfig) -> bool:
@@ -1487,8 +1490,10 @@ EPOCH_PARTS_WARNED = diversity.EPOCH_PARTS
 
 
 # A tenth whose windows hold at least this share of the clusters their documents could hold, against the epoch's
-# share, is mixed as well as the rest: it is below a shuffle for holding fewer documents per window (long ones).
+# share, and at least MIXED_WELL of them, is mixed as well as the rest and well: it is below a shuffle for holding
+# fewer documents per window (long ones). (An order mixed badly everywhere passed the first test alone.)
 MIXED_AS_WELL = 0.9
+MIXED_WELL = 0.8
 
 
 def _log_by_tenth(quality: dict, unique: np.ndarray, documents: np.ndarray, n_present: int) -> None:
@@ -1518,7 +1523,8 @@ def _log_by_tenth(quality: dict, unique: np.ndarray, documents: np.ndarray, n_pr
                 f"document ({np.mean(documents == 1):.0%} over the epoch), and {mixed_there:.2f} of the clusters their "
                 f"documents could hold ({mixed:.2f} over the epoch)")
         why = ("long documents fall there, each window of them holding few clusters whatever their mix"
-               if mixed_there >= MIXED_AS_WELL * mixed else "this order puts documents of few clusters together there")
+               if mixed_there >= max(MIXED_AS_WELL * mixed, MIXED_WELL)
+               else "this order puts documents of few clusters together there")
         log.warning("In tenth %i of the epoch the curated order's windows hold %.1f clusters on average, fewer than a "
                     "random shuffle's %.1f there (the curated mean over the whole epoch: %.2f): %s: %s; "
                     "--compare-strategies gives each ordering's lowest tenth", worst + 1, curated[worst],

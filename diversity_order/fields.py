@@ -104,7 +104,9 @@ def _conversation(parts: list[tuple[str, list]], where: str, record: dict) -> Co
             raise UserError(f"{where}: field '{field}' is an empty conversation")
         for i, message in enumerate(map(_decoded_message, value)):
             read = _from_sharegpt(message)
-            if read is not message and "value" in message and field != SHAREGPT_FIELD:
+            # (a message whose from/value are null beside its role/content, as a Parquet column of both kinds
+            # gives every row, is no ShareGPT turn)
+            if read is not message and message.get("from") is not None and field != SHAREGPT_FIELD:
                 notes.add(SHAREGPT_ELSEWHERE)
             messages.append(_checked_message(read, where, f"{field}[{i}]"))
             if messages[-1]["role"] not in KNOWN_ROLES:

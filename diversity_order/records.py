@@ -1143,7 +1143,7 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
     if not bad or default is not None:
         inexact = [row for row, value in enumerate(values) if isinstance(value, int | decimal.Decimal)
                    and not isinstance(value, bool) and _finite_number(value) is not None and float(value) != value]
-        if inexact:
+        if inexact and _rounding_merges(values, scores, inexact):
             return _exact_ranks(values, scores, field, index.where(inexact[0]), said=not times), len(bad)
     if bad and default is None:
         row, value = bad[0], given[bad[0]]
@@ -1155,6 +1155,19 @@ def read_scores(index, field: str, default: float | None = None) -> tuple[np.nda
                         f"{found}{more}; --score-default X gives such records the score X")
     return scores, len(bad)
 
+
+
+def _rounding_merges(values: list, scores: np.ndarray, inexact: list[int]) -> bool:
+    """Whether two different exact values among rows ``inexact`` (those a float64 does not hold) and the others
+    read as one float score: only then do the scores need ranks (rounding to nearest keeps every other order; 0.1 as
+    a Parquet decimal, or times a microsecond apart, keep their values)."""
+    held: dict[float, object] = {}
+    inexact_rows = set(inexact)
+    for row in range(len(values)):
+        exact = values[row] if row in inexact_rows else float(scores[row])
+        if held.setdefault(float(scores[row]), exact) != exact:
+            return True
+    return False
 
 
 def _exact_ranks(values: list, scores: np.ndarray, field: str, where: str, said: bool = True) -> np.ndarray:
@@ -1170,7 +1183,7 @@ def _exact_ranks(values: list, scores: np.ndarray, field: str, where: str, said:
             rank += 1
             previous = exact[row]
         ranks[row] = rank
-    say = log.warning if said else log.debug  # (times in nanoseconds always are: their line says how they score)
+    say = log.warning if said else log.info  # (times: their line said how they score; that they are ranked, here)
     say("--score-field %s: numbers a float64 does not hold exactly (%s: integers past 2**53, times in nanoseconds, "
         "long decimals), which it may round together: the records are scored by their rank among the exact values "
         "(ties tied), so the score orderings keep their order", field, where)

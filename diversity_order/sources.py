@@ -593,11 +593,19 @@ def copied_files(source) -> list[tuple[Path, Path, bool]]:
     return copies
 
 
-# Files whose documents are mostly another file's too: at least this share of their distinct documents.
+# Files whose documents are mostly another file's too: at least this share of their distinct documents, and at
+# least OVERLAP_LEAST of them (shards sharing a license header or an empty text are no copy of each other).
 OVERLAP_SHARE = 0.5
+OVERLAP_LEAST = 10
 # Distinct documents compared at most; past it, those whose fingerprint is a multiple of a modulus (a subset
 # keeps its subset relation under the same rule, so a file inside another still shows up whole).
 OVERLAP_SAMPLE = 1 << 24
+
+
+def overlap_sampled(source) -> bool:
+    """Whether ``overlapping_files`` counts a sample of ``source``'s fingerprints (it holds more than
+    ``OVERLAP_SAMPLE``)."""
+    return len(source) > OVERLAP_SAMPLE
 
 
 def overlapping_files(source, leave_out: set[Path] = frozenset()) -> list[tuple[Path, Path, int, int]]:
@@ -605,7 +613,7 @@ def overlapping_files(source, leave_out: set[Path] = frozenset()) -> list[tuple[
     each input file of which at least ``OVERLAP_SHARE`` of the distinct documents are in other input files too (a
     prefix or a subset of another file, a later export of the same data): its documents are curated once per
     file. By the documents' fingerprints; files in ``leave_out`` (copies already said) are not compared. Counts
-    are of a fingerprint sample past ``OVERLAP_SAMPLE`` documents."""
+    are of a fingerprint sample past ``OVERLAP_SAMPLE`` documents (``overlap_sampled`` says whether)."""
     spans = [span for span in (source.file_rows() if hasattr(source, "file_rows") else []) if span[0] not in leave_out]
     if len(spans) < 2:
         return []
@@ -642,8 +650,9 @@ def overlapping_files(source, leave_out: set[Path] = frozenset()) -> list[tuple[
     most = np.lexsort((-times, pairs // files))  # each file's partners, the most often met first
     firsts = most[np.r_[True, (pairs // files)[most][1:] != (pairs // files)[most][:-1]]]
     partner_of = dict(zip((pairs[firsts] // files).tolist(), (pairs[firsts] % files).tolist()))
+    flagged = (held_elsewhere >= OVERLAP_SHARE * distinct) & (held_elsewhere * int(modulus) >= OVERLAP_LEAST)
     return [(spans[number][0], spans[partner_of[number]][0], int(held_elsewhere[number]), int(distinct[number]))
-            for number in np.flatnonzero((distinct > 0) & (held_elsewhere >= OVERLAP_SHARE * distinct)).tolist()]
+            for number in np.flatnonzero((distinct > 0) & flagged).tolist()]
 
 
 def files_with_byte_order_mark(inputs: Inputs) -> list[Path]:

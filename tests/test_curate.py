@@ -665,6 +665,16 @@ def test_a_tenth_of_the_epoch_below_a_shuffles_is_warned_of(caplog):
     assert warned()[0].endswith("long documents fall there, each window of them holding few clusters whatever their "
                                 "mix; --compare-strategies gives each ordering's lowest tenth")
     caplog.clear()
+    # A reviewer's order by a topic score: one cluster per window everywhere, mixed no worse in its worst tenth
+    # than elsewhere (0.24 against 0.10), which the first test alone took for long documents.
+    documents = np.array([12] * 90 + [4] * 10)
+    unique = np.ones(100, dtype=np.int64)
+    with caplog.at_level(logging.INFO):
+        _log_by_tenth({"original": quality([6.0] * 10), "curated": curated(unique),
+                       "random_shuffle": quality([8.0] * 10, shuffles=5)}, unique, documents, 30)
+    assert len(warned()) == 1 and warned()[0].endswith("this order puts documents of few clusters together there; "
+                                                       "--compare-strategies gives each ordering's lowest tenth")
+    caplog.clear()
     with caplog.at_level(logging.INFO):  # fewer than ten windows: a "tenth" is a window; nothing to warn of
         _log_by_tenth({"original": quality([6.0] * 7), "curated": quality([10.0] * 6 + [0.5]),
                        "random_shuffle": quality([8.0] * 7, shuffles=5)}, np.full(7, 5), np.full(7, 5), 30)

@@ -467,6 +467,11 @@ def test_conversations_trl_cannot_train_are_warned_of(tmp_path, demo_records, ch
                     "fails on them elsewhere; rename the field, or give the turns role/content keys"]
     renamed = [{"conversations": row["messages"]} for row in sharegpt]
     assert warned(renamed, field="conversations")[1] == []
+    # Role/content messages with from/value null beside them (a Parquet column of both kinds gives every row every
+    # key; a reviewer's were all said to be ShareGPT turns): none.
+    both = [{"messages": [dict(m, **{"from": None, "value": None}) for m in chat(r)["messages"]]}
+            for r in demo_records[:30]]
+    assert warned(both)[1] == []
 
 
 def test_dotted_and_joined_fields(tmp_path, demo_records, tiny_model_dir):
@@ -630,11 +635,11 @@ class _Files:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 12), max_size=14), min_size=2, max_size=5),
-       st.sampled_from([1 << 24, 2, 3]), st.data())
-def test_overlapping_files_are_those_a_plain_loop_finds(files, sample, data):
-    """Each file whose distinct documents are at least half in other files, with its counts, as a plain loop over
-    sets finds them (on a sample of the fingerprints where there are more than the sample's size); the file named
-    beside it holds some of them."""
+       st.sampled_from([1 << 24, 2, 3]), st.integers(1, 4), st.data())
+def test_overlapping_files_are_those_a_plain_loop_finds(files, sample, least, data):
+    """Each file whose distinct documents are at least half in other files, and at least ``least`` of them (as
+    many as the sample stands for), with its counts, as a plain loop over sets finds them (on a sample of the
+    fingerprints where there are more than the sample's size); the file named beside it holds some of them."""
     from diversity_order import sources
 
     source = _Files(files)
@@ -646,10 +651,11 @@ def test_overlapping_files_are_those_a_plain_loop_finds(files, sample, data):
     expected = []
     for path, own in kept.items():
         elsewhere = set().union(*(other for name, other in kept.items() if name != path))
-        if len(kept) > 1 and own and len(own & elsewhere) >= 0.5 * len(own):
+        if len(kept) > 1 and own and len(own & elsewhere) >= 0.5 * len(own) and len(own & elsewhere) * modulus >= least:
             expected.append((path, len(own & elsewhere), len(own)))
     monkey = pytest.MonkeyPatch()
     monkey.setattr(sources, "OVERLAP_SAMPLE", sample)
+    monkey.setattr(sources, "OVERLAP_LEAST", least)
     try:
         found = sources.overlapping_files(source, leave_out=left_out)
     finally:
@@ -673,9 +679,20 @@ def test_input_files_that_are_mostly_another_files_are_warned_of(tmp_path, demo_
         assert curate("--input", folder, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, *COMMON) == 0
     said = [r.getMessage() for r in caplog.records if "other input files hold too" in r.getMessage()]
     assert said == [f"1 input file(s) hold mostly documents other input files hold too ({folder / 'c.jsonl'}: 30 of its "
-                    "40 distinct documents are in other files too, e.g. a.jsonl): those documents are curated, and "
-                    "trained on, once per file; leave the overlapping files out of --input if that is not meant"]
+                    f"40 distinct documents are in other files too, e.g. {folder / 'a.jsonl'}): those documents are "
+                    "curated, and trained on, once per file; leave the overlapping files out of --input if that is not "
+                    "meant"]
     assert "b.jsonl copies a.jsonl" in caplog.text
+    # Shards sharing a few records (a license header, an empty text: a reviewer's 2-record files, each warned): none.
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    header = json.dumps({"text": "Licensed under the Apache License, Version 2.0"}) + "\n"
+    for i in range(10):
+        (shards / f"s{i}.jsonl").write_text(header + json.dumps(demo_records[200 + i]) + "\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert curate("--input", shards, "--output", tmp_path / "s.jsonl", "--model-dir", tiny_model_dir, *COMMON) == 0
+    assert "other input files hold too" not in caplog.text
 
 
 def test_files_in_several_folders_cache_their_counts_beside_the_output(tmp_path, demo_records, tiny_model_dir, caplog):
@@ -1383,7 +1400,7 @@ def test_eos_alone_with_a_tokenizer_that_adds_a_bos_is_warned_of(tiny_model_dir,
     each) before appending EOS, and --count-special-tokens eos, as the README advised, counted every document a
     token short. Said, with the flag that counts it; not for a tokenizer that adds none, nor for bos-eos."""
     folder, _ = _bos_model(tiny_model_dir, tmp_path / "bos_model")
-    said = "--count-special-tokens eos: the tokenizer of --model-dir puts ['<s>'] before every text itself"
+    said = "--count-special-tokens eos: the tokenizer of --model-dir puts <s> before every text itself"
     for model, mode, warned in ((folder, "eos", True), (folder, "bos-eos", False), (tiny_model_dir, "eos", False)):
         caplog.clear()
         with caplog.at_level(logging.WARNING):

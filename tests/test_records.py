@@ -821,7 +821,12 @@ def test_parquet_decimals_times_and_durations_score_and_balance(tmp_path, caplog
         ids, names = read_categories(source, name)
         assert len(set(ids.tolist())) == 4
     assert "times scored as nanoseconds since 1970-01-01 UTC" in caplog.text
-    assert "numbers a float64 does not hold exactly" in caplog.text  # the long decimal, said
+    assert "numbers a float64 does not hold exactly" in caplog.text  # the nanoseconds 1 apart: ranked, said
+    # Values a float rounds apart stay values (a reviewer's decimal 0.1 ... 0.9 was logged as ranks 0 ... 9).
+    scores, _ = read_scores(source, "dec", default=0.0)
+    assert scores.tolist() == [2.5, -1.25, 0.0, 12345678901234567890.12345678]
+    scores, _ = read_scores(source, "day", default=0.0)
+    assert scores[0] == 18264 * 86_400 * 10**9  # 2020-01-03, in nanoseconds since 1970
     with pytest.raises(UserError, match=r"s\.parquet row 2: --score-field dec needs a finite number in every record"):
         read_scores(source, "dec")
     pq.write_table(pa.table({"text": ["a"], "raw": pa.array([b"\x00\x01"])}), tmp_path / "b.parquet")
