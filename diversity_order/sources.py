@@ -568,10 +568,20 @@ class RecordPieces:
         return found
 
 
+# Files whose documents are mostly another file's too: at least this share of their distinct documents, and at
+# least OVERLAP_LEAST of them (shards sharing a license header or an empty text are no copy of each other).
+OVERLAP_SHARE = 0.5
+OVERLAP_LEAST = 10
+# Distinct documents compared at most; past it, those whose fingerprint is a multiple of a modulus (a subset
+# keeps its subset relation under the same rule, so a file inside another still shows up whole).
+OVERLAP_SAMPLE = 1 << 24
+
+
 def copied_files(source) -> list[tuple[Path, Path, bool]]:
     """(file, the earlier file it copies, whether in the same order) for each input file whose documents are an
     earlier file's (by their fingerprints: the same file twice under two names, compressed beside the plain one, or
-    shuffled). One pass over the fingerprints; none for a single file or a source that does not say its files' rows."""
+    shuffled), of at least ``OVERLAP_LEAST`` documents (two 2-record shards alike by chance are no copy). One pass
+    over the fingerprints; none for a single file or a source that does not say its files' rows."""
     import hashlib
     from collections import Counter
 
@@ -580,8 +590,8 @@ def copied_files(source) -> list[tuple[Path, Path, bool]]:
     seen: dict[tuple[int, bytes], tuple[Path, bytes]] = {}
     copies = []
     for path, lo, hi in spans:
-        if sizes[hi - lo] < 2:
-            continue  # no other file has as many documents: nothing to hash
+        if sizes[hi - lo] < 2 or hi - lo < OVERLAP_LEAST:
+            continue  # no other file has as many documents (nothing to hash), or too few to be a copy, not chance
         rows = np.ascontiguousarray(source.fingerprints[lo:hi])
         in_order = hashlib.blake2b(rows.tobytes()).digest()
         key = (hi - lo, hashlib.blake2b(np.sort(rows).tobytes()).digest())
@@ -591,15 +601,6 @@ def copied_files(source) -> list[tuple[Path, Path, bool]]:
         else:
             seen[key] = (path, in_order)
     return copies
-
-
-# Files whose documents are mostly another file's too: at least this share of their distinct documents, and at
-# least OVERLAP_LEAST of them (shards sharing a license header or an empty text are no copy of each other).
-OVERLAP_SHARE = 0.5
-OVERLAP_LEAST = 10
-# Distinct documents compared at most; past it, those whose fingerprint is a multiple of a modulus (a subset
-# keeps its subset relation under the same rule, so a file inside another still shows up whole).
-OVERLAP_SAMPLE = 1 << 24
 
 
 def overlap_sampled(source) -> bool:
