@@ -448,3 +448,33 @@ def test_a_segment_that_rounds_to_no_documents_is_warned_of(caplog):
         _score_order("segment", list(range(40)), segment_percentages=(0.0, 10.0))  # 0 asked: none meant
     assert caplog.text.count("--segment-percentages") == 1 and "10,1 on 40 documents: the last segment holds none" \
         in caplog.text
+
+
+def test_settings_that_make_another_simpler_order_are_said(caplog):
+    """A reviewer's --sections 1, --folds or --jitter-window past the documents were accepted without a word: the
+    order was the ranked list, or a shuffle. Said now, the order unchanged; the defaults say nothing."""
+    import logging
+
+    n = 40
+    ranked = list(range(n))
+    cases = [("stair", {"sections": 1}, "--ordering stair: --sections 1: no section boundary, so the order is the "
+                                        "ranked list"),
+             ("folding", {"folds": 50}, "--ordering folding: --folds 50 on 40 documents deals them into folds of one "
+                                        "document each, so the order is the ranked list"),
+             ("zigzag", {"folds": 1}, "--folds 1 on 40 documents deals them into one fold"),
+             ("saw", {"transition_ratio": 0.001}, "--transition-ratio 0.001 on 40 documents: transition regions of "
+                                                  "none"),
+             ("segment", {"jitter_window": 40}, "--jitter-window 40 on 40 documents: one block holds every "
+                                                "document, so the order is a shuffle")]
+    for name, flags, said in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            order = _score_order(name, ranked, **flags)
+        assert said in caplog.text, name
+        if "ranked list" in said:
+            assert order == ranked
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        for name in ("sorted", "folding", "zigzag", "segment", "stair", "saw"):
+            _score_order(name, ranked)
+    assert caplog.text == ""

@@ -80,6 +80,28 @@ def _jitter(order: np.ndarray, window: int, rng: np.random.Generator) -> np.ndar
     return order[np.lexsort((noise, block))]
 
 
+def _warn_if_degenerate(name: str, n: int, options: OrderingOptions) -> None:
+    """Settings that make ``name``'s order another, simpler one on ``n`` documents are said (they were accepted
+    without a word): folds of one document each or one fold, no section boundary or no transition region (the
+    ranked list), a jitter block holding every document (a shuffle)."""
+    if n <= 1:
+        return
+    said = []
+    if name in ("folding", "zigzag", "stair", "saw") and (options.folds <= 1 or (options.folds >= n and name in (
+            "folding", "zigzag"))):
+        said.append(f"--folds {options.folds} on {n} documents deals them into "
+                    + ("one fold" if options.folds <= 1 else "folds of one document each"))
+    if name in ("stair", "saw") and (options.sections <= 1 or round(n * options.transition_ratio) == 0):
+        said.append(f"--sections {options.sections}: no section boundary" if options.sections <= 1 else
+                    f"--transition-ratio {options.transition_ratio:g} on {n} documents: transition regions of none")
+    if said:
+        log.warning("--ordering %s: %s, so the order is the ranked list (as --ordering sorted gives it)", name,
+                    "; ".join(said))
+    if options.jitter_window >= n:
+        log.warning("--jitter-window %i on %d documents: one block holds every document, so the order is a "
+                    "shuffle", options.jitter_window, n)
+
+
 def _rng(options: OrderingOptions) -> np.random.Generator:
     return np.random.default_rng(options.seed)
 
@@ -87,6 +109,7 @@ def _rng(options: OrderingOptions) -> np.random.Generator:
 def sorted_order(labels, token_counts, n_clusters, options: OrderingOptions = OrderingOptions()) -> np.ndarray:
     """Curriculum: ranked by score, ``--gumbel-temperature`` noise on the ranks, then ``--jitter-window``."""
     n = np.asarray(labels).shape[0]
+    _warn_if_degenerate("sorted", n, options)
     rng = _rng(options)
     noisy = _gumbel(_ranked(options, n), options.gumbel_temperature, rng)
     return _jitter(noisy, options.jitter_window, rng)
@@ -96,6 +119,7 @@ def folding_order(labels, token_counts, n_clusters, options: OrderingOptions = O
     """Folding (FO): L = ``folds`` strided passes (default 5)."""
     options = options.for_ordering("folding")
     n = np.asarray(labels).shape[0]
+    _warn_if_degenerate("folding", n, options)
     return _jitter(_folds(_ranked(options, n), options.folds, zigzag=False), options.jitter_window, _rng(options))
 
 
@@ -103,6 +127,7 @@ def zigzag_order(labels, token_counts, n_clusters, options: OrderingOptions = Or
     """Zig-zag (ZIG): folding with every other fold reversed, so folds join smoothly (default L = 5)."""
     options = options.for_ordering("zigzag")
     n = np.asarray(labels).shape[0]
+    _warn_if_degenerate("zigzag", n, options)
     return _jitter(_folds(_ranked(options, n), options.folds, zigzag=True), options.jitter_window, _rng(options))
 
 
@@ -136,6 +161,7 @@ def segment_order(labels, token_counts, n_clusters, options: OrderingOptions = O
     Always ranked from low to high score (the layout says which end goes where).
     """
     n = np.asarray(labels).shape[0]
+    _warn_if_degenerate("segment", n, options)
     by_score = _by_score(options, n)
     n_first, n_last = _segment_sizes(n, options.segment_percentages)
     _warn_of_empty_ends(n, options.segment_percentages, n_first, n_last)
@@ -202,6 +228,7 @@ def _stable_and_transitions(ranked: np.ndarray, n_sections: int, transition_rati
 
 def _blended(options: OrderingOptions, name: str, labels, zigzag: bool) -> np.ndarray:
     options = options.for_ordering(name)
+    _warn_if_degenerate(name, np.asarray(labels).shape[0], options)
     ranked = _ranked(options, np.asarray(labels).shape[0])
     ordered = _stable_and_transitions(ranked, options.sections, options.transition_ratio, options.folds, zigzag)
     return _jitter(ordered, options.jitter_window, _rng(options))
