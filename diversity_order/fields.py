@@ -42,7 +42,7 @@ class Conversation:
     # the record's TEMPLATE_ARGUMENTS as JSON ("" where it has none: a conversation's fingerprint is
     # then its messages' alone, as before they were read)
     arguments_json: str = ""
-    # what a chat trainer may read otherwise than this tool does (``TRAINER_NOTES``), found with the messages
+    # what a chat trainer may read otherwise than this tool does (``KWARGS_NULL`` ...), found with the messages
     trainer_notes: frozenset = dataclass_field(default=frozenset(), compare=False)
 
     @property
@@ -240,7 +240,7 @@ def unknown_roles(document: str | Conversation) -> frozenset[str]:
 
 def trainer_notes(document: str | Conversation) -> frozenset[str]:
     """What a chat trainer reads otherwise in a conversation (``KWARGS_NULL`` ...; a plain text has none)."""
-    return document.trainer_notes if isinstance(document, Conversation) else NO_ROLES
+    return document.trainer_notes if isinstance(document, Conversation) else frozenset()
 
 
 def missing_field_hint(record: dict) -> str:

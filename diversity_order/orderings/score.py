@@ -87,8 +87,10 @@ def _warn_if_degenerate(name: str, n: int, options: OrderingOptions) -> None:
     if n <= 1:
         return
     said = []
-    if name in ("folding", "zigzag", "stair", "saw") and (options.folds <= 1 or (options.folds >= n and name in (
-            "folding", "zigzag"))):
+    # (folds are unset for the orderings that take none; stair and saw fold only their transition regions, where
+    # more folds than documents is no sign)
+    one_per_fold = name in ("folding", "zigzag") and options.folds >= n
+    if name in ("folding", "zigzag", "stair", "saw") and (options.folds <= 1 or one_per_fold):
         said.append(f"--folds {options.folds} on {n} documents deals them into "
                     + ("one fold" if options.folds <= 1 else "folds of one document each"))
     if name in ("stair", "saw") and (options.sections <= 1 or round(n * options.transition_ratio) == 0):
