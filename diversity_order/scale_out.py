@@ -99,13 +99,41 @@ def _copy_rows(path: Path, source: np.ndarray, lo: int, writer: matrix.RowWriter
 
 
 def _shared_file(ctx: DistContext, target: Path, n: int, dim: int) -> tuple[Path, int]:
-    """Rank 0 creates the file every rank writes into; every rank must see it."""
+    """Rank 0 creates the file every rank writes into; each rank finds it in its own view of the folder
+    (a node may mount it elsewhere, or resolve a relative --output from another working folder)."""
     name, offset = distributed.from_main(ctx, lambda: _create_rows_file(target, n, dim),
                                          f"creating the embeddings file beside {target}")
-    if not distributed.all_agree(ctx, name.exists()):
-        raise UserError(f"torchrun: the ranks do not share the folder {target.parent} (rank 0 created {name.name} "
-                        "there and another rank cannot see it): put --output on a filesystem every node mounts")
-    return name, offset
+    return target.parent / name.name, offset
+
+
+def check_shared_folder(ctx: DistContext, target: Path) -> None:
+    """Every rank sees the folder of ``target`` as rank 0 does: rank 0 leaves a temp file of a random name
+    there and each rank looks for it under its own path to the folder. Without this a node that sees
+    another folder (a relative --output from another working folder, a local disk) fails at the first
+    file it reads."""
+    if not ctx.active:
+        return
+    folder = target.parent
+
+    def leave_probe() -> str:
+        atomic.note_target(target)  # a killed run's temp is swept by a later run
+        try:
+            fd, name = tempfile.mkstemp(prefix=atomic.temp_prefix(target), suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise UserError(f"cannot write in {folder}: {exc.strerror or exc}") from None
+        os.close(fd)
+        return Path(name).name
+
+    name = distributed.from_main(ctx, leave_probe, f"writing in {folder}")
+    try:
+        seen = distributed.all_agree(ctx, (folder / name).is_file())
+    finally:
+        if ctx.is_main:
+            (folder / name).unlink(missing_ok=True)
+    if not seen:
+        raise UserError(f"torchrun: the ranks do not share the folder {folder.absolute()} (rank 0 left {name} there and "
+                        "another rank cannot see it under its path to the folder): put --output on a filesystem "
+                        "every node mounts")
 
 
 def own_rows(ctx: DistContext, index, rank_rows: np.ndarray | None) -> np.ndarray:
@@ -210,6 +238,7 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
     lo, hi = int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
     emb_key = features.embedding_key(tokenizer.fingerprint, table, text_field)
     target = Path(paths["embeddings"])
+    check_shared_folder(ctx, target)
     decided = fps = count_key = None  # (rank 0's: the others need not know them)
     if ctx.is_main:
         fps, n = index.fingerprints, len(index)
@@ -258,8 +287,9 @@ def counts_and_shared_embeddings(ctx: DistContext, index, paths: dict, model: fe
             kept_rows.say(ctx.rank, target, work)
             new_counts = _gather(ctx, mine)
             digest = _digest_together(ctx, name)
-        shared = distributed.from_main(ctx, lambda: _adopt(target, emb_key, fps, name, digest),
-                                       f"keeping the embeddings as {target}")
+        adopted = distributed.from_main(ctx, lambda: _adopt(target, emb_key, fps, name, digest),
+                                        f"keeping the embeddings as {target}")
+        shared = target.parent / adopted.name  # (this rank's view of rank 0's path)
         if ctx.is_main:
             kept_rows.discard(target)
             counts[missing] = new_counts

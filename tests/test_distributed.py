@@ -588,6 +588,31 @@ def test_a_flag_one_node_refuses_stops_every_node_at_once(tmp_path, tiny_model_d
     assert all(log.count("Traceback") == log.count("ChildFailedError:") for log in logs), logs
 
 
+def test_nodes_that_see_other_output_folders_stop_with_one_line(tmp_path, tiny_model_dir):
+    """A reviewer's relative --output from another working folder on each node: the shared-file check looked
+    for rank 0's absolute name, which the other node saw, and that node then failed reading its own path
+    (FileNotFoundError traceback). Each rank now looks under its own path to the folder, first."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               DIVERSITY_ORDER_CACHE_DIR="")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    folders = [tmp_path / "node_a", tmp_path / "node_b"]
+    for folder in folders:
+        folder.mkdir()
+    write_jsonl(tmp_path / "d.jsonl", topical_records(per_topic=5))  # the input is one file both nodes see
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test", str(ROOT / "curate_dataset.py"),
+           "--input", str(tmp_path / "d.jsonl"), "--output", "o/c.jsonl", "--model-dir", str(tiny_model_dir),
+           "--device", "cpu", "--n-clusters", "3", "--no-plot", "--no-progress"]
+    nodes = [subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for folder in folders]
+    logs = [node.communicate(timeout=240)[1] for node in nodes]
+    assert all(node.returncode != 0 for node in nodes), logs
+    said = [line for log in logs for line in log.splitlines() if "error: " in line and "ChildFailed" not in line]
+    assert len(said) == 2 and all("do not share the folder" in line for line in said), logs
+    assert all(log.count("Traceback") == log.count("ChildFailedError:") for log in logs), logs
+    assert not [p.name for folder in folders for p in (folder / "o").glob("*") if p.name.endswith(".tmp")]
+
+
 def test_two_nodes_equal_a_single_process_and_reuse_its_cache(tmp_path, tiny_model_dir, monkeypatch):
     """--nnodes 2 with the fit on a sample smaller than N: labels, order and curated bytes are a single
     process's with the same --cluster-fit-sample; the rows a 1-process run cached are reused (moved)."""
