@@ -1572,8 +1572,8 @@ def _say_records_longer_than_a_window(counts: np.ndarray, seq_len: int, packing:
     if not longer.any():
         return
     share = float(counts[longer].sum()) / float(counts.sum())
-    what = ("packed whole, each fills windows by itself" if packing == "whole"
-            else "packed split, each fills windows by itself but for its ends")
+    what = ("packed whole, each fills windows alone but for its last part" if packing == "whole"
+            else "packed split, each fills windows alone but for its ends")
     log.log(logging.WARNING if share >= LONG_RECORDS_WARN_SHARE else logging.INFO,
             "%d record(s) longer than --seq-len %i (the longest %d tokens; %.1f%% of all tokens): %s, whatever the "
             "order; a trainer that truncates to the window keeps only their first %d tokens",

@@ -108,9 +108,9 @@ def window_counts(labels: np.ndarray, token_counts: np.ndarray, seq_len: int, or
                   packing: str = "whole") -> tuple[np.ndarray, np.ndarray]:
     """Per ``seq_len`` window, in order: (unique clusters, documents present), documents packed in ``order``.
 
-    ``packing`` is the trainer's packing model (see ``packing.py``); with "whole" documents are
-    never split: one that does not fit closes the window; one longer than ``seq_len`` fills whole
-    windows by itself. No windows at all gives ``[0]``, ``[0]``.
+    ``packing`` is the trainer's packing model (see ``packing.py``); with "whole" one that does not fit
+    closes the window; one longer than ``seq_len`` fills whole windows alone and its last part opens the
+    next. No windows at all gives ``[0]``, ``[0]``.
     """
     if seq_len < 1:
         raise ValueError("seq_len must be at least 1")
@@ -651,9 +651,13 @@ def ordering_quality(labels: np.ndarray, token_counts: np.ndarray, seq_len: int,
     deviation = window_share_deviation(labels, token_counts, seq_len, order, n_clusters, packing)
     unique, documents = windows if windows is not None else window_counts(labels, token_counts, seq_len, order, packing)
     present = clusters_present(labels)
+    by_tenth = diversity_by_part(unique)
     return {
         "diversity": summarize_windows(unique),
-        "diversity_by_tenth": diversity_by_part(unique),
+        "diversity_by_tenth": by_tenth,
+        # (its own: the random baseline's is the mean of each shuffle's lowest, not the lowest of the mean tenths,
+        # which evens the tenths out and sits above what a shuffle reaches)
+        "diversity_lowest_tenth": min(by_tenth) if by_tenth else 0.0,
         "efficiency": round(efficiency(unique, documents, present), 4),
         "fill": round(sequence_fill(token_counts, deviation.size, seq_len), 4),  # one per window holding tokens
         "uniformity_max": round(float(deviation.max()), 4),

@@ -194,7 +194,7 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
              "(a missed one is marked ✗; stratified and random, the two they measure against, show -). "
              "The random row is the mean of seeded shuffles (one shuffle's boundary shift swings by 2-5 x from seed "
              f"to seed): {diversity.RANDOM_SHUFFLES_LEAST} of a large corpus, up to {diversity.RANDOM_SHUFFLES_MOST} "
-             "of a small one. "
+             "of a small one (each figure the mean of the shuffles' own: their lowest tenths, their least diverse windows). "
              "Time: the ordering's run time (compiled code warmed up first); orderings that do not depend on the "
              "sequence length run once and show that time at every length.", ""]
     if options:
@@ -218,7 +218,7 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
         for r in at.values():
             d = r["diversity"]
-            lowest = f"{min(r['diversity_by_tenth']):.2f}" if r.get("diversity_by_tenth") else "-"
+            lowest = f"{r['diversity_lowest_tenth']:.2f}" if r.get("diversity_by_tenth") else "-"
             lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} | {lowest} "
                          f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "

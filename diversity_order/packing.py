@@ -2,9 +2,10 @@
 
 Two models of the trainer:
 
-- ``whole`` (the default; the original toolkit's): documents are never split. A document joins
-  the open window if it fits; otherwise the window closes and the document opens the next one. A
-  document longer than a window fills whole windows alone, and its remainder opens the next.
+- ``whole`` (the default; the original toolkit's): a document joins the open window if it fits;
+  otherwise the window closes and the document opens the next one. Only a document longer than a
+  window is cut: it fills whole windows alone, and its remainder opens the next, which later
+  documents join.
 - ``split`` (Megatron, nanoGPT, torchtitan, Hugging Face ``group_texts``): documents are
   concatenated into one token stream, cut every ``seq_len`` tokens; a document is present in every
   window its tokens reach. A document without tokens belongs to the window of the token before it.

@@ -155,8 +155,8 @@ def plot_ordering_comparison(path: Path, labels: np.ndarray, token_counts: np.nd
         (axes[1], order, title(f"Curated order ({ordering_name})", summary_after), diversity_after.size),
     ):
         strip = _colour_strip(labels[order_here], token_counts[order_here], colors)
-        # Packing never splits a document, so windows end part-empty: stretch the token axis over
-        # the packed windows so the strip lines up with the per-window curve below.
+        # Packing whole, a document that does not fit starts the next window, so windows end part-empty: stretch
+        # the token axis over the packed windows so the strip lines up with the per-window curve below.
         ax.imshow(strip, aspect="auto", interpolation="nearest", extent=(0, max(n_windows, total_windows), 0, 1))
         ax.set_yticks([])
         ax.set_title(text, fontsize=10)

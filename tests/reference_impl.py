@@ -470,5 +470,11 @@ def assert_mean_of_shuffles(measured: dict, labels, counts, k, seq_len, seed, pa
         assert measured["diversity"]["mean"] == pytest.approx(sum(q["diversity"]["mean"] for q in each) / count,
                                                               abs=1e-4)
         assert measured["diversity"]["min"] == round(sum(q["diversity"]["min"] for q in each) / count)
+    if "diversity_lowest_tenth" in measured:  # each shuffle's own lowest tenth, averaged (not the lowest mean tenth)
+        lowest = []
+        for order in shuffles:
+            unique = diversity.window_diversity(groups, counts, seq_len, order, packing)
+            lowest.append(min(float(np.mean(part)) for part in np.array_split(unique, min(10, unique.size))))
+        assert measured["diversity_lowest_tenth"] == pytest.approx(sum(lowest) / count, abs=0.01)
     assert measured["boundary_shift_range"] == [min(q["boundary_shift"] for q in each),
                                                 max(q["boundary_shift"] for q in each)]

@@ -494,11 +494,12 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores, 
         for r in (r for r in rows if r["seq_len"] == seq_len):  # the least diverse tenth of the epoch, beside std
             d = r["diversity"]
             assert f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} | " \
-                   f"{min(r['diversity_by_tenth']):.2f} |" in body[names.index(r["ordering"])]
+                   f"{r['diversity_lowest_tenth']:.2f} |" in body[names.index(r["ordering"])]
             unique, _ = diversity.window_counts(labels, counts, seq_len, ORDERINGS[r["ordering"]](
                 labels, counts, k, replace(options, seq_len=seq_len))) if r["ordering"] != "random" else (None, None)
             if unique is not None:
                 assert r["diversity_by_tenth"] == diversity.diversity_by_part(unique)
+                assert r["diversity_lowest_tenth"] == min(diversity.diversity_by_part(unique))
         assert lines[heading + 4 + len(names)] == ""
         verdict = lines[heading + 5 + len(names)]
         assert verdict.startswith(f"Meets all three criteria (D, U, B): {', '.join(wins[seq_len]) or 'none'}.")

@@ -59,8 +59,9 @@ def _add_data_flags(p) -> None:
                             "(one EOS separator: Megatron --append-eod, nanoGPT, TRL SFT); bos-eos (BOS and EOS: "
                             "torchtitan)")
     group.add_argument("--packing", default=PACKING_MODELS[0], choices=PACKING_MODELS,
-                       help="how the trainer fills its --seq-len windows: whole (documents never split; the original "
-                            "toolkit's model, default) or split (concatenate and cut every --seq-len tokens: "
+                       help="how the trainer fills its --seq-len windows: whole (a document that does not fit starts "
+                            "the next window; only one longer than --seq-len is cut, its last part starting the next; "
+                            "the original toolkit's model, default) or split (concatenate and cut every --seq-len tokens: "
                             "Megatron, nanoGPT, torchtitan, HF group_texts, TRL packing 'wrapped'); the statistics, "
                             "plots and window-aware orderings follow it")
     group.add_argument("--export-packed", type=Path, default=None, metavar="DIR",
