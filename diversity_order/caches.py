@@ -687,7 +687,15 @@ def filled_rows(data_path: Path) -> tuple[int, int] | None:
 
 
 def require_filled(data_path: Path, what: str) -> None:
-    """A one-line error when the set at ``data_path`` is part-filled (``filled_rows``): its other rows are zeros."""
+    """A one-line error when the set at ``data_path`` is part-filled (``filled_rows``), or a deep extraction's
+    checkpoint: their other rows are zeros."""
+    from .deep.checkpoint import unfinished_share
+
+    share = unfinished_share(data_path)
+    if share is not None:
+        done = f"{share[0]:,} of its {share[1]:,} rows were computed" if share[0] is not None else "its rows are not all computed"
+        raise UserError(f"{what}: a checkpoint of an unfinished extract_deep_embeddings.py run ({done}, the others are "
+                        "zeros); rerun that command to finish it, then give its --output file")
     part = filled_rows(data_path)
     if part is not None:
         raise UserError(f"{what}: only {part[0]:,} of the {part[1]:,} rows of {Path(data_path).name} were computed "
@@ -728,6 +736,9 @@ class RowCheck:
 # means the same documents, however many others there are (matrices of two overlapping samples met 48% and
 # were taken by position, every document with another one's vector).
 COMPARABLE_SHARE = 0.1
+# Where rows and positions were made from one field, more than this share of texts without a row are other
+# documents, not edits (a comparison of two clusterings would then compare different documents).
+OTHER_DOCUMENTS_SHARE = 0.5
 
 
 def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCheck:
@@ -741,7 +752,7 @@ def check_rows(rows_fingerprints: np.ndarray, fingerprints: np.ndarray) -> RowCh
 
 
 def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: str, row: str, position: str,
-                      positions: str) -> None:
+                      positions: str, same_texts: bool = False) -> None:
     """The rows of the matrix at ``rows_path`` against the texts ``fingerprints`` (None: unknown, nothing is
     checked), by the fingerprints written beside ``rows_path``: rows
     in another order are a one-line error (every document would get another one's vector), rows made from
@@ -749,7 +760,8 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
     checked; without fingerprints beside it nothing is checked. ``what``: the flags
     the messages start with; ``row``, ``position``, ``positions``: how they name a row, a position and all.
     A fingerprints file that cannot be these rows' (another length, unreadable) and rows it marks as never
-    computed are one-line errors too."""
+    computed are one-line errors too. ``same_texts``: the rows and the positions were made from the same field,
+    so rows of other texts (all of them, or most) are other documents: a one-line error."""
     require_filled(rows_path, what)
     if fingerprints is None:
         return
@@ -769,6 +781,10 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
                         f"set, copied without its manifest: {beside.name} marks them); rerun the curate command that "
                         "wrote it (same --input and --output) to complete it")
     check = check_rows(written, fingerprints)
+    if same_texts and check.unmatched > OTHER_DOCUMENTS_SHARE * fingerprints.size:
+        raise UserError(f"{what}: {check.unmatched:,} of the {fingerprints.size:,} texts of {positions} are not among "
+                        f"those {row}s were made from (by the fingerprints written beside each, both of the same "
+                        "field): files of other documents; give rows of the same documents in the same order")
     if not check.comparable:
         log.warning("%s: the texts its rows were made from are mostly not those of %s (another text field, or "
                     "other data?); rows are taken by position, unchecked", what, positions)
@@ -780,8 +796,8 @@ def require_row_order(rows_path: Path, fingerprints: np.ndarray | None, what: st
         raise UserError(f"{what}: the rows are not in the order of {positions} ({position} {i} is {row} {j}, "
                         f"by the fingerprints written beside each{held}); give embeddings of the documents in one order")
     elif check.unmatched:
-        log.warning("%s: %d of %s differ from the texts the rows were made from (edited since?); their rows are "
-                    "used as they are", what, check.unmatched, positions)
+        log.warning("%s: %d of %s differ from the texts the rows were made from (edited since, or other "
+                    "documents?); their rows are used as they are", what, check.unmatched, positions)
 
 
 # ---- store ---------------------------------------------------------------------------------------

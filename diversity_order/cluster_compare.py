@@ -21,6 +21,7 @@ from . import caches
 from .clustering import kmeans_labels, pca_components_kept, reduce_with_pca
 from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED
 from .errors import UserError
+from .fields import cache_key
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,13 @@ def require_same_row_counts(n_shallow: int, n_deep: int) -> None:
 
 def check_same_order(shallow_path: Path, deep_path: Path, n_shallow: int, n_deep: int) -> None:
     """The two files' rows against each other (``caches.require_row_order``): the same documents in other orders
-    would compare every document with another one. Neither may be part-filled (an interrupted run's). Files of
-    other row counts are said to be so first (each one's fingerprints would otherwise be blamed for the other's
+    would compare every document with another one; files of other documents (most texts differing, the rows made
+    from one field) are refused too. Neither may be part-filled (an interrupted run's: said first). Files of
+    other row counts are said to be so next (each one's fingerprints would otherwise be blamed for the other's
     length)."""
-    require_same_row_counts(n_shallow, n_deep)
     caches.require_filled(shallow_path, f"--shallow {shallow_path}")
     caches.require_filled(deep_path, f"--deep {deep_path}")
+    require_same_row_counts(n_shallow, n_deep)
     for flag, path in (("--shallow", shallow_path), ("--deep", deep_path)):
         beside = caches.files_for(path).fingerprints
         if beside.exists() and caches.written_fingerprints(path) is None:
@@ -72,9 +74,18 @@ def check_same_order(shallow_path: Path, deep_path: Path, n_shallow: int, n_deep
             log.warning("%s %s: no %s beside it (copied without it?), so the two files' rows are compared by position, "
                         "unchecked: files of the same documents in other orders would compare each document with "
                         "another one", flag, path, caches.files_for(path).fingerprints.name)
+    fields = [_text_field(caches.written_key(path)) for path in (shallow_path, deep_path)]
     caches.require_row_order(deep_path, caches.written_fingerprints(shallow_path),
                              f"--shallow {shallow_path} and --deep {deep_path}", "--deep's row", "row",
-                             "--shallow's rows")
+                             "--shallow's rows", same_texts=fields[0] is not None and fields[0] == fields[1])
+
+
+def _text_field(key: dict | None) -> str | None:
+    """The field a file's rows were made from, by its manifest's key (None: not written)."""
+    field = key.get("text_field") if isinstance(key, dict) else None
+    if isinstance(field, list) and all(isinstance(name, str) for name in field):
+        return cache_key(tuple(field))
+    return field if isinstance(field, str) else None
 
 
 def check_replaceable_report(path: Path) -> None:
@@ -94,18 +105,48 @@ def check_replaceable_report(path: Path) -> None:
 def token_limits(shallow_path: Path, deep_path: Path) -> dict[str, int | None]:
     """How many of each document's tokens each file's rows were made from, by the manifests written beside them
     (``max_len``: extract_deep_embeddings.py's --max-tokens or the model's length; curate's shallow embeddings
-    read whole documents: None), said where they differ: documents longer than the limit are then compared on
-    different text, which lowers the agreement by itself."""
+    read whole documents: None), said where they differ and some document is longer than the lower limit (by the
+    full lengths a deep extraction keeps beside its rows, where they are its rows'; without them, said as a
+    possibility): those are compared on different text, which lowers the agreement by itself."""
     limits = {}
     for name, path in (("shallow", shallow_path), ("deep", deep_path)):
         key = caches.written_key(path)
         limits[name] = key.get("max_len") if isinstance(key, dict) and isinstance(key.get("max_len"), int) else None
     if limits["shallow"] != limits["deep"]:
-        said = {name: f"the first {limit:,} tokens of each document" if limit else "whole documents"
-                for name, limit in limits.items()}
-        log.warning("--shallow's rows were made from %s, --deep's from %s: documents longer than that are compared "
-                    "on different text, which lowers ARI and NMI by itself", said["shallow"], said["deep"])
+        limit = min(value for value in limits.values() if value)
+        lengths = [full for full in (_full_lengths(path) for path in (shallow_path, deep_path)) if full is not None]
+        longer = int(np.count_nonzero(lengths[0] > limit)) if lengths else None
+        said = {name: f"the first {value:,} tokens of each document" if value else "whole documents"
+                for name, value in limits.items()}
+        if longer is None:
+            log.warning("--shallow's rows were made from %s, --deep's from %s: documents longer than that are "
+                        "compared on different text, which lowers ARI and NMI by itself", said["shallow"], said["deep"])
+        elif longer:
+            log.warning("--shallow's rows were made from %s, --deep's from %s: the %d document(s) longer than that "
+                        "(of %d) are compared on different text, which lowers ARI and NMI by itself", said["shallow"],
+                        said["deep"], longer, lengths[0].size)
+        else:
+            log.info("--shallow's rows were made from %s, --deep's from %s: no document is longer than that",
+                     said["shallow"], said["deep"])
     return limits
+
+
+def _full_lengths(path: Path) -> np.ndarray | None:
+    """Each document's untruncated token count, from the token cache a deep extraction keeps beside its output
+    (``OUTPUT.tokens.lengths.npy``: kept and full count per row), where its texts are the rows' own; else None."""
+    from .deep.tokens import token_cache_files
+
+    files = token_cache_files(path)
+    rows = caches.written_fingerprints(path)
+    try:
+        lengths = np.load(files.data, mmap_mode="r") if files.data.is_file() else None
+        texts = np.load(files.fingerprints, mmap_mode="r") if files.fingerprints.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if lengths is None or texts is None or rows is None or lengths.ndim != 2 or lengths.shape != (rows.size, 2) \
+            or not np.array_equal(texts, rows):
+        return None
+    return np.asarray(lengths[:, 1])
 
 
 def drop_non_finite(shallow: np.ndarray, deep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:

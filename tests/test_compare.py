@@ -312,3 +312,94 @@ def test_files_without_fingerprints_are_compared_unchecked_and_said(tmp_path, ca
     assert said == [f"--shallow {tmp_path / 's.npy'}: no s.fingerprints.npy beside it (copied without it?), so the two "
                     "files' rows are compared by position, unchecked: files of the same documents in other orders "
                     "would compare each document with another one"]
+
+
+def test_an_unfinished_deep_extractions_checkpoint_is_refused(tmp_path, capsys):
+    """A reviewer gave --deep the checkpoint an interrupted extraction left (its only .npy): 284 of 300 rows zeros,
+    compared with a warning only, and "very different: deep embeddings are worth pursuing"."""
+    from diversity_order import distributed
+    from diversity_order.deep.checkpoint import partial_paths
+
+    x, _ = blobs(n_per=10)
+    np.save(tmp_path / "s.npy", x)
+    data, done, key = partial_paths(tmp_path / "k.npy", distributed.DistContext())
+    partial = np.zeros_like(x)
+    partial[:16] = x[:16]
+    np.save(data, partial)
+    np.save(done, np.arange(x.shape[0]) < 16)
+    key.write_text("{}")
+    rc = compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "s.npy"), "--deep",
+                                                                 str(data), "--n-clusters", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert f"a checkpoint of an unfinished extract_deep_embeddings.py run (16 of its {x.shape[0]} rows were computed" in err
+    done.unlink()  # the mask unreadable or gone: still the checkpoint (its key is there)
+    assert compare_clusterings.run_main(compare_clusterings.main, ["--shallow", str(tmp_path / "s.npy"), "--deep",
+                                                                   str(data), "--n-clusters", "4"]) == 2
+    assert "its rows are not all computed" in capsys.readouterr().err
+
+
+def test_files_of_other_documents_made_from_one_field_are_refused(tmp_path, capsys, caplog):
+    """A reviewer's files of the next 300 documents (all texts differ) and of 40 shared and 260 others: each was
+    compared with a warning ("edited since?") and a verdict. Rows made from one field whose texts mostly differ
+    are other documents: refused; a few edits are still a warning, and other fields are compared unchecked."""
+    from diversity_order import caches
+
+    x, _ = blobs(n_per=25)
+    n = x.shape[0]
+    texts = np.random.default_rng(3).integers(0, 2**63, n).astype(np.uint64)
+    args = ["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"), "--n-clusters", "4"]
+    caches.store(tmp_path / "s.npy", {"kind": "shallow", "text_field": "text"}, texts, x)
+    for differing, refused in ((n, True), (n * 13 // 15, True), (n // 2 + 1, True), (n // 2, False), (5, False)):
+        other = texts.copy()
+        other[n - differing:] += np.uint64(1)
+        caches.store(tmp_path / "d.npy", {"kind": "deep", "text_field": "text"}, other, x)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            rc = compare_clusterings.run_main(compare_clusterings.main, args)
+        err = capsys.readouterr().err
+        assert rc == (2 if refused else 0), (differing, err)
+        if refused:
+            assert f"{differing} of the {n} texts of --shallow's rows are not among those --deep's rows were made from" \
+                in err and "files of other documents" in err
+        else:
+            assert f"{differing} of --shallow's rows differ from the texts the rows were made from (edited since, or " \
+                   "other documents?)" in caplog.text
+    # another field on one side: texts differ by design, compared by position with the warning
+    caches.store(tmp_path / "d.npy", {"kind": "deep", "text_field": "content"}, texts + np.uint64(1), x)
+    with caplog.at_level("WARNING"):
+        assert compare_clusterings.run_main(compare_clusterings.main, args) == 0
+    assert "are mostly not those of --shallow's rows" in caplog.text
+
+
+def test_a_token_limit_no_document_reaches_is_not_warned(tmp_path, caplog):
+    """Every extraction without --max-tokens records the model's length (8,192): the README's own comparison
+    warned that documents longer than that were compared on different text, where none was. The full lengths
+    the extraction keeps beside its rows say how many are."""
+    from diversity_order import caches
+    from diversity_order.deep.tokens import token_cache_files
+
+    x, _ = blobs(n_per=10)
+    texts = np.arange(x.shape[0], dtype=np.uint64)
+    caches.store(tmp_path / "s.npy", {"kind": "shallow"}, texts, x)
+    caches.store(tmp_path / "d.npy", {"kind": "deep", "max_len": 48}, texts, x)
+    files = token_cache_files(tmp_path / "d.npy")
+    full = np.full(x.shape[0], 30)
+    np.save(files.data, np.stack([np.minimum(full, 48), full], axis=1))
+    np.save(files.fingerprints, texts)
+    args = ["--shallow", str(tmp_path / "s.npy"), "--deep", str(tmp_path / "d.npy"), "--n-clusters", "4"]
+    with caplog.at_level("INFO"):
+        assert compare_clusterings.main(args) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "made from" in r.getMessage()]
+    assert "no document is longer than that" in caplog.text
+    caplog.clear()
+    full[[3, 7]] = 100
+    np.save(files.data, np.stack([np.minimum(full, 48), full], axis=1))
+    with caplog.at_level("WARNING"):
+        assert compare_clusterings.main(args) == 0
+    assert f"the 2 document(s) longer than that (of {x.shape[0]}) are compared on different text" in caplog.text
+    caplog.clear()
+    np.save(files.fingerprints, texts + np.uint64(1))  # lengths of other texts: not taken, the warning as before
+    with caplog.at_level("WARNING"):
+        assert compare_clusterings.main(args) == 0
+    assert "documents longer than that are compared on different text" in caplog.text

@@ -50,6 +50,24 @@ def _share_files(key_path: Path) -> tuple[Path, Path, Path]:
             key_path.with_name(stem + ".rows.npy"))
 
 
+def unfinished_share(data_path: Path) -> tuple[int | None, int | None] | None:
+    """(rows done, rows) where ``data_path`` is a share's rows so far (``X.partial.npy`` beside its key or done
+    mask): an unfinished extraction's checkpoint, whose other rows are zeros (None: its mask is unreadable).
+    None for any other file."""
+    path = Path(data_path)
+    if not path.name.endswith(".partial.npy"):
+        return None
+    key_path = path.with_name(path.name.removesuffix(".npy") + ".json")
+    done_path = _share_files(key_path)[1]
+    if not (key_path.exists() or done_path.exists()):
+        return None
+    try:
+        done = np.load(done_path)
+        return int(np.count_nonzero(done)), int(done.size)
+    except (OSError, ValueError):
+        return None, None
+
+
 def rows_path(key_path: Path) -> Path:
     """``X.partial.rows.npy`` beside ``X.partial.json``: the input rows of the share."""
     return _share_files(key_path)[2]
