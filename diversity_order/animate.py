@@ -26,6 +26,7 @@ import numpy as np
 
 from .arrays import check_labels, check_order, check_token_counts, load_npy
 from .atomic import atomic_open, give_plain_permissions
+from .caches import ids_digest, records_digest, sidecar_paths
 from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from .diversity import summarize_windows, window_diversity
 from .errors import UserError
@@ -121,8 +122,11 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
     if n == 0:
         raise UserError(f"--token-counts {token_counts}: no documents")
     meta_k = None
+    digests: dict = {}  # the run's digests of its records, labels and order (runs since 2026-11-28)
+    given = {"labels": labels is not None, "order": order is not None}
     if meta is not None:
         m = read_meta(meta)
+        digests = m.get("digests") if isinstance(m.get("digests"), dict) else {}
         if labels is None and m.get("labels_file"):
             labels = _resolve_beside(Path(meta), m["labels_file"])
         if order is None and m.get("order_file"):
@@ -148,6 +152,7 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
             raise UserError(f"--token-counts {token_counts}: {int(counts.sum()):,} tokens, but the curate run of "
                             f"--meta {meta} counted {int(recorded):,}; pass the token counts of that run's input "
                             f"({m.get('token_counts_file') or 'X_token_counts.npy beside it'})")
+        _check_counts_records(Path(token_counts), digests.get("records"), meta, from_meta)
         if labels is None:
             raise UserError(f"--meta {meta}: no labels_file recorded (an older curate run?); pass --labels")
     seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
@@ -156,6 +161,7 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
 
     if labels is not None:
         lab = check_labels(load_npy(labels, "--labels"), n, f"--labels {labels}")
+        _check_run_file("labels", labels, lab, digests.get("labels"), meta, given["labels"])
         k = max(int(lab.max()) + 1, int(meta_k or 0), int(n_clusters or 0) if meta_k is None and n_clusters else 0)
         source = f"labels from {labels}"
     else:
@@ -180,6 +186,7 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
         source = f"k-means (k={k}) on {embeddings}"
     if order is not None:
         ordr = check_order(load_npy(order, "--order"), n, f"--order {order}")
+        _check_run_file("order", order, ordr, digests.get("order"), meta, given["order"])
         source += f", order from {order}"
     else:
         from .orderings import CLUSTER_ORDERINGS, ORDERINGS, OrderingOptions
@@ -191,12 +198,43 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
     return AnimationInputs(lab, ordr, counts, int(k), int(seq_len), source, packing, Path(token_counts))
 
 
+def _check_counts_records(token_counts: Path, recorded: str | None, meta: Path, from_meta: bool) -> None:
+    """The token counts are of the records the run of ``meta`` ordered, by the fingerprints beside them against the
+    digest the run recorded: the counts file is shared by every run over the input, and a later run over the same
+    records reordered rewrites it with as many tokens (every document then drawn with another one's count)."""
+    if not isinstance(recorded, str):
+        return
+    try:
+        fingerprints = np.load(sidecar_paths(token_counts)[0])
+    except (OSError, ValueError):
+        return  # copied without them: the total was checked
+    if records_digest(fingerprints) == recorded:
+        return
+    if from_meta:
+        raise UserError(f"--meta {meta}: its token counts file {token_counts} is of other records now (or of the same "
+                        "in another order, by the fingerprints beside it): a later run over changed records rewrote "
+                        "it; run curate_dataset.py again for the labels and order of these records")
+    raise UserError(f"--token-counts {token_counts}: the counts of other records than those the curate run of --meta "
+                    f"{meta} ordered (or of the same in another order, by the fingerprints beside it)")
+
+
+def _check_run_file(what: str, path: Path, values: np.ndarray, recorded: str | None, meta: Path | None,
+                    given: bool) -> None:
+    """The labels or order read are those the run of ``meta`` wrote, by the digest it recorded: one named by the
+    metadata and changed since is an error (another run wrote over it); one given is shown, with a warning."""
+    if meta is None or not isinstance(recorded, str) or ids_digest(values) == recorded:
+        return
+    if not given:
+        raise UserError(f"--meta {meta}: its {what} file {path} is not the one that run wrote (another run wrote "
+                        f"over it); run curate_dataset.py again")
+    log.warning("--%s %s: not the %s the curate run of --meta %s wrote; shown with that run's token counts and "
+                "settings", what, path, what, meta)
+
+
 def check_projection_records(projection: Path, inputs: AnimationInputs) -> None:
     """A 2-D projection of as many other records (the same ones reordered or edited, then a run with --no-plot,
     which leaves the earlier run's projection) passed the row-count check and drew each point in another
     record's colour. Where both files have their records' fingerprints beside them, they must be the same."""
-    from .caches import sidecar_paths
-
     if inputs.token_counts_file is None:
         return
     try:

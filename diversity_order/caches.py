@@ -223,6 +223,16 @@ def digest_buffer(buffer, scheme: str = DIGEST_NAME) -> str:
     return _write_digesting([memoryview(buffer).cast("B")], lambda piece: None, scheme)
 
 
+def records_digest(fingerprints) -> str:
+    """The digest of records' text fingerprints (as uint64, however they were stored): which records, in which order."""
+    return digest_buffer(np.ascontiguousarray(fingerprints, dtype=np.uint64).reshape(-1).view(np.uint8))
+
+
+def ids_digest(values) -> str:
+    """The digest of per-document ids (labels, an order) as int64, however they were stored."""
+    return digest_buffer(np.ascontiguousarray(values, dtype=np.int64).reshape(-1).view(np.uint8))
+
+
 def digest_file(path: Path | str, scheme: str = DIGEST_NAME) -> str:
     """The digest of the file at ``path`` (``digest_buffer`` of its bytes), read chunk by chunk in parallel."""
     fd = os.open(path, os.O_RDONLY)

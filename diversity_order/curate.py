@@ -1424,6 +1424,10 @@ def write_metadata(run: Run, plots_drawn: bool = True) -> dict:
         if plots_drawn else None,
         "labels_file": _recorded_path(paths["labels"]),
         "order_file": _recorded_path(paths["order"]),
+        # What animate_ordering.py checks the files it reads against: the token counts file is shared by every run
+        # over the input, and a later run over reordered records rewrites it with as many tokens.
+        "digests": {"records": caches.records_digest(run.index.fingerprints),
+                    "labels": caches.ids_digest(run.labels), "order": caches.ids_digest(run.order)},
         "timings_seconds": run.timer.seconds,
         "cpu_seconds": run.timer.cpu_seconds,
         "peak_rss_mb": run.timer.peak_rss_mb,

@@ -120,6 +120,7 @@ def check_locations(output: Path, written: dict[str, Path], read: dict[str, Path
     if output.is_dir() and not folder_output:
         raise UserError(f"--output {output}: is a folder; give the path of the curated file to write, "
                         f"e.g. {output / 'curated.jsonl'}")
+    check_plain_output(output, "--output")
     check_not_folders({"metadata" if role == "meta" else role.replace("_", " "): target
                        for role, target in written.items()}, "--output", output)
     for flag, source in read.items():
@@ -177,6 +178,23 @@ def check_not_folders(written: dict[str, Path], flag: str, given: Path) -> None:
             named = "" if Path(path) == Path(given) else f" {path}"
             raise UserError(f"{flag} {given}:{named} is a folder, where this run writes its {role}; move it or choose "
                             f"another {flag}")
+
+
+def check_plain_output(path: Path, flag: str) -> None:
+    """Refuse, before the work, an output path that is not a file this run can replace with its own: ``-`` (a file
+    of that name, not stdout, with every companion file named after it), a symbolic link (the atomic rename
+    replaces the link, and the file it points to, which a trainer may read, keeps the old data), a device, pipe
+    or socket (``/dev/stdout`` was replaced by a regular file, and the run's files went into ``/dev``)."""
+    path = Path(path)
+    if str(path) == "-":
+        raise UserError(f"{flag} -: this run writes files (the output and its metadata beside it), not to standard "
+                        "output; give a file path")
+    if path.is_symlink():
+        raise UserError(f"{flag} {path}: a symbolic link (to {os.readlink(path)}); writing replaces the link, not the "
+                        "file it points to: give that file's path, or remove the link")
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise UserError(f"{flag} {path}: not a regular file (a device, pipe or socket); give the path of a file to "
+                        "write")
 
 
 def check_writable_folder(folder: Path, flag: str) -> None:

@@ -267,3 +267,44 @@ def test_the_chart_leaves_off_a_k_no_window_comes_near(run_files):
     assert dense.chart_ylim[1] == pytest.approx(5 * 1.2 + 1)
     # The curve of the sparse ids fills the chart as the dense ids' does: the same rows, not squeezed to the foot.
     assert bars.curve.any(axis=1).sum() == pytest.approx(dense.curve.any(axis=1).sum(), abs=2)
+
+
+def test_files_of_other_records_or_rewritten_since_the_run_are_said(run_files, caplog):
+    """A reviewer's second run over the same records reordered rewrote the token counts file the first run's
+    metadata names, with as many tokens: the first run's video drew every document with another one's count
+    (mean diversity 15.18 -> 24.72 where that run had 14.88 -> 24.81). The run records digests of its records,
+    labels and order; the files read are checked against them."""
+    from diversity_order import caches
+
+    tmp, labels, counts, order = run_files
+    fingerprints = np.random.default_rng(1).integers(0, 2**63, counts.size).astype(np.uint64)
+    np.save(caches.sidecar_paths(tmp / "A_token_counts.npy")[0], fingerprints)
+    meta = json.loads((tmp / "B_meta.json").read_text()) | {
+        "labels_file": str(tmp / "B_labels.npy"), "token_counts_file": str(tmp / "A_token_counts.npy"),
+        "total_tokens": int(counts.sum()),
+        "digests": {"records": caches.records_digest(fingerprints), "labels": caches.ids_digest(labels),
+                    "order": caches.ids_digest(order)}}
+    (tmp / "d_meta.json").write_text(json.dumps(meta))
+    inputs = animate.load_inputs(None, meta=tmp / "d_meta.json")  # as the run wrote them: taken
+    assert np.array_equal(inputs.token_counts, counts) and np.array_equal(inputs.order, order)
+    # the same records reordered by a later run: the same total, other fingerprints
+    swap = np.random.default_rng(2).permutation(counts.size)
+    np.save(tmp / "A_token_counts.npy", counts[swap])
+    np.save(caches.sidecar_paths(tmp / "A_token_counts.npy")[0], fingerprints[swap])
+    with pytest.raises(UserError, match="its token counts file .* is of other records now .* a later run over "
+                                        "changed records rewrote it"):
+        animate.load_inputs(None, meta=tmp / "d_meta.json")
+    with pytest.raises(UserError, match="--token-counts .*: the counts of other records than those the curate run"):
+        animate.load_inputs(tmp / "A_token_counts.npy", meta=tmp / "d_meta.json")
+    np.save(tmp / "A_token_counts.npy", counts)
+    np.save(caches.sidecar_paths(tmp / "A_token_counts.npy")[0], fingerprints)
+    # labels or order the metadata names, written over by another run: refused; given on purpose: shown, said
+    np.save(tmp / "B_order.npy", order[::-1])
+    with pytest.raises(UserError, match="its order file .* is not the one that run wrote"):
+        animate.load_inputs(None, meta=tmp / "d_meta.json")
+    np.save(tmp / "B_order.npy", order)
+    np.save(tmp / "other_labels.npy", labels[::-1])
+    with caplog.at_level(logging.WARNING):
+        inputs = animate.load_inputs(None, meta=tmp / "d_meta.json", labels=tmp / "other_labels.npy")
+    assert np.array_equal(inputs.labels, labels[::-1])
+    assert "--labels " in caplog.text and "not the labels the curate run of --meta" in caplog.text

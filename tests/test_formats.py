@@ -919,6 +919,12 @@ def test_metadata_paths_are_found_from_another_folder(tmp_path, demo_jsonl, tiny
     for key in ("input", "output", "token_counts_file", "labels_file", "order_file"):
         assert Path(meta[key]).is_absolute() and Path(meta[key]).exists() or key == "output", key
     assert all(Path(name).is_absolute() for name in meta["input_files"] + meta["output_files"])
+    # the digests animate checks the files it reads against are of what the run wrote
+    from diversity_order import caches
+
+    assert meta["digests"] == {
+        "records": caches.records_digest(np.load(caches.sidecar_paths(Path(meta["token_counts_file"]))[0])),
+        "labels": caches.ids_digest(np.load(meta["labels_file"])), "order": caches.ids_digest(np.load(meta["order_file"]))}
     lookalike = other / "out" / "c-00000-of-00002.jsonl"  # the relative name resolves here from `other`
     lookalike.write_text("another dataset\n")
     monkeypatch.chdir(other)
@@ -1950,3 +1956,36 @@ def test_a_parquet_output_named_without_a_suffix_reads_back(tmp_path, demo_jsonl
                   *COMMON) == 0
     assert sorted((tmp_path / "back.jsonl").read_bytes().splitlines()) == \
         sorted(Path(demo_jsonl).read_bytes().splitlines())
+
+
+def test_an_output_that_is_not_a_plain_file_path_is_refused(tmp_path, demo_jsonl, tiny_model_dir, capsys,
+                                                            monkeypatch):
+    """A reviewer's --output /dev/stdout (as root) replaced the link with a regular file and wrote the run's files
+    into /dev; --output - wrote files named '-' and '-_meta.json'; an output linked to a file elsewhere was replaced
+    by a local file, and the trainer reading the link's target kept the old order. Each is one line before work."""
+    import compare_clusterings
+    import extract_deep_embeddings
+
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "shared" / "real.jsonl"
+    target.parent.mkdir()
+    target.write_text('{"text": "old"}\n')
+    (tmp_path / "link.jsonl").symlink_to(target)
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    said = {
+        "-": "--output -: this run writes files (the output and its metadata beside it), not to standard output",
+        "link.jsonl": f"--output link.jsonl: a symbolic link (to {target}); writing replaces the link, not the file",
+        "pipe.jsonl": "--output pipe.jsonl: not a regular file (a device, pipe or socket)"}
+    for output, message in said.items():
+        err = run_error(capsys, "--input", demo_jsonl, "--output", output, "--model-dir", tiny_model_dir, *COMMON)
+        assert err.startswith(f"error: {message}"), err
+    assert target.read_text() == '{"text": "old"}\n' and (tmp_path / "link.jsonl").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.jsonl", "link.jsonl", "pipe.jsonl", "shared"]
+    # the other scripts' outputs too
+    np.save(tmp_path / "e.npy", np.eye(20, dtype=np.float32))
+    (tmp_path / "r.json").symlink_to(tmp_path / "shared" / "r.json")
+    assert run_main(compare_clusterings.main, ["--shallow", "e.npy", "--deep", "e.npy", "--json", "r.json"]) == 2
+    assert "--json r.json: a symbolic link" in capsys.readouterr().err
+    assert run_main(extract_deep_embeddings.main, ["--input", str(demo_jsonl), "--output", "-", "--model-dir",
+                                                   str(tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.startswith("error: --output -: this run writes files")

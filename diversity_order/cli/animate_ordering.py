@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import animate
     from ..arrays import load_npy
     from ..errors import MAX_COUNT, UserError, check_range
-    from ..outputs import check_not_folders, check_writable_folder
+    from ..outputs import check_not_folders, check_plain_output, check_writable_folder
 
     check_range(args.n_frames, "--n-frames", 1, MAX_COUNT)
     check_range(args.fps, "--fps", 1, MAX_COUNT)
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     names = animate.output_names(args.output)
     check_writable_folder(names["bar"].parent, "--output")
     check_not_folders(dict(zip(animate.OUTPUT_ROLES, names.values())), "--output", args.output)
+    for name in names.values():
+        check_plain_output(name, "--output")
     cloud = None
     if args.umap is not None:  # checked before any video is encoded
         import numpy as np

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..arrays import load_matrix
     from ..atomic import save_json
     from ..errors import UserError
-    from ..outputs import check_not_folders, check_writable_folder, same_file
+    from ..outputs import check_not_folders, check_plain_output, check_writable_folder, same_file
 
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise UserError(f"--plot {args.plot}: the plots are PNG images; give a name ending in .png")
@@ -58,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
             if same_file(path, source):
                 raise UserError(f"{flag} {path} is the {read_flag} file; choose another path")
         check_writable_folder(path.parent, flag)  # before the work, not after it
-        check_not_folders({"plot": path, "contingency plot": cmp.contingency_plot_path(path)} if flag == "--plot"
-                          else {"report": path}, flag, path)
+        written = {"plot": path, "contingency plot": cmp.contingency_plot_path(path)} if flag == "--plot" \
+            else {"report": path}
+        check_not_folders(written, flag, path)
+        for name in written.values():
+            check_plain_output(name, flag)
     if args.json is not None:
         cmp.check_replaceable_report(args.json)
     shallow = load_matrix(args.shallow, "--shallow")

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import distributed
 from ..errors import EveryRankError, UserError
 from ..model_folder import check_model_dir
-from ..outputs import check_outside_model_dir, same_file
+from ..outputs import check_outside_model_dir, check_plain_output, same_file
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_TOKEN_BUDGET = 16384  # tokens per forward pass on CPU (documents x longest length)
@@ -69,6 +69,7 @@ def _check_output(output: Path, inputs, model_dir: Path) -> None:
     array) and outside the model folder."""
     if output.is_dir():
         raise UserError(f"--output {output}: is a folder; give a .npy file path")
+    check_plain_output(output, "--output")
     check_outside_model_dir(output, model_dir)
     if output.suffix.lower() != ".npy":
         raise UserError(f"--output {output}: the deep embeddings are a NumPy array; give a name ending in .npy")
