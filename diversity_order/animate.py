@@ -27,7 +27,7 @@ import numpy as np
 from .arrays import check_labels, check_order, check_token_counts, load_npy
 from .atomic import atomic_open, give_plain_permissions
 from .caches import ids_digest, records_digest, sidecar_paths
-from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_ORDERING, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from .diversity import summarize_windows, window_diversity
 from .errors import UserError
 
@@ -105,7 +105,7 @@ _META_MINIMUM = {"sequence_length": 1, "n_clusters": 1, "total_tokens": 0, "spec
 
 def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta: Path | None = None,
                 labels: Path | None = None, order: Path | None = None, n_clusters: int | None = None,
-                seq_len: int | None = None, seed: int = DEFAULT_SEED, ordering: str = "stratified",
+                seq_len: int | None = None, seed: int = DEFAULT_SEED, ordering: str = DEFAULT_ORDERING,
                 packing: str = "whole") -> AnimationInputs:
     """Labels and order as a curate run saved them (``--meta``, or ``--labels``/``--order``);
     k-means on the embeddings and ``ordering`` (a cluster ordering of the registry) only for what is
@@ -162,7 +162,9 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
     if labels is not None:
         lab = check_labels(load_npy(labels, "--labels"), n, f"--labels {labels}")
         _check_run_file("labels", labels, lab, digests.get("labels"), meta, given["labels"])
-        k = max(int(lab.max()) + 1, int(meta_k or 0), int(n_clusters or 0) if meta_k is None and n_clusters else 0)
+        k = max(int(lab.max()) + 1, int(meta_k or 0))
+        if n_clusters is not None and n_clusters != k:  # (k-means' k: the labels are given)
+            log.warning("--n-clusters %i not used: the labels of %s give K = %i", n_clusters, labels, k)
         source = f"labels from {labels}"
     else:
         if embeddings is None:
@@ -185,6 +187,8 @@ def load_inputs(token_counts: Path | None, embeddings: Path | None = None, meta:
         lab = kmeans_labels(emb, k, seed)
         source = f"k-means (k={k}) on {embeddings}"
     if order is not None:
+        if ordering != DEFAULT_ORDERING:
+            log.warning("--ordering %s not used: the order is read from %s", ordering, order)
         ordr = check_order(load_npy(order, "--order"), n, f"--order {order}")
         _check_run_file("order", order, ordr, digests.get("order"), meta, given["order"])
         source += f", order from {order}"

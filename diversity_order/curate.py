@@ -42,7 +42,7 @@ from . import (
     writers,
 )
 from .atomic import atomic_open, replaced_together, save_json, save_npy, sweep_stale_temps
-from .defaults import DEFAULT_N_CLUSTERS
+from .defaults import DEFAULT_N_CLUSTERS, DEFAULT_ORDERING
 from .errors import MAX_COUNT, EveryRankError, UserError, check_range
 from .features import EXTERNAL_METHOD, SHALLOW_METHOD, ModelParts
 from .fields import DEFAULT_TEXT_FIELD, KNOWN_ROLES, as_tuple, cache_key
@@ -89,7 +89,7 @@ class CurateConfig:
     memory_budget: int | None = None
     embedding_dtype: str = features.EMBEDDING_DTYPES[0]
     progress: bool = True
-    ordering: str = "stratified"
+    ordering: str = DEFAULT_ORDERING
     # More packed lengths for --compare-strategies (ordering_options.seq_len is always compared first).
     extra_seq_lens: tuple[int, ...] = ()
     compare_strategies: bool = False

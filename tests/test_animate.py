@@ -308,3 +308,35 @@ def test_files_of_other_records_or_rewritten_since_the_run_are_said(run_files, c
         inputs = animate.load_inputs(None, meta=tmp / "d_meta.json", labels=tmp / "other_labels.npy")
     assert np.array_equal(inputs.labels, labels[::-1])
     assert "--labels " in caplog.text and "not the labels the curate run of --meta" in caplog.text
+
+
+def test_flags_the_saved_run_overrides_are_said_and_bad_ones_refused(run_files, capsys, caplog):
+    """A reviewer's --ordering balanced and --n-clusters 50 beside a run's order and labels were taken without a
+    word (the video drew the run's order, titled K = 50), --n-clusters 1000000000 was a MemoryError traceback,
+    --seed -1 an sklearn traceback, and --output given a folder wrote anim.mp4 beside it."""
+    from diversity_order.cli import run_main
+
+    tmp, labels, *_ = run_files
+    base = ["--token-counts", str(tmp / "A_token_counts.npy"), "--meta", str(tmp / "B_meta.json"), "--n-frames", "2",
+            "--size", "320x240", "--preset", "ultrafast"]
+    for extra in (["--n-clusters", "1000000000"], ["--n-clusters", "-4"], ["--ordering", "balanced"]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert animate_ordering.main(base + extra + ["--output", str(tmp / "o.mp4")]) == 0
+        flag, value = extra
+        assert f"{flag} {value} not used: " in caplog.text
+    inputs = animate.load_inputs(tmp / "A_token_counts.npy", meta=tmp / "B_meta.json", n_clusters=50)
+    assert inputs.n_clusters == int(labels.max()) + 1
+    for value in ("-1", str(2**32)):
+        assert run_main(animate_ordering.main, base + ["--seed", value, "--output", str(tmp / "s.mp4")]) == 2
+        assert capsys.readouterr().err.startswith(f"error: --seed {value}: must be within 0..4,294,967,295")
+    import compare_clusterings
+
+    np.save(tmp / "e.npy", np.eye(20, dtype=np.float32))
+    assert run_main(compare_clusterings.main, ["--shallow", str(tmp / "e.npy"), "--deep", str(tmp / "e.npy"),
+                                               "--seed", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("error: --seed -1: must be within 0..4,294,967,295")
+    (tmp / "anim").mkdir()
+    assert run_main(animate_ordering.main, base + ["--output", str(tmp / "anim")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --output {tmp / 'anim'}: is a folder; give the video's path")
+    assert not (tmp / "anim.mp4").exists()

@@ -763,7 +763,7 @@ def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl,
     monkeypatch.setattr(writers, "write_shard", full)
     assert run_error(capsys, *base, "--ordering", "random") == (
         f"error: no room left on the disk writing in {tmp_path} (No space left on device); the earlier files are as "
-        "they were: free space or choose another --output folder, and run again")
+        "they were: free space or write elsewhere, and run again")
     assert out.read_bytes() == before
     monkeypatch.undo()
 
@@ -782,8 +782,7 @@ def test_a_full_disk_while_writing_the_outputs_is_one_line(tmp_path, demo_jsonl,
     monkeypatch.setattr(writers, "write_shard", too_large)
     assert run_error(capsys, *base, "--ordering", "random") == (
         f"error: a file too large for its file system (FAT's 4 GiB) or for ulimit -f, writing in {tmp_path} (File "
-        "too large); the earlier files are as they were: choose an --output folder on another file system, and run "
-        "again")
+        "too large); the earlier files are as they were: write on another file system, and run again")
     assert out.read_bytes() == before
 
 

@@ -310,9 +310,9 @@ def _disk_full_line(exc: OSError) -> str | None:
     reason = exc.strerror or text.splitlines()[0]
     if too_large:
         return (f"a file too large for its file system (FAT's 4 GiB) or for ulimit -f, {where} ({reason}); the "
-                "earlier files are as they were: choose an --output folder on another file system, and run again")
+                "earlier files are as they were: write on another file system, and run again")
     return (f"no room left on the disk {where} ({reason}); the earlier files are "
-            "as they were: free space or choose another --output folder, and run again")
+            "as they were: free space or write elsewhere, and run again")
 
 
 def run_command(main: Callable[[list[str] | None], int]) -> int:

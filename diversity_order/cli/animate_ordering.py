@@ -18,7 +18,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..defaults import DEFAULT_N_CLUSTERS, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from ..defaults import DEFAULT_N_CLUSTERS, DEFAULT_ORDERING, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from . import ArgumentParser, add_output_flags, run_command, setup_logging
 
 log = logging.getLogger("diversity_order")
@@ -44,8 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"training sequence length in tokens (default: --meta's, else {DEFAULT_SEQ_LEN})")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED,
                    help=f"k-means and ordering seed when recomputing (default: {DEFAULT_SEED})")
-    p.add_argument("--ordering", default="stratified", choices=list(CLUSTER_ORDERINGS),
-                   help="ordering to recompute when no --order/--meta order is given (default: stratified)")
+    p.add_argument("--ordering", default=DEFAULT_ORDERING, choices=list(CLUSTER_ORDERINGS),
+                   help=f"ordering to recompute when no --order/--meta order is given (default: {DEFAULT_ORDERING})")
     p.add_argument("--n-frames", type=int, default=600, help="frames per video (default: 600)")
     p.add_argument("--fps", type=int, default=30, help="frames per second (default: 30)")
     p.add_argument("--output", type=Path, default=Path("ordering_animation.mp4"),
@@ -79,11 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     from .. import animate
     from ..arrays import load_npy
+    from ..defaults import MAX_SEED
     from ..errors import MAX_COUNT, UserError, check_range
     from ..outputs import check_not_folders, check_plain_output, check_writable_folder
 
     check_range(args.n_frames, "--n-frames", 1, MAX_COUNT)
     check_range(args.fps, "--fps", 1, MAX_COUNT)
+    check_range(args.seed, "--seed", 0, MAX_SEED)
+    if args.output.is_dir():
+        raise UserError(f"--output {args.output}: is a folder; give the video's path (e.g. "
+                        f"{args.output / 'ordering_animation.mp4'})")
     if args.output.suffix and args.output.suffix.lower() != ".mp4":
         raise UserError(f"--output {args.output}: the video is an H.264 MP4; give a name ending in .mp4")
     width, height = _size(args.size, "--size")

@@ -44,9 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     from .. import plots
     from ..arrays import load_matrix
     from ..atomic import save_json
-    from ..errors import UserError
+    from ..defaults import MAX_SEED
+    from ..errors import UserError, check_range
     from ..outputs import check_not_folders, check_plain_output, check_writable_folder, same_file
 
+    check_range(args.seed, "--seed", 0, MAX_SEED)
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise UserError(f"--plot {args.plot}: the plots are PNG images; give a name ending in .png")
     if args.json is not None and args.json.suffix.lower() != ".json":

@@ -113,10 +113,11 @@ class OrderingOptions:
 
     def validate(self) -> None:
         """Raise a UserError naming the flag of the first option out of range."""
+        from ..defaults import MAX_SEED
         from ..errors import MAX_COUNT, UserError, check_range
 
         check_range(self.seq_len, "--seq-len", 1, MAX_COUNT, "tokens")
-        check_range(self.seed, "--seed", 0, 2**32 - 1)
+        check_range(self.seed, "--seed", 0, MAX_SEED)
         from ..packing import PACKING_MODELS
 
         if self.packing not in PACKING_MODELS:
