@@ -576,6 +576,10 @@ def _record_text(raw: bytes, path: Path, line_number: int, text_field: str | tup
     except UnicodeDecodeError as exc:
         raise _NotJsonl(f"{path}:{line_number}: invalid UTF-8 (byte {exc.start} of the line)") from None
     except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unexpected UTF-8 BOM"):  # (json's advice, "decode using utf-8-sig", is Python's)
+            raise _NotJsonl(f"{path}:{line_number}: starts with a UTF-8 byte order mark, which only a file's first "
+                            "line may (files with one each joined into one, as cat a.jsonl b.jsonl does?); remove "
+                            "it") from None
         # json's messages that end "... starting at" expect the position right after them.
         where = f" column {exc.colno}" if exc.msg.endswith(" at") else f"; column {exc.colno}"
         raise _NotJsonl(f"{path}:{line_number}: not valid JSON ({exc.msg}{where})") from None

@@ -1712,6 +1712,17 @@ def test_an_input_starting_with_a_byte_order_mark_is_said(tmp_path, demo_records
     assert sorted((tmp_path / "o.jsonl").read_bytes().splitlines()) == sorted(lines)
 
 
+def test_a_byte_order_mark_inside_a_file_is_said_as_such(tmp_path, demo_records, tiny_model_dir, capsys):
+    """A reviewer's two files with a BOM each, joined with cat: "Unexpected UTF-8 BOM (decode using utf-8-sig)"
+    named the line but gave Python's advice."""
+    src = tmp_path / "joined.jsonl"
+    part = b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\n" for r in demo_records[:20])
+    src.write_bytes(part + part)
+    err = run_error(capsys, "--input", src, "--output", tmp_path / "o.jsonl", "--model-dir", tiny_model_dir, *COMMON)
+    assert err.startswith(f"error: {src}:21: starts with a UTF-8 byte order mark, which only a file's first line may "
+                          "(files with one each joined into one"), err
+
+
 def test_a_datasets_folder_without_its_state_file_is_said_to_be_one(tmp_path, demo_records, tiny_model_dir, capsys):
     """A reviewer's save_to_disk folder lacking state.json was read as JSONL: "dataset_info.json:1: not valid JSON"."""
     datasets = pytest.importorskip("datasets")
