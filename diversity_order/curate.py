@@ -142,7 +142,7 @@ class CurateConfig:
             check_range(value, "--seq-len", 1, MAX_COUNT, "tokens")
         self.ordering_options.validate()
         self._validate_data_flags()
-        paths = outputs.output_paths(self.inputs.name, self.output, self.text_field, self.inputs.spread)
+        paths = outputs.output_paths(self.inputs.name, self.output, self.text_field, self.inputs.counts_beside_output)
         written = files_written(self, paths)
         if self.load_embeddings is not None:
             for role in ("embeddings", "embeddings fingerprints", "embeddings manifest"):
@@ -355,13 +355,16 @@ def _start(config: CurateConfig) -> Run:
     if not ctx.is_main:
         logging.getLogger("diversity_order").setLevel(logging.WARNING)
     run = Run(config, device, ctx, paths=outputs.output_paths(config.inputs.name, config.output, config.text_field,
-                                                              config.inputs.spread))
+                                                              config.inputs.counts_beside_output))
     if ctx.is_main:
         _remove_what_killed_runs_left(run)
         if config.inputs.spread:
             log.info("The input files are in %d folders: their token counts are cached beside the output (%s), not "
                      "beside a folder they share", len(config.inputs.folders),
                      run.paths["token_counts"].name)
+        elif config.inputs.system_folder:
+            log.info("The input is read through a system folder (%s): its token counts are cached beside the output "
+                     "(%s)", config.inputs.name, run.paths["token_counts"].name)
     return run
 
 

@@ -50,8 +50,9 @@ def output_paths(input_path: Path, output: Path, text_field: str | tuple[str, ..
                  counts_beside_output: bool = False) -> dict[str, Path]:
     """Every file a curate run may write, by role. The token counts beside the input are named after the
     text field when it is not the default (``A_token_counts.FIELD.npy``; joined fields ``A+B``), so runs
-    over other fields of one input keep a cache each. ``counts_beside_output`` (inputs in several folders,
-    ``Inputs.spread``): they go beside the output, named after it (``B_token_counts.npy``)."""
+    over other fields of one input keep a cache each. ``counts_beside_output`` (inputs in several folders, or
+    read through /dev: ``Inputs.counts_beside_output``): they go beside the output, named after it
+    (``B_token_counts.npy``)."""
     out_stem = output_stem(output)
     in_stem = out_stem if counts_beside_output else output_stem(input_path)
     fields = (text_field,) if isinstance(text_field, str) else tuple(text_field)

@@ -103,6 +103,17 @@ class Inputs:
         and ``/data/b.jsonl``), no place to name a cache after or write one beside."""
         return self.folder is None and len(self.folders) > 1
 
+    @property
+    def system_folder(self) -> bool:
+        """A file read through ``/dev`` or ``/proc`` (``--input /dev/stdin < data.jsonl``): no place for a cache (as
+        root, a run wrote its token counts into ``/dev``)."""
+        return any(f.absolute().parts[1:2] in (("dev",), ("proc",)) for f in self.files)
+
+    @property
+    def counts_beside_output(self) -> bool:
+        """The token counts are cached beside the output: see ``spread`` and ``system_folder``."""
+        return self.spread or self.system_folder
+
     def describe(self) -> str:
         return str(self.name) if len(self.files) == 1 or self.folder else f"{len(self.files):,} files in {self.name}"
 

@@ -1999,3 +1999,24 @@ def test_an_output_that_is_not_a_plain_file_path_is_refused(tmp_path, demo_jsonl
     assert run_main(extract_deep_embeddings.main, ["--input", str(demo_jsonl), "--output", "-", "--model-dir",
                                                    str(tiny_model_dir)]) == 2
     assert capsys.readouterr().err.startswith("error: --output -: this run writes files")
+
+
+def test_an_input_read_through_dev_caches_its_token_counts_beside_the_output(tmp_path, demo_jsonl, tiny_model_dir):
+    """A reviewer's --input /dev/stdin < data.jsonl, run as root, wrote stdin_token_counts.* into /dev."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", DIVERSITY_ORDER_CACHE_DIR="")
+    before = set(os.listdir("/dev"))
+    with demo_jsonl.open("rb") as stdin:
+        done = subprocess.run([sys.executable, str(root / "curate_dataset.py"), "--input", "/dev/stdin", "--output",
+                               str(tmp_path / "o.jsonl"), "--model-dir", str(tiny_model_dir), "--no-plot",
+                               "--no-progress", *map(str, COMMON)], stdin=stdin, env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(os.listdir("/dev")) - before == set()
+    assert (tmp_path / "o_token_counts.npy").is_file()
+    assert "The input is read through a system folder (/dev/stdin): its token counts are cached beside the output" \
+        in done.stderr
+    assert sorted((tmp_path / "o.jsonl").read_bytes().splitlines()) == sorted(demo_jsonl.read_bytes().splitlines())
