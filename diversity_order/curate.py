@@ -1590,12 +1590,18 @@ def _say_records_longer_than_a_window(counts: np.ndarray, seq_len: int, packing:
 def _warn_unused_flags(config: CurateConfig) -> None:
     """A flag set away from its default that the chosen ordering never reads is almost always a mistake; with
     --compare-strategies the orderings that read it are compared with it, but the curated file still follows
-    --ordering (a user seeing the field balanced in the comparison took it for the file's)."""
+    --ordering (a user seeing the field balanced in the comparison took it for the file's). A --stats-only
+    comparison writes no curated file: a flag the compared orderings read is what it was given for, said at info
+    level (the README's own demo comparison warned twice)."""
     compared_names = set(registry.applicable_orderings(config.ordering_options.score_field is not None))
     for flag, users in registry.unused_flags(config.ordering, config.ordering_options):
         measured = "; its token shares are still measured" if flag == BALANCE_FIELD_FLAG else ""
         # (only where the comparison runs them: score orderings need --score-field)
         run_by = [name for name in users if name in compared_names]
+        if config.compare_strategies and config.stats_only and run_by:
+            log.info("%s is for the comparison (read by %s): --stats-only writes no curated file", flag,
+                     ", ".join(run_by))
+            continue
         compared = (f"; the comparison runs {'them' if len(run_by) > 1 else 'it'} with it, but the curated file "
                     f"follows --ordering {config.ordering}") if config.compare_strategies and run_by else ""
         log.warning("%s is not used by --ordering %s (it is read by %s)%s%s", flag, config.ordering, ", ".join(users),

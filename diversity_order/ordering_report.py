@@ -129,17 +129,22 @@ def criteria(diversity_mean: float, uniformity_mean: float, shift: float, strati
 
 
 def row_criteria(rows: list[dict]) -> dict[int, dict[str, dict[str, bool]]]:
-    """Per seq_len with both stratified and random rows: each other ordering's criteria (see ``criteria``)."""
+    """Per seq_len with both stratified and random rows and more than one window: each other ordering's criteria
+    (see ``criteria``). In one window every order holds the same clusters and U is met by 0 <= 0: no verdict."""
     out: dict[int, dict[str, dict[str, bool]]] = {}
     for seq_len in sorted({r["seq_len"] for r in rows}):
         at = {r["ordering"]: r for r in rows if r["seq_len"] == seq_len}
-        if "stratified" not in at or "random" not in at:
+        if "stratified" not in at or "random" not in at or _one_window(at):
             continue
         strat, rand = at["stratified"], at["random"]
         out[seq_len] = {name: criteria(r["diversity"]["mean"], r["uniformity_mean"], r["boundary_shift"],
                                        strat["diversity"]["mean"], rand["uniformity_mean"], rand["boundary_shift"])
                         for name, r in at.items() if name not in ("stratified", "random")}
     return out
+
+
+def _one_window(at: dict[str, dict]) -> bool:
+    return max(int(r["diversity"]["n_sequences"]) for r in at.values()) <= 1
 
 
 def verdicts(rows: list[dict]) -> dict[int, list[str]]:
@@ -225,8 +230,12 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
                          f"| {_marks(met.get(seq_len, {}).get(r['ordering']), unreachable)} | {r['seconds']:.3f} |")
         lines += _field_tables(at)
         most = max(int(r["diversity"]["n_sequences"]) for r in at.values())
-        if most < diversity.FEW_WINDOWS:
-            lines += ["", f"No order makes more than {most} window{'' if most == 1 else 's'} at this length: every "
+        if most <= 1:
+            lines += ["", "Every order makes one window at this length: the same clusters in it whatever the order, "
+                          "and a uniformity of 0 (the window is the whole corpus), so no order is judged here; a "
+                          "shorter length shows each order."]
+        elif most < diversity.FEW_WINDOWS:
+            lines += ["", f"No order makes more than {most} windows at this length: every "
                           "figure here rests on so few that one document moved changes it, the verdicts too; a shorter "
                           "length shows more of each order."]
         if seq_len in wins:

@@ -299,6 +299,16 @@ def test_flags_the_ordering_does_not_read_are_warned(tmp_path, tiny_model_dir, s
     assert "--within-cluster-sort is not used by --ordering balanced" in caplog.text
     assert "--folds is not used by --ordering balanced" in caplog.text
     assert "--score-field is not used by --ordering balanced" in caplog.text
+    # A --stats-only comparison writes no curated file: a flag only the compared orderings read is what it was
+    # given for (the README's demo comparison warned of --score-field and --jitter-window).
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert curate("--input", scored_jsonl, "--output", out, "--model-dir", tiny_model_dir, "--n-clusters", 5,
+                      "--no-plot", "--compare-strategies", "--stats-only", "--score-field", "quality",
+                      "--jitter-window", 4) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "is not used by" in r.getMessage()]
+    assert "--score-field is for the comparison (read by sorted, folding" in caplog.text
+    assert "--jitter-window is for the comparison" in caplog.text
 
 
 def test_balance_field_shares_are_reported(tmp_path, tiny_model_dir, scored_jsonl):

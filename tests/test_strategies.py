@@ -715,3 +715,20 @@ def test_a_bound_equal_to_us_bar_but_for_rounding_is_not_out_of_reach():
     # an order meeting U proves the bound under U's bar: the two verdicts never disagree (up to rounding)
     met = strategies.criteria(20.0, 0.0, 0.0, 20.0, 0.0, 0.0)["U"]
     assert met and not strategies.uniformity_out_of_reach(0.0 + 1e-17, 0.0)
+
+
+def test_a_length_of_one_window_judges_no_order(caplog):
+    """A reviewer's 107,169-token chat set at 131,072: one window, where every order holds the same clusters and
+    U is met by 0 <= 0; the table said "Meets all three criteria: balanced, paced, paced-polished" and marked the
+    input order as meeting U."""
+    labels = np.arange(60) % 4
+    counts = np.full(60, 100)
+    names = ["stratified", "paced", "original", "random"]
+    rows, _ = strategies.compare_strategies(labels, counts, 4, [1000, 100_000], OrderingOptions(), names)
+    table = strategies.markdown_table(rows, 4, "one window")
+    at_long = table[table.index("## seq-len 100,000"):]
+    assert "Every order makes one window at this length" in at_long and "Meets all three" not in at_long
+    assert all(line.split(" | ")[-2] == "-" for line in at_long.splitlines() if line.startswith("| paced")
+               or line.startswith("| original"))
+    assert "Meets all three criteria" in table[table.index("## seq-len 1,000"):table.index("## seq-len 100,000")]
+    assert 100_000 not in strategies.row_criteria(rows) and 1000 in strategies.row_criteria(rows)

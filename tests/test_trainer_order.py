@@ -80,3 +80,28 @@ def test_trl_wrapped_packing_with_sequential_sampling_keeps_the_curated_order(tm
     got = [t for batch in batches for t in batch]
     assert got == stream[: len(got)]
     assert np.asarray(batches[0]).size == 2 * SEQ_LEN
+
+
+def test_trl_on_the_packed_export_trains_its_sequences_in_order(tmp_path, tiny_model_dir):
+    """The README's recipe above 1,000 records: SFTTrainer on --export-packed's input_ids, packing off, sampling
+    sequential: the train dataloader yields the export's sequences in their order, untouched."""
+    trl = pytest.importorskip("trl")
+    from glob import glob
+
+    src = write_jsonl(tmp_path / "data.jsonl", topical_records(per_topic=10, seed=5))
+    assert run_main(curate_dataset.main, [str(a) for a in (
+        "--input", src, "--output", tmp_path / "o" / "c.jsonl", "--model-dir", tiny_model_dir, "--n-clusters", 6,
+        "--seq-len", SEQ_LEN, "--packing", "split", "--count-special-tokens", "eos", "--export-packed",
+        tmp_path / "packed", "--no-plot", "--no-progress")]) == 0
+    export = datasets.load_dataset("parquet", data_files=sorted(glob(str(tmp_path / "packed" / "packed-*.parquet"))),
+                                   split="train")
+    sequences = export["input_ids"]
+    assert len(sequences) >= 6 and all(len(s) == SEQ_LEN for s in sequences)
+    model, tokenizer = _model_and_tokenizer(tiny_model_dir)
+    args = trl.SFTConfig(output_dir=str(tmp_path / "t"), per_device_train_batch_size=2, packing=False,
+                         max_length=SEQ_LEN, train_sampling_strategy="sequential", report_to=[], use_cpu=True,
+                         dataset_num_proc=None)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=export.select_columns(["input_ids"]),
+                             processing_class=tokenizer)
+    got = [row for _, batch in zip(range(3), trainer.get_train_dataloader()) for row in batch["input_ids"].tolist()]
+    assert got == [list(s) for s in sequences[:6]]
