@@ -537,6 +537,7 @@ def _warn_of_copied_files(run: Run) -> None:
                     "records is curated, and trained on, once per copy; leave the copies out of --input if that is not "
                     "meant", len(copies), f", {shuffled} of them in another order" if shuffled else "", copy,
                     original.name, f"; the last: {copies[-1][0].name}" if len(copies) > 1 else "")
+    _say_repeated_documents(run)
     overlapping = sources.overlapping_files(run.index, leave_out={copy for copy, _, _ in copies})
     if overlapping:
         named = [overlapping[0]] + ([overlapping[-1]] if len(overlapping) > 1 else [])
@@ -547,6 +548,25 @@ def _warn_of_copied_files(run: Run) -> None:
                     "if that is not meant", len(overlapping),
                     *[value for path, other, shared, distinct in named for value in (path, shared, distinct, other)],
                     sampled)
+
+
+# Records repeating an earlier record's document: said at info level below this share of the records, warned of
+# from it (a file concatenated with itself repeats a third or a half of them; SFT sets often repeat a few).
+REPEATS_WARNED = 0.01
+
+
+def _say_repeated_documents(run: Run) -> None:
+    """Records whose document (the text or conversation) an earlier record holds too: each is curated, and trained
+    on, once per record; said with the first, not refused (the other fields may differ on purpose)."""
+    repeats, example = sources.repeated_documents(run.index)
+    if not repeats:
+        return
+    where = getattr(run.index, "where", None)
+    named = f", e.g. {where(example[0])} repeats {where(example[1])}" if where else ""
+    sampled = " (estimated from a sample of the fingerprints)" if sources.overlap_sampled(run.index) else ""
+    log.log(logging.WARNING if repeats >= REPEATS_WARNED * run.n else logging.INFO,
+            "Records holding the same document as an earlier record: %d of %d%s%s; each is curated, and trained on, "
+            "once per record", repeats, run.n, sampled, named)
 
 
 def _warn_of_byte_order_marks(run: Run) -> None:

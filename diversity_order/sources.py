@@ -614,6 +614,35 @@ def copied_files(source) -> list[tuple[Path, Path, bool]]:
     return copies
 
 
+def repeated_documents(source) -> tuple[int, tuple[int, int] | None]:
+    """How many records hold the same document as an earlier record (by the fingerprints; the same text, or
+    conversation, whatever the other fields), and the earliest such record with the first that holds its
+    document (None where none does). Past ``OVERLAP_SAMPLE`` records the count is of the fingerprints a
+    modulus keeps (every copy of a kept fingerprint with it), scaled up: an estimate, said so by
+    ``overlap_sampled``."""
+    fingerprints = source.fingerprints
+    n = len(fingerprints)
+    modulus = np.uint64(max(1, -(-n // OVERLAP_SAMPLE)))
+    rows, prints = [], []
+    for at in range(0, n, OVERLAP_SAMPLE):  # a block at a time: a billion fingerprints are file-backed, 8 GB
+        block = np.asarray(fingerprints[at:min(at + OVERLAP_SAMPLE, n)], dtype=np.uint64)
+        kept = np.flatnonzero(block % modulus == 0) if modulus > 1 else np.arange(block.size)
+        rows.append(kept + at)
+        prints.append(block[kept])
+    rows, prints = np.concatenate(rows) if rows else np.zeros(0, np.int64), \
+        np.concatenate(prints) if prints else np.zeros(0, np.uint64)
+    by_print = np.argsort(prints, kind="stable")  # (stable: each run of equal prints starts at its first row)
+    prints, rows = prints[by_print], rows[by_print]
+    again = np.flatnonzero(prints[1:] == prints[:-1]) + 1
+    if not again.size:
+        return 0, None
+    earliest = again[np.argmin(rows[again])]
+    first = earliest
+    while first > 0 and prints[first - 1] == prints[earliest]:
+        first -= 1
+    return int(again.size) * int(modulus), (int(rows[earliest]), int(rows[first]))
+
+
 def overlap_sampled(source) -> bool:
     """Whether ``overlapping_files`` counts a sample of ``source``'s fingerprints (it holds more than
     ``OVERLAP_SAMPLE``)."""

@@ -665,6 +665,54 @@ def test_overlapping_files_are_those_a_plain_loop_finds(files, sample, least, da
         assert other != path and kept[path] & kept[other]
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 20), max_size=60), st.sampled_from([1 << 24, 2, 3, 7]))
+def test_repeated_documents_are_those_a_plain_loop_finds(prints, sample):
+    """The records whose fingerprint an earlier record has (on the modulus sample past the sample's size, scaled
+    by it), and the earliest of them with the first record of its document."""
+    from diversity_order import sources
+
+    source = _Files([prints])
+    modulus = max(1, -(-len(prints) // sample))
+    seen, repeats = {}, []
+    for row, value in enumerate(prints):
+        if value % modulus:
+            continue
+        if value in seen:
+            repeats.append((row, seen[value]))
+        else:
+            seen[value] = row
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(sources, "OVERLAP_SAMPLE", sample)
+    try:
+        count, example = sources.repeated_documents(source)
+    finally:
+        monkey.undo()
+    assert count == len(repeats) * modulus
+    assert example == (repeats[0] if repeats else None)
+
+
+def test_records_repeating_a_document_are_said(tmp_path, demo_records, tiny_model_dir, caplog):
+    """A new user's chat set repeated within one file (cat a a a > b) was curated three times without a word, where
+    copies across files were said; one repeated conversation of 389 went unsaid too."""
+    lines = [json.dumps(r) + "\n" for r in demo_records[:200]]
+    (tmp_path / "one.jsonl").write_text("".join(lines) + lines[7])  # 1 of 201: under a percent, at info level
+    (tmp_path / "three.jsonl").write_text("".join(lines[:50]) * 3)
+    with caplog.at_level(logging.INFO):
+        assert curate("--input", tmp_path / "one.jsonl", "--output", tmp_path / "o.jsonl", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    said = [r for r in caplog.records if "same document as an earlier record" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert said[0].getMessage().startswith(f"Records holding the same document as an earlier record: 1 of 201, e.g. "
+                                           f"{tmp_path / 'one.jsonl'}:201 repeats {tmp_path / 'one.jsonl'}:8")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert curate("--input", tmp_path / "three.jsonl", "--output", tmp_path / "t.jsonl", "--model-dir",
+                      tiny_model_dir, *COMMON) == 0
+    said = [r for r in caplog.records if "same document as an earlier record" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and ": 100 of 150, e.g." in said[0].getMessage()
+
+
 def test_input_files_that_are_mostly_another_files_are_warned_of(tmp_path, demo_records, tiny_model_dir, caplog):
     """A reviewer's c.jsonl held the first 150 lines of a.jsonl: its documents curated twice, without a word (only
     whole copies were said). Said now, naming the file and one that holds its documents; a copy is said once."""
