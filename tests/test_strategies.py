@@ -512,7 +512,7 @@ def test_compare_strategies_rows_curves_and_markdown(small_corpus, have_scores, 
 def _row(name, seq_len, div, uniformity, shift):
     return {"seq_len": seq_len, "ordering": name, "seconds": 0.0, "efficiency": 1.0, "uniformity_mean": uniformity,
             "uniformity_max": 1.0, "boundary_shift": shift, "coverage": 0.0,
-            "diversity": {"mean": div, "std": 0.0, "min": 1, "max": 1, "n_sequences": 1}}
+            "diversity": {"mean": div, "std": 0.0, "min": 1, "max": 1, "n_sequences": 20}}
 
 
 def test_verdicts_hand_worked():
