@@ -223,7 +223,9 @@ def markdown_table(rows: list[dict], n_clusters: int, title: str, options: dict 
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
         for r in at.values():
             d = r["diversity"]
-            lowest = f"{r['diversity_lowest_tenth']:.2f}" if r.get("diversity_by_tenth") else "-"
+            # (rows read back from a report written before each order's own lowest tenth was kept lack it)
+            lowest = f"{r.get('diversity_lowest_tenth', min(r['diversity_by_tenth'] or [0])):.2f}" \
+                if r.get("diversity_by_tenth") else "-"
             lines.append(f"| {r['ordering']} | {d['mean']:.2f} | {d['min']} | {d['std']:.2f} | {lowest} "
                          f"| {r['efficiency']:.3f} | {_fill(r)} | {r['uniformity_mean']:.4f} "
                          f"| {r['uniformity_max']:.4f} | {r['boundary_shift']:.4f} | {r['coverage']:.4f} "

@@ -732,3 +732,10 @@ def test_a_length_of_one_window_judges_no_order(caplog):
                or line.startswith("| original"))
     assert "Meets all three criteria" in table[table.index("## seq-len 1,000"):table.index("## seq-len 100,000")]
     assert 100_000 not in strategies.row_criteria(rows) and 1000 in strategies.row_criteria(rows)
+
+
+def test_rows_of_an_earlier_report_without_their_own_lowest_tenth_are_shown():
+    """Reports written before each order's own lowest tenth was kept hold only the tenths: shown from them."""
+    rows = [dict(_row(name, 10, 5.0, 0.3, 0.2), diversity_by_tenth=[3.0, 2.0, 4.0]) for name in ("stratified", "random")]
+    table = strategies.markdown_table(rows, 4, "earlier")
+    assert "| stratified | 5.00 | 1 | 0.00 | 2.00 |" in table
