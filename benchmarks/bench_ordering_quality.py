@@ -170,7 +170,7 @@ def quality(corpora: dict) -> dict:
             "over_16k": int((counts > 16384).sum()), "longest": int(counts.max()),
             "random_shuffles": len(shuffles), "cells": cells,
         }
-        first = not results or len(results) == 1
+        first = len(results) == 1  # (this corpus is in results already)
         print(f"{name}: {time.perf_counter() - started:.0f} s"
               f"{' (with compiling the kernels numba has not cached yet)' if first else ''}", flush=True)
     return results

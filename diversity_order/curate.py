@@ -512,6 +512,7 @@ def index_input(run: Run, fail_fast: bool) -> None:
     if run.ctx.is_main:
         run.chat_template = _chat_template_used(run)
         _warn_of_copied_files(run)
+        _say_repeated_documents(run)
         _warn_of_byte_order_marks(run)
     if not fail_fast:
         return
@@ -537,7 +538,6 @@ def _warn_of_copied_files(run: Run) -> None:
                     "records is curated, and trained on, once per copy; leave the copies out of --input if that is not "
                     "meant", len(copies), f", {shuffled} of them in another order" if shuffled else "", copy,
                     original.name, f"; the last: {copies[-1][0].name}" if len(copies) > 1 else "")
-    _say_repeated_documents(run)
     overlapping = sources.overlapping_files(run.index, leave_out={copy for copy, _, _ in copies})
     if overlapping:
         named = [overlapping[0]] + ([overlapping[-1]] if len(overlapping) > 1 else [])

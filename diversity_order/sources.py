@@ -620,17 +620,9 @@ def repeated_documents(source) -> tuple[int, tuple[int, int] | None]:
     document (None where none does). Past ``OVERLAP_SAMPLE`` records the count is of the fingerprints a
     modulus keeps (every copy of a kept fingerprint with it), scaled up: an estimate, said so by
     ``overlap_sampled``."""
-    fingerprints = source.fingerprints
-    n = len(fingerprints)
-    modulus = np.uint64(max(1, -(-n // OVERLAP_SAMPLE)))
-    rows, prints = [], []
-    for at in range(0, n, OVERLAP_SAMPLE):  # a block at a time: a billion fingerprints are file-backed, 8 GB
-        block = np.asarray(fingerprints[at:min(at + OVERLAP_SAMPLE, n)], dtype=np.uint64)
-        kept = np.flatnonzero(block % modulus == 0) if modulus > 1 else np.arange(block.size)
-        rows.append(kept + at)
-        prints.append(block[kept])
-    rows, prints = np.concatenate(rows) if rows else np.zeros(0, np.int64), \
-        np.concatenate(prints) if prints else np.zeros(0, np.uint64)
+    n = len(source.fingerprints)
+    modulus = _sample_modulus(n)
+    rows, prints = _sampled_fingerprints(source, 0, n, modulus)
     by_print = np.argsort(prints, kind="stable")  # (stable: each run of equal prints starts at its first row)
     prints, rows = prints[by_print], rows[by_print]
     again = np.flatnonzero(prints[1:] == prints[:-1]) + 1
@@ -641,6 +633,23 @@ def repeated_documents(source) -> tuple[int, tuple[int, int] | None]:
     while first > 0 and prints[first - 1] == prints[earliest]:
         first -= 1
     return int(again.size) * int(modulus), (int(rows[earliest]), int(rows[first]))
+
+
+def _sample_modulus(total: int) -> np.uint64:
+    """The modulus that keeps about ``OVERLAP_SAMPLE`` of ``total`` fingerprints (1: all of them)."""
+    return np.uint64(max(1, -(-total // OVERLAP_SAMPLE)))
+
+
+def _sampled_fingerprints(source, lo: int, hi: int, modulus: np.uint64) -> tuple[np.ndarray, np.ndarray]:
+    """Rows lo .. hi - 1 whose fingerprint ``modulus`` keeps (every copy of a kept fingerprint with it), and those
+    fingerprints; read a block at a time (a billion fingerprints are file-backed, 8 GB)."""
+    rows, prints = [np.zeros(0, np.int64)], [np.zeros(0, np.uint64)]
+    for at in range(lo, hi, OVERLAP_SAMPLE):
+        block = np.asarray(source.fingerprints[at:min(at + OVERLAP_SAMPLE, hi)], dtype=np.uint64)
+        kept = np.flatnonzero(block % modulus == 0) if modulus > 1 else np.arange(block.size)
+        rows.append(kept + at)
+        prints.append(block[kept])
+    return np.concatenate(rows), np.concatenate(prints)
 
 
 def overlap_sampled(source) -> bool:
@@ -659,14 +668,10 @@ def overlapping_files(source, leave_out: set[Path] = frozenset()) -> list[tuple[
     if len(spans) < 2:
         return []
     total = sum(hi - lo for _, lo, hi in spans)
-    modulus = np.uint64(max(1, -(-total // OVERLAP_SAMPLE)))
+    modulus = _sample_modulus(total)
     parts = []
     for number, (_, lo, hi) in enumerate(spans):
-        kept = []  # a block at a time: the fingerprints of a billion documents are file-backed, 8 GB
-        for at in range(lo, hi, OVERLAP_SAMPLE):
-            block = np.asarray(source.fingerprints[at:min(at + OVERLAP_SAMPLE, hi)], dtype=np.uint64)
-            kept.append(block[block % modulus == 0] if modulus > 1 else block)
-        prints = arrays.distinct(np.concatenate(kept))
+        prints = arrays.distinct(_sampled_fingerprints(source, lo, hi, modulus)[1])
         parts.append((prints, np.full(prints.size, number, dtype=np.int64)))
     prints = np.concatenate([p for p, _ in parts])
     owners = np.concatenate([o for _, o in parts])
